@@ -1,0 +1,47 @@
+"""Per-trial checkpoint files, named by the trial's stable key.
+
+Written atomically (temp file + rename) so a SIGKILL mid-write leaves the previous
+checkpoint intact. On a multi-machine cluster the directory must be shared storage (NFS):
+a trial may resume on another node.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchestrator.store.engine import sqlite_path
+
+
+def default_root(db_url: str) -> Path:
+    """Beside a SQLite file (``runs/orchestrator.db`` -> ``runs/checkpoints``); for
+    PostgreSQL, ``runs/checkpoints`` under the working directory."""
+    path = sqlite_path(db_url)
+    base = path.parent if path is not None else Path("runs")
+    return (base / "checkpoints").resolve()
+
+
+def trial_path(root: Path, sweep: str, key: str) -> Path:
+    return Path(root) / sweep / f"{key}.pt"
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)

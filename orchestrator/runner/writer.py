@@ -1,0 +1,114 @@
+"""The driver-side Tune callback: the one process that writes the database during a sweep.
+
+Eval rows are buffered and flushed as batched upserts (every ``flush_rows`` rows or
+``flush_s`` seconds, and whenever a trial starts, ends or fails). A row lost in the buffer
+when the driver dies is not lost for good: the trial's checkpoint holds its trace and the
+resumed trial re-reports it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray import tune
+from sqlalchemy.engine import Engine
+
+from orchestrator.store import repo
+
+
+def _error_text(trial) -> str:
+    text = None
+    try:
+        err = trial.get_pickled_error() or trial.get_error()
+        text = str(err) if err is not None else None
+    except Exception:  # pragma: no cover - storage hiccup; fall back to the file
+        pass
+    if not text and trial.error_file:
+        try:
+            with open(trial.error_file) as fh:
+                text = fh.read()
+        except OSError:
+            text = None
+    if not text:
+        return "trial failed (no error text recorded by Ray)"
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    # Last line first (the exception), then the tail of the traceback for context.
+    return (lines[-1] + "\n" + "\n".join(lines[-40:]))[-4000:] if lines else text[-4000:]
+
+
+class StoreWriter(tune.Callback):
+    def __init__(self, engine: Engine, *, flush_rows: int = 2000, flush_s: float = 0.5,
+                 on_event=None):
+        self.engine = engine
+        self.flush_rows = flush_rows
+        self.flush_s = flush_s
+        self.on_event = on_event or (lambda *a, **k: None)
+        self._rows: list[dict[str, Any]] = []
+        self._touched: set[int] = set()
+        self._last_flush = time.monotonic()
+        self.rows_written = 0
+        self.outcomes: dict[int, str] = {}
+
+    @staticmethod
+    def _tid(trial) -> int:
+        return int(trial.config["trial"]["trial_id"])
+
+    def flush(self) -> None:
+        if not self._rows and not self._touched:
+            return
+        with self.engine.begin() as conn:
+            self.rows_written += repo.upsert_evals(conn, self._rows)
+            repo.touch(conn, self._touched)
+        self._rows.clear()
+        self._touched.clear()
+        self._last_flush = time.monotonic()
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.flush()
+        with self.engine.begin() as conn:
+            repo.mark_running(conn, self._tid(trial))
+        self.on_event("start", trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        tid = self._tid(trial)
+        for point in result.get("evals") or ():
+            self._rows.append({"trial_id": tid, **point})
+        self._touched.add(tid)
+        placement = result.get("placement")
+        if placement:
+            self.flush()
+            with self.engine.begin() as conn:
+                repo.set_placement(conn, tid, placement.get("host"), placement.get("node_id"),
+                                   placement.get("device"))
+        if (len(self._rows) >= self.flush_rows
+                or time.monotonic() - self._last_flush >= self.flush_s):
+            self.flush()
+        if result.get("evals"):
+            self.on_event("result", trial, step=result["evals"][-1]["step"])
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.flush()
+        last = trial.last_result or {}
+        status = last.get("final_status") or "completed"
+        tid = self._tid(trial)
+        with self.engine.begin() as conn:
+            repo.finish_trial(conn, tid, status, last.get("error"))
+        self.outcomes[tid] = status
+        self.on_event(status, trial)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self.flush()
+        with self.engine.begin() as conn:
+            repo.record_error(conn, self._tid(trial), _error_text(trial))
+        self.on_event("retry", trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.flush()
+        tid = self._tid(trial)
+        with self.engine.begin() as conn:
+            repo.finish_trial(conn, tid, "failed", _error_text(trial))
+        self.outcomes[tid] = "failed"
+        self.on_event("failed", trial)
+
+    def on_experiment_end(self, trials, **info):
+        self.flush()

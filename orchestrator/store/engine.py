@@ -1,0 +1,140 @@
+"""Database URLs, engines and the schema-version gate.
+
+SQLite and PostgreSQL are both first-class. SQLite runs in WAL mode with a busy timeout so
+readers (``orchestrator sql``, notebooks) never block the single writer on the driver.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Engine
+
+from orchestrator.errors import UserError
+
+DEFAULT_DB_PATH = Path("runs") / "orchestrator.db"
+VERSION_TABLE = "orchestrator_alembic_version"
+_MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
+    """The database URL to use: ``--db``, else the spec's ``storage``, else ``$ORCH_DB``, else
+    ``runs/orchestrator.db`` under the current directory. Plain paths mean SQLite files and
+    ``postgresql://`` is routed to psycopg 3."""
+    url = db or spec_storage or os.environ.get("ORCH_DB") or str(DEFAULT_DB_PATH)
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if not url.startswith(("sqlite", "postgresql")):
+        raise UserError(f"database URL {url!r}: expected a file path, sqlite:///PATH or "
+                        "postgresql://HOST/DB")
+    return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL (None for PostgreSQL or in-memory SQLite)."""
+    u = sa.engine.make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
+def describe(url: str) -> str:
+    """URL safe to print (password hidden)."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    # NORMAL is durable across process crashes in WAL mode (only power loss can drop the
+    # last transactions); FULL would fsync on every commit.
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str, *, create_dir: bool = True) -> Engine:
+    """Engine for reading and writing. Creates the SQLite file's directory when asked."""
+    if url.startswith("sqlite"):
+        path = sqlite_path(url)
+        if path is not None and create_dir:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    try:
+        return sa.create_engine(url, pool_pre_ping=True)
+    except Exception as exc:  # e.g. missing driver, malformed URL
+        raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
+
+
+def _alembic_config(connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS_DIR))
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return ctx.get_current_revision()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str]:
+    """Bring the schema to head. Returns (revision before, revision after)."""
+    before = current_revision(engine)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "head")
+    return before, head_revision()
+
+
+def ensure_schema(engine: Engine, url: str, *, auto_create: bool = True) -> None:
+    """Upgrade a fresh (empty) database to head; refuse one at an older revision, so a
+    running sweep never writes through a schema it does not know."""
+    head = head_revision()
+    try:
+        current = current_revision(engine)
+    except sa.exc.OperationalError as exc:
+        raise UserError(f"cannot open database {describe(url)}: {exc.orig}") from exc
+    if current == head:
+        return
+    if current is None:
+        tables = set(sa.inspect(engine).get_table_names())
+        if tables & {"sweeps", "trials", "evals"}:
+            raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
+                            f"version: run `orchestrator db upgrade --db {describe(url)}`")
+        if auto_create:
+            upgrade(engine)
+            return
+        raise UserError(f"database {describe(url)} is empty: run `orchestrator db upgrade`")
+    raise UserError(f"database {describe(url)} is at schema revision {current}, this "
+                    f"orchestrator needs {head}: run `orchestrator db upgrade --db "
+                    f"{describe(url)}`")
+
+
+def open_store_engine(db: str | None, spec_storage: str | None = None, *,
+                      auto_create: bool = True) -> tuple[Engine, str]:
+    """Resolve, connect and gate on the schema version; the one way commands open the DB."""
+    url = resolve_url(db, spec_storage)
+    if not auto_create and url.startswith("sqlite"):
+        path = sqlite_path(url)
+        if path is not None and not path.exists():
+            raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
+    engine = make_engine(url)
+    ensure_schema(engine, url, auto_create=auto_create)
+    return engine, url

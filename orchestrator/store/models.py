@@ -1,0 +1,131 @@
+"""SQLAlchemy models of the result database.
+
+The schema is created and changed only by the Alembic migrations in ``migrations/``; these
+models mirror them (a test checks that autogenerate finds no difference) and are what the
+code writes through. Wide typed columns for what everyone queries, JSON for the rest.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TRIAL_STATUSES = ("pending", "running", "completed", "failed", "diverged")
+# Statuses a resume leaves alone: the trial ran to its end (diverged is an outcome, not a crash).
+FINISHED_STATUSES = ("completed", "diverged")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(sa.String(200), nullable=False, unique=True)
+    spec_text: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    spec_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (
+        sa.UniqueConstraint("sweep_id", "key", name="uq_trials_sweep_key"),
+        sa.CheckConstraint(
+            "status IN ('pending', 'running', 'completed', 'failed', 'diverged')",
+            name="ck_trials_status"),
+        sa.Index("ix_trials_sweep_status", "sweep_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    key: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+    status: Mapped[str] = mapped_column(sa.String(16), nullable=False, server_default="pending")
+    attempts: Mapped[int] = mapped_column(sa.Integer, nullable=False, server_default="0")
+    # Typed copies of the parameters nearly every query filters on; the full resolved config
+    # is in ``params`` and, one row per parameter, in ``trial_params``.
+    arm: Mapped[str | None] = mapped_column(sa.String(64))
+    task: Mapped[str | None] = mapped_column(sa.String(64))
+    seed: Mapped[int | None] = mapped_column(sa.Integer)
+    lr: Mapped[float | None] = mapped_column(sa.Double)
+    batch_size: Mapped[int | None] = mapped_column(sa.Integer)
+    steps: Mapped[int | None] = mapped_column(sa.Integer)
+    eval_every: Mapped[int | None] = mapped_column(sa.Integer)
+    params: Mapped[dict] = mapped_column(sa.JSON, nullable=False)
+    host: Mapped[str | None] = mapped_column(sa.String(255))
+    node_id: Mapped[str | None] = mapped_column(sa.String(64))
+    device: Mapped[str | None] = mapped_column(sa.String(64))
+    final_step: Mapped[int | None] = mapped_column(sa.Integer)
+    final_acc: Mapped[float | None] = mapped_column(sa.Double)
+    final_loss: Mapped[float | None] = mapped_column(sa.Double)
+    best_acc: Mapped[float | None] = mapped_column(sa.Double)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+    started_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # Stamped with the database clock on every write from the trial: a heartbeat.
+    updated_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+
+
+class TrialParam(Base):
+    """One row per (trial, parameter), so any parameter is a plain SQL filter."""
+
+    __tablename__ = "trial_params"
+    __table_args__ = (sa.Index("ix_trial_params_name_num", "name", "value_num"),)
+
+    trial_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
+    value_num: Mapped[float | None] = mapped_column(sa.Double)  # numbers and booleans
+    value_text: Mapped[str | None] = mapped_column(sa.Text)  # strings as-is, others as JSON
+
+
+class Eval(Base):
+    """One eval point of one trial. Primary key (trial_id, step): rewrites are upserts."""
+
+    __tablename__ = "evals"
+
+    trial_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    acc: Mapped[float | None] = mapped_column(sa.Double)
+    loss: Mapped[float | None] = mapped_column(sa.Double)
+    train_loss: Mapped[float | None] = mapped_column(sa.Double)
+    lr: Mapped[float | None] = mapped_column(sa.Double)
+    elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
+    metrics: Mapped[dict | None] = mapped_column(sa.JSON)
+
+
+# Views make the everyday query one line. Written in SQL both SQLite and PostgreSQL accept;
+# the migrations create them from these strings.
+VIEWS: dict[str, str] = {
+    "trial_trace": """
+        SELECT s.name AS sweep, t.id AS trial_id, t.key AS key, t.arm AS arm, t.task AS task,
+               t.seed AS seed, t.lr AS lr, t.batch_size AS batch_size, t.status AS status,
+               e.step AS step, e.acc AS acc, e.loss AS loss, e.train_loss AS train_loss,
+               e.lr AS step_lr, e.elapsed_s AS elapsed_s, e.metrics AS metrics
+        FROM evals e
+        JOIN trials t ON t.id = e.trial_id
+        JOIN sweeps s ON s.id = t.sweep_id
+    """,
+    "trial_final": """
+        SELECT s.name AS sweep, t.id AS trial_id, t.key AS key, t.arm AS arm, t.task AS task,
+               t.seed AS seed, t.lr AS lr, t.batch_size AS batch_size, t.steps AS steps,
+               t.status AS status, e.step AS final_step, e.acc AS final_acc,
+               e.loss AS final_loss,
+               (SELECT MAX(e3.acc) FROM evals e3 WHERE e3.trial_id = t.id) AS best_acc,
+               t.params AS params
+        FROM trials t
+        JOIN sweeps s ON s.id = t.sweep_id
+        LEFT JOIN evals e ON e.trial_id = t.id
+             AND e.step = (SELECT MAX(e2.step) FROM evals e2 WHERE e2.trial_id = t.id)
+    """,
+}

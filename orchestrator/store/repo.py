@@ -1,0 +1,174 @@
+"""Reads and writes of sweeps, trials and eval rows.
+
+The runner's driver-side callback is the only writer during a sweep; eval rows are upserts
+keyed by (trial_id, step), so a resumed trial that re-reports a step rewrites it, never
+duplicates it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
+
+EVAL_COLUMNS = ("acc", "loss", "train_loss", "lr", "elapsed_s", "metrics")
+# Typed trial columns copied from the resolved parameters.
+TYPED_PARAMS = ("arm", "task", "seed", "lr", "batch_size", "steps", "eval_every")
+
+
+def _insert(conn: Connection, table):
+    return (postgresql.insert(table) if conn.dialect.name == "postgresql"
+            else sqlite.insert(table))
+
+
+def _clean_float(x: Any) -> float | None:
+    """NaN/inf cannot round-trip through every backend; store them as NULL."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become dotted names: {"model": {"conv": 4}} -> {"model.conv": 4}."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_params(v, prefix=f"{name}."))
+        else:
+            out[name] = v
+    return out
+
+
+def _param_row(trial_id: int, name: str, value: Any) -> dict[str, Any]:
+    num = None
+    if isinstance(value, bool):
+        num = float(value)
+    elif isinstance(value, (int, float)):
+        num = _clean_float(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return {"trial_id": trial_id, "name": name, "value_num": num, "value_text": text}
+
+
+def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) -> int:
+    """Create the sweep row or refresh its spec (a spec may grow seeds); returns its id."""
+    row = conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).first()
+    if row is None:
+        return conn.execute(sa.insert(Sweep).values(
+            name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)).scalar_one()
+    conn.execute(sa.update(Sweep).where(Sweep.id == row.id).values(
+        spec_text=spec_text, spec_hash=spec_hash, updated_at=sa.func.now()))
+    return row.id
+
+
+def sweep_id(conn: Connection, name: str) -> int | None:
+    return conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).scalar_one_or_none()
+
+
+def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]
+               ) -> dict[str, int]:
+    """Insert the (key, params) trials that are new to the sweep; existing keys are left as
+    they are. Returns key -> trial id for all given keys."""
+    existing = dict(conn.execute(
+        sa.select(Trial.key, Trial.id).where(Trial.sweep_id == sweep)).all())
+    new = [(k, p) for k, p in trials if k not in existing]
+    for key, params in new:
+        values = {c: params.get(c) for c in TYPED_PARAMS}
+        tid = conn.execute(sa.insert(Trial).values(
+            sweep_id=sweep, key=key, params=dict(params), **values).returning(Trial.id)
+        ).scalar_one()
+        existing[key] = tid
+        rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
+        if rows:
+            conn.execute(sa.insert(TrialParam), rows)
+    return {k: existing[k] for k, _ in trials}
+
+
+def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write eval rows (dicts with trial_id, step and EVAL_COLUMNS) as one batched upsert."""
+    batch = []
+    for r in rows:
+        batch.append({
+            "trial_id": int(r["trial_id"]), "step": int(r["step"]),
+            "acc": _clean_float(r.get("acc")), "loss": _clean_float(r.get("loss")),
+            "train_loss": _clean_float(r.get("train_loss")), "lr": _clean_float(r.get("lr")),
+            "elapsed_s": _clean_float(r.get("elapsed_s")), "metrics": r.get("metrics") or None,
+        })
+    if not batch:
+        return 0
+    stmt = _insert(conn, Eval.__table__)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["trial_id", "step"],
+        set_={c: getattr(stmt.excluded, c) for c in EVAL_COLUMNS})
+    conn.execute(stmt, batch)
+    return len(batch)
+
+
+def mark_running(conn: Connection, trial_id: int) -> None:
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
+        status="running", attempts=Trial.attempts + 1, error=None,
+        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now()))
+
+
+def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: str | None,
+                  device: str | None) -> None:
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
+        host=host, node_id=node_id, device=device, updated_at=sa.func.now()))
+
+
+def touch(conn: Connection, trial_ids: Iterable[int]) -> None:
+    ids = list(trial_ids)
+    if ids:
+        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(updated_at=sa.func.now()))
+
+
+def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
+    """Close a trial; its final metrics are read back from its own eval rows."""
+    last = conn.execute(
+        sa.select(Eval.step, Eval.acc, Eval.loss).where(Eval.trial_id == trial_id)
+        .order_by(Eval.step.desc()).limit(1)).first()
+    best = conn.execute(sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id)
+                        ).scalar_one_or_none()
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
+        status=status, error=error, finished_at=sa.func.now(), updated_at=sa.func.now(),
+        final_step=last.step if last else None, final_acc=last.acc if last else None,
+        final_loss=last.loss if last else None, best_acc=best))
+
+
+def record_error(conn: Connection, trial_id: int, error: str) -> None:
+    """A failed attempt that will be retried: keep the error text, stay running."""
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
+        error=error, updated_at=sa.func.now()))
+
+
+def release_unfinished(conn: Connection, sweep: int) -> int:
+    """Trials left 'running' by a driver that died go back to 'pending' (they resume from
+    their checkpoints); failed trials get a fresh chance too. Returns how many."""
+    res = conn.execute(sa.update(Trial).where(
+        Trial.sweep_id == sweep, Trial.status.in_(("running", "failed"))).values(
+        status="pending", updated_at=sa.func.now()))
+    return res.rowcount or 0
+
+
+def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict]]:
+    """(id, key, params) of trials not completed and not diverged, in insertion order."""
+    return [tuple(r) for r in conn.execute(
+        sa.select(Trial.id, Trial.key, Trial.params).where(
+            Trial.sweep_id == sweep, Trial.status.notin_(("completed", "diverged")))
+        .order_by(Trial.id)).all()]
+
+
+def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
+    q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
+                   sa.func.sum(sa.case((Trial.status == "completed", 1), else_=0)).label("completed"))
+         .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
+         .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(q)]

@@ -1,0 +1,70 @@
+"""What ``orchestrator status`` shows: counts by status, per-axis completion, an ETA."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import defaultdict
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from orchestrator.errors import UserError
+from orchestrator.store.models import TRIAL_STATUSES, Sweep, Trial
+
+_DONE = ("completed", "diverged", "failed")
+
+
+def _aware(t: dt.datetime | None) -> dt.datetime | None:
+    if t is None:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
+    with engine.connect() as conn:
+        q = sa.select(Sweep.id, Sweep.name).order_by(Sweep.created_at)
+        if name is not None:
+            q = q.where(Sweep.name == name)
+        sweeps = conn.execute(q).all()
+        if name is not None and not sweeps:
+            raise UserError(f"no sweep named {name!r} (see `orchestrator ls`)")
+        now = _aware(conn.execute(sa.select(sa.func.now())).scalar_one())
+        if isinstance(now, str):  # SQLite returns text for CURRENT_TIMESTAMP
+            now = _aware(dt.datetime.fromisoformat(now))
+        result = []
+        for sid, sname in sweeps:
+            rows = conn.execute(sa.select(
+                Trial.key, Trial.status, Trial.params, Trial.started_at, Trial.finished_at,
+                Trial.error).where(Trial.sweep_id == sid)).all()
+            counts = {s: 0 for s in TRIAL_STATUSES}
+            for r in rows:
+                counts[r.status] += 1
+            params = [r.params if isinstance(r.params, dict) else json.loads(r.params)
+                      for r in rows]
+            axes: dict[str, list[dict[str, Any]]] = {}
+            names = sorted({k for p in params for k in p})
+            for n in names:
+                values = {json.dumps(p.get(n), sort_keys=True) for p in params}
+                if len(values) < 2:
+                    continue
+                tally: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+                for p, r in zip(params, rows):
+                    v = json.dumps(p.get(n), sort_keys=True)
+                    tally[v][1] += 1
+                    tally[v][0] += r.status in _DONE
+                axes[n] = [{"value": json.loads(v), "done": d, "total": t}
+                           for v, (d, t) in sorted(tally.items())]
+            eta = None
+            done = [r for r in rows if r.status in _DONE and r.finished_at]
+            remaining = len(rows) - sum(r.status in _DONE for r in rows)
+            starts = [_aware(r.started_at) for r in rows if r.started_at]
+            if done and remaining and starts and now is not None:
+                span = (now - min(starts)).total_seconds()
+                rate = len(done) / span if span > 0 else None
+                eta = remaining / rate if rate else None
+            failed = [{"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
+                      for r in rows if r.status == "failed"]
+            result.append({"sweep": sname, "total": len(rows), "counts": counts, "axes": axes,
+                           "eta_s": eta, "failed": failed})
+    return {"sweeps": result}

@@ -1,0 +1,259 @@
+"""One trial's training loop: build model and data from the registries, train with AdamW,
+evaluate on a fixed held-out set, yield eval points. Checkpointable at any eval point.
+
+Knows nothing of Ray or SQL. Determinism: the model is initialised under ``seed``; training
+data come from ``tasks.train_generator(data_seed)``; the held-out set from ``eval_seed`` on a
+stream the tasks module keeps disjoint from training. A checkpoint holds every piece of state
+(model, optimizer, data generator, RNG, curriculum, anneal, trace), so a resumed trial
+continues bit for bit on the same device.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import cells
+import tasks
+from orchestrator.params import TrialParams, resolve, split
+from orchestrator.train import device as devices
+from orchestrator.train.schedule import lr_multiplier
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class EvalPoint:
+    """One row of a trial's trace. ``step`` counts optimizer updates done (the first eval is
+    at step 1); ``train_loss`` is the mean training loss since the previous eval point."""
+
+    step: int
+    acc: float
+    loss: float
+    train_loss: float | None
+    lr: float
+    elapsed_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_eval_step(step: int, p: TrialParams) -> bool:
+    return step == 1 or step % p.eval_every == 0 or step == p.steps
+
+
+@torch.no_grad()
+def score(model: torch.nn.Module, batches, bf16: bool, device: torch.device) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) over the scored positions (targets != -100)."""
+    correct = 0
+    total = 0
+    loss_sum = 0.0
+    for inputs, targets in batches:
+        with devices.autocast(device, bf16):
+            logits = model(inputs)
+        mask = targets != -100
+        lg = logits[mask].float()
+        tg = targets[mask]
+        loss_sum += F.cross_entropy(lg, tg, reduction="sum").item()
+        correct += int((lg.argmax(-1) == tg).sum().item())
+        total += tg.numel()
+    if total == 0:
+        raise ValueError("eval set has no scored positions")
+    return correct / total, loss_sum / total
+
+
+class Trainer:
+    """Train one trial. ``run()`` yields an :class:`EvalPoint` at step 1, every
+    ``eval_every`` steps and at the last step; afterwards ``status`` is ``completed`` or
+    ``diverged`` (non-finite loss: the trace so far is kept, ``error`` says where)."""
+
+    def __init__(self, params: Mapping[str, Any], *, device: str | torch.device | None = None):
+        self.params = resolve(dict(params))
+        top, knobs, task_params, _tags = split(self.params)
+        self.p = p = TrialParams.model_validate(top)
+        self.device = torch.device(device) if device is not None else devices.pick_device(p.device)
+        self.bf16 = devices.use_bf16(self.device, p.fp32)
+        self.task = tasks.build(p.task, **task_params)
+        torch.manual_seed(p.seed)
+        self.model = cells.build(p.arm, vocab_size=self.task.vocab_size, d_model=p.d_model,
+                                 n_layers=p.n_layers, **knobs).to(self.device)
+        if hasattr(self.model, "param_groups"):
+            groups = self.model.param_groups(p.lr, p.weight_decay)
+        else:
+            groups = [{"params": [q for q in self.model.parameters() if q.requires_grad]}]
+        for g in groups:
+            g.setdefault("lr", p.lr)
+            g["base_lr"] = g["lr"]
+        self.optimizer = torch.optim.AdamW(groups, lr=p.lr, betas=(p.beta1, p.beta2),
+                                           weight_decay=p.weight_decay)
+        self.generator = tasks.train_generator(
+            p.data_seed if p.data_seed is not None else p.seed, self.device)
+        self.eval_set = self.task.eval_batches(p.eval_seed, self.device)
+        self.rebind_set = None
+        if p.rebinding:
+            self.rebind_set = self.task.rebinding_batches(p.eval_seed, self.device)
+            if self.rebind_set is None:
+                raise ValueError(f"task {p.task!r} has no rebinding control (rebinding: true)")
+        self.curriculum = self.task.curriculum(total_steps=p.steps)
+        if p.anneal != "none" and not hasattr(self.model, "set_read_blend"):
+            raise ValueError(f"anneal {p.anneal!r} needs an arm with a read blend (mlstm), "
+                             f"not {p.arm!r}")
+        self.step = 0
+        self.trace: list[EvalPoint] = []
+        self.elapsed = 0.0
+        self.anneal_start: int | None = None
+        self._loss_sum = 0.0
+        self._loss_n = 0
+        self.status = "running"
+        self.error: str | None = None
+
+    # ---- schedules -------------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        p = self.p
+        return p.lr * lr_multiplier(step, schedule=p.schedule, steps=p.steps,
+                                    warmup_steps=p.warmup_steps, cosine_steps=p.cosine_steps,
+                                    min_lr_ratio=p.min_lr_ratio)
+
+    def read_blend_at(self, step: int) -> float | None:
+        """α of the read blend (1 = whitened, 0 = raw) for the anneals, else None."""
+        p = self.p
+        if p.anneal == "none":
+            return None
+        length = max(1, round(p.anneal_frac * p.steps))
+        start = p.steps - length if p.anneal == "time" else self.anneal_start
+        if start is None or step <= start:
+            return 1.0
+        return max(0.0, 1.0 - (step - start) / length)
+
+    # ---- one step and one eval ---------------------------------------------------------
+    def _train_step(self, step: int) -> tuple[float, float | None]:
+        state = self.curriculum.state() if self.curriculum is not None else None
+        inputs, targets = self.task.train_batch(self.p.batch_size, self.generator, state)
+        mult = self.lr_at(step) / self.p.lr
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["base_lr"] * mult
+        self.model.train()
+        with devices.autocast(self.device, self.bf16):
+            logits = self.model(inputs)
+        mask = targets != -100
+        lg = logits[mask].float()
+        tg = targets[mask]
+        loss = F.cross_entropy(lg, tg)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.p.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.p.grad_clip)
+        self.optimizer.step()
+        probe = None
+        if self.curriculum is not None:
+            probe = (lg.detach().argmax(-1) == tg).float().mean().item()
+        return loss.item(), probe
+
+    def _evaluate(self, step: int, lr: float) -> EvalPoint:
+        self.model.eval()
+        acc, loss = score(self.model, self.eval_set, self.bf16, self.device)
+        metrics: dict[str, float] = {}
+        if self.rebind_set is not None:
+            metrics["rebind_acc"], metrics["rebind_loss"] = score(
+                self.model, self.rebind_set, self.bf16, self.device)
+        if self.curriculum is not None:
+            metrics.update({k: float(v) for k, v in self.curriculum.metrics().items()})
+        blend = self.read_blend_at(step)
+        if blend is not None:
+            metrics["read_blend"] = blend
+        train_loss = self._loss_sum / self._loss_n if self._loss_n else None
+        self._loss_sum, self._loss_n = 0.0, 0
+        return EvalPoint(step=step, acc=acc, loss=loss, train_loss=train_loss, lr=lr,
+                         elapsed_s=self.elapsed, metrics=metrics)
+
+    def run(self) -> Iterator[EvalPoint]:
+        p = self.p
+        if self.step >= p.steps and self.status == "running":
+            self.status = "completed"
+        t_last = time.perf_counter()
+        while self.step < p.steps and self.status == "running":
+            step = self.step + 1
+            blend = self.read_blend_at(step)
+            if blend is not None:
+                self.model.set_read_blend(blend)
+            loss, probe = self._train_step(step)
+            self.step = step
+            if not math.isfinite(loss):
+                self.status, self.error = "diverged", f"non-finite training loss at step {step}"
+                return
+            self._loss_sum += loss
+            self._loss_n += 1
+            if self.curriculum is not None:
+                self.curriculum.observe(step, probe)
+            if _is_eval_step(step, p):
+                point = self._evaluate(step, self.lr_at(step))
+                # Wall time of training and eval only: time the consumer spends while the
+                # generator is suspended (reporting, checkpointing) is not counted.
+                self.elapsed += time.perf_counter() - t_last
+                point.elapsed_s = self.elapsed
+                if not (math.isfinite(point.loss) and math.isfinite(point.acc)):
+                    self.status, self.error = "diverged", f"non-finite eval loss at step {step}"
+                    return
+                if (p.anneal == "escape" and self.anneal_start is None
+                        and point.acc >= p.anneal_escape_at):
+                    self.anneal_start = step
+                self.trace.append(point)
+                yield point
+                t_last = time.perf_counter()
+        if self.status == "running":
+            self.status = "completed"
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed trial needs. Taken at an eval point (the train-loss
+        accumulator is empty there)."""
+        state = {
+            "version": CHECKPOINT_VERSION,
+            "params": self.params,
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
+            "trace": [e.to_dict() for e in self.trace],
+            "elapsed": self.elapsed,
+            "anneal_start": self.anneal_start,
+            "loss_acc": (self._loss_sum, self._loss_n),
+            "status": self.status,
+            "error": self.error,
+        }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"checkpoint version {state.get('version')} is not "
+                             f"{CHECKPOINT_VERSION}")
+        if state["params"] != self.params:
+            raise ValueError("checkpoint belongs to a different trial config")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        if self.curriculum is not None and state["curriculum"] is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
+        self.step = int(state["step"])
+        self.trace = [EvalPoint(**e) for e in state["trace"]]
+        self.elapsed = float(state["elapsed"])
+        self.anneal_start = state["anneal_start"]
+        self._loss_sum, self._loss_n = state["loss_acc"]
+        self.status = state.get("status", "running")
+        self.error = state.get("error")
+        blend = self.read_blend_at(self.step) if self.step else None
+        if blend is not None:
+            self.model.set_read_blend(blend)

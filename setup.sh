@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One setup command: creates .venv in the repo and installs the package with its test extras.
+# Safe to re-run: an existing .venv is reused and pip skips what is already satisfied.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip setuptools wheel
+# torch first: the CPU build where no CUDA driver is present, so an unpinned torch never
+# drags in a multi-GB CUDA build on a laptop. Override with TORCH_SPEC / TORCH_INDEX_URL.
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+    TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+        echo "setup: CUDA driver found, installing $TORCH_SPEC (CUDA build)"
+        "$VPY" -m pip install "$TORCH_SPEC"
+    elif [[ -n "${TORCH_INDEX_URL:-}" ]]; then
+        echo "setup: installing $TORCH_SPEC from $TORCH_INDEX_URL"
+        "$VPY" -m pip install "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
+    else
+        echo "setup: no CUDA driver, installing $TORCH_SPEC (CPU build where the index offers one)"
+        "$VPY" -m pip install "$TORCH_SPEC"
+    fi
+fi
+"$VPY" -m pip install -q -e ".[test]"
+echo "setup: done. Try: .venv/bin/orchestrator submit sweeps/quickstart.yaml"

@@ -1,0 +1,60 @@
+"""Shared test fixtures.
+
+Tests run on 2 cores next to each other: torch is pinned to one thread here so timings and
+float reductions are the same in every test process.
+
+``db_url`` runs a test once on a fresh SQLite file and, when ``ORCH_TEST_POSTGRES_URL`` is set
+(``.ci/run`` sets it), once on PostgreSQL in a schema of its own that is dropped afterwards.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from urllib.parse import quote
+
+import pytest
+import sqlalchemy as sa
+import torch
+
+torch.set_num_threads(1)
+
+POSTGRES_URL = os.environ.get("ORCH_TEST_POSTGRES_URL")
+BACKENDS = ["sqlite"] + (["postgresql"] if POSTGRES_URL else [])
+
+
+def _pg_base() -> str:
+    url = POSTGRES_URL or ""
+    if url.startswith(("postgresql://", "postgres://")):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_pg_schema_url() -> tuple[str, callable]:
+    """A URL whose search_path is a brand-new schema, and a function that drops it."""
+    base = _pg_base()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in base else "?"
+    url = f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
+
+    def drop() -> None:
+        with admin.connect() as c:
+            c.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+    return url, drop
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request, tmp_path):
+    """A fresh, empty database URL on each available backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    url, drop = make_pg_schema_url()
+    try:
+        yield url
+    finally:
+        drop()
