@@ -25,4 +25,14 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
     fi
 fi
 "$VPY" -m pip install -q -e ".[test]"
+# The report test renders the HTML report in headless Chromium (Debian's package).
+if ! command -v chromium >/dev/null 2>&1; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing chromium (for the report test)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+            >/dev/null || echo "setup: warning: chromium install failed; the report test needs it"
+    else
+        echo "setup: note: install chromium (e.g. apt-get install chromium) to run the report test"
+    fi
+fi
 echo "setup: done. Try: .venv/bin/orchestrator submit sweeps/quickstart.yaml"

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, ValidationError,
@@ -144,7 +144,9 @@ def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
 
 # ---- parameter names and values ----------------------------------------------------------
 
-_FIELD_ADAPTERS = {n: TypeAdapter(f.annotation) for n, f in TrialParams.model_fields.items()}
+# Each field's type with its constraints (ge, gt, ...), to check one axis value at a time.
+_FIELD_ADAPTERS = {n: TypeAdapter(Annotated[f.annotation, f])
+                   for n, f in TrialParams.model_fields.items()}
 
 
 def _check_name(name: Any, where: str, fail) -> None:

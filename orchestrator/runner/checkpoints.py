@@ -6,6 +6,7 @@ a trial may resume on another node.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -18,10 +19,13 @@ from orchestrator.store.engine import sqlite_path
 
 def default_root(db_url: str) -> Path:
     """Beside a SQLite file (``runs/orchestrator.db`` -> ``runs/checkpoints``); for
-    PostgreSQL, ``runs/checkpoints`` under the working directory."""
+    PostgreSQL, ``runs/checkpoints/<hash of the URL>`` under the working directory, so two
+    databases never share a sweep's checkpoints."""
     path = sqlite_path(db_url)
-    base = path.parent if path is not None else Path("runs")
-    return (base / "checkpoints").resolve()
+    if path is not None:
+        return (path.parent / "checkpoints").resolve()
+    tag = hashlib.sha256(db_url.encode()).hexdigest()[:12]
+    return (Path("runs") / "checkpoints" / tag).resolve()
 
 
 def trial_path(root: Path, sweep: str, key: str) -> Path:

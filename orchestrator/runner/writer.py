@@ -49,6 +49,13 @@ class StoreWriter(tune.Callback):
         self.rows_written = 0
         self.outcomes: dict[int, str] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its run config (callbacks included) for its own experiment restore,
+        # which we never use: an engine and a progress closure cannot travel.
+        state = self.__dict__.copy()
+        state.update(engine=None, on_event=None, _rows=[], _touched=set())
+        return state
+
     @staticmethod
     def _tid(trial) -> int:
         return int(trial.config["trial"]["trial_id"])

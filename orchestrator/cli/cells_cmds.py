@@ -1,0 +1,140 @@
+"""``orchestrator cells`` (the arm table) and ``orchestrator bench cells`` (naive vs default speed)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import typer
+import yaml
+
+from orchestrator.cli.app import app, bench_app
+from orchestrator.errors import UserError
+
+MAMBA2_ARMS = ("mamba2_ref", "mamba2_ref_noconv")
+
+
+def _split_arms(values: Optional[list[str]], known: tuple[str, ...]) -> list[str]:
+    """Arms from repeated and/or comma-separated options; all of ``known`` when none given."""
+    if not values:
+        return list(known)
+    arms = [a.strip() for v in values for a in v.split(",") if a.strip()]
+    import cells
+
+    for arm in arms:
+        if arm not in cells.ARMS:
+            raise UserError(f"unknown arm {arm!r} (known: {', '.join(cells.ARMS)})")
+        if arm not in known:
+            raise UserError(f"arm {arm!r} has no naive form to compare (benchable: {', '.join(known)})")
+    return arms
+
+
+def _parse_knobs(values: Optional[list[str]]) -> dict[str, Any]:
+    """``key=value`` pairs; values are read as YAML scalars (``4``, ``true``, ``ns5``, ``null``)."""
+    out: dict[str, Any] = {}
+    for item in values or []:
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"--knob expects key=value, got {item!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            raise UserError(f"--knob {item!r}: value is not a YAML scalar") from None
+    return out
+
+
+def _format_knobs(k: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in k.items())
+
+
+@app.command("cells")
+def cells_cmd(
+    d_model: int = typer.Option(32, "--d-model", help="model width for every arm (32 = the factorial)"),
+    n_layers: int = typer.Option(1, "--n-layers", help="layers for every arm"),
+    mamba2_d_state: int = typer.Option(16, "--mamba2-d-state", help="d_state of the mamba2_ref arms"),
+    vocab_size: int = typer.Option(
+        91, "--vocab-size", help="vocabulary (91 = masked MQAR: 64 keys + 26 values + mask)"),
+    arms: Optional[list[str]] = typer.Option(None, "--arms", "--arm", help="arms to list (repeat or comma-separate)"),
+    knob: Optional[list[str]] = typer.Option(
+        None, "--knob", help="key=value applied to every listed arm that has that knob (repeatable)"),
+    json_out: bool = typer.Option(False, "--json", help="print a JSON list of rows"),
+) -> None:
+    """One row per arm: parameters, recurrent state per layer, and the knobs it carries."""
+    import cells
+
+    selected = _split_arms(arms, cells.ARMS) if arms else list(cells.ARMS)
+    overrides = _parse_knobs(knob)
+    used = set()
+    rows = []
+    for arm in selected:
+        accepted = cells.knobs(arm)
+        given = {k: v for k, v in overrides.items() if k in accepted}
+        used.update(given)
+        if arm in MAMBA2_ARMS:
+            given.setdefault("d_state", mamba2_d_state)
+        try:
+            rows.append(cells.describe(arm, vocab_size, d_model=d_model, n_layers=n_layers, **given))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    unused = sorted(set(overrides) - used)
+    if unused:
+        raise UserError(f"knob {unused[0]!r} is not a knob of any listed arm ({', '.join(selected)})")
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"arms at d_model={d_model}, n_layers={n_layers}, vocab_size={vocab_size}")
+    for col in ("arm", "params", "state/layer", "knobs"):
+        table.add_column(col, justify="right" if col in ("params", "state/layer") else "left")
+    for row in rows:
+        state = f"{row['state_elements']:,}" + (" /token" if row["state_scaling"] == "per_token" else "")
+        table.add_row(row["arm"], f"{row['params']:,}", state, _format_knobs(row["knobs"]))
+    Console(width=200).print(table)
+
+
+@bench_app.command("cells")
+def bench_cells_cmd(
+    arms: Optional[list[str]] = typer.Option(None, "--arms", "--arm", help="arms to time (repeat or comma-separate)"),
+    seq_len: int = typer.Option(256, "--seq-len", min=1),
+    d_model: int = typer.Option(32, "--d-model", min=1),
+    n_layers: int = typer.Option(1, "--n-layers", min=1),
+    batch: int = typer.Option(8, "--batch", min=1),
+    vocab_size: int = typer.Option(91, "--vocab-size", min=2),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="interleaved timed rounds (median taken)"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda, or cuda:N"),
+    json_out: bool = typer.Option(False, "--json", help='print {"rows": [...]} as JSON'),
+) -> None:
+    """Forward+backward tokens/s per arm: naive recurrence vs the default path, in one run."""
+    import torch
+
+    from cells.bench import bench_arms, run_bench
+
+    selected = _split_arms(arms, bench_arms())
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device expects cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda requested but CUDA is not available here")
+    try:
+        rows = run_bench(selected, seq_len=seq_len, d_model=d_model, n_layers=n_layers, batch=batch,
+                         vocab_size=vocab_size, repeats=repeats, device=dev)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if json_out:
+        typer.echo(json.dumps({
+            "rows": rows, "seq_len": seq_len, "d_model": d_model, "n_layers": n_layers, "batch": batch,
+            "repeats": repeats, "device": str(dev), "threads": torch.get_num_threads()}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"fwd+bwd tokens/s, T={seq_len}, d={d_model}, batch={batch}, {dev}, "
+                        f"{torch.get_num_threads()} threads, median of {repeats} interleaved rounds")
+    for col in ("arm", "naive tok/s", "default tok/s", "speedup"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for r in rows:
+        table.add_row(r["arm"], f"{r['naive_tok_s']:,.0f}", f"{r['default_tok_s']:,.0f}",
+                      f"{r['speedup_vs_naive']:.1f}x")
+    Console(width=200).print(table)

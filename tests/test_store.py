@@ -1,0 +1,155 @@
+"""The store on SQLite and PostgreSQL: migrations, models == migrations, upserts, views,
+the schema gate, and read-only SQL."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from orchestrator.cli import main
+from orchestrator.errors import UserError
+from orchestrator.store import repo
+from orchestrator.store.engine import (VERSION_TABLE, current_revision, ensure_schema,
+                                       head_revision, make_engine, open_store_engine)
+from orchestrator.store.models import Base
+from orchestrator.store.readonly import readonly_query
+
+
+def _fill(engine, n_trials=3, n_steps=4):
+    with engine.begin() as conn:
+        sid = repo.upsert_sweep(conn, "s1", "name: s1", "h")
+        trials = [(f"k{i}", {"arm": "armed_gdn" if i % 2 else "gated_deltanet", "task": "mqar",
+                             "seed": i, "lr": 1e-3, "batch_size": 8, "steps": n_steps * 10,
+                             "eval_every": 10, "model.conv": 4, "task.K": 16, "tag.v": "x"})
+                  for i in range(n_trials)]
+        ids = repo.add_trials(conn, sid, trials)
+        rows = [{"trial_id": ids[f"k{i}"], "step": 10 * s, "acc": 0.1 * s + 0.01 * i,
+                 "loss": 1.0 / (s + 1), "train_loss": 2.0, "lr": 1e-3, "elapsed_s": float(s),
+                 "metrics": {"rebind_acc": 0.04}}
+                for i in range(n_trials) for s in range(1, n_steps + 1)]
+        repo.upsert_evals(conn, rows)
+    return sid, ids
+
+
+def test_migrate_empty_to_head_and_models_match(db_url):
+    engine = make_engine(db_url)
+    assert current_revision(engine) is None
+    ensure_schema(engine, db_url)
+    assert current_revision(engine) == head_revision()
+    insp = sa.inspect(engine)
+    assert {"sweeps", "trials", "trial_params", "evals", VERSION_TABLE} <= set(insp.get_table_names())
+    assert {"trial_trace", "trial_final"} <= set(insp.get_view_names())
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True,
+                                                     "version_table": VERSION_TABLE})
+        diff = [d for d in compare_metadata(ctx, Base.metadata)
+                if not (d[0] == "remove_table" and d[1].name == VERSION_TABLE)]
+    assert diff == []
+
+
+def test_upserts_are_idempotent_and_views_answer(db_url):
+    engine, _ = open_store_engine(db_url)
+    sid, ids = _fill(engine)
+    with engine.begin() as conn:
+        # Re-reporting a step rewrites it; it never duplicates it.
+        repo.upsert_evals(conn, [{"trial_id": ids["k0"], "step": 40, "acc": 0.99, "loss": 0.1}])
+        again = repo.add_trials(conn, sid, [("k0", {"arm": "x", "task": "y"}), ("k9", {
+            "arm": "armed_gdn", "task": "mqar", "seed": 9})])
+        assert again["k0"] == ids["k0"] and again["k9"] not in ids.values()
+        repo.finish_trial(conn, ids["k0"], "completed")
+    with engine.connect() as conn:
+        n = conn.execute(sa.text("SELECT COUNT(*) FROM evals WHERE trial_id = :t"),
+                         {"t": ids["k0"]}).scalar_one()
+        assert n == 4
+        final = conn.execute(sa.text(
+            "SELECT final_step, final_acc, best_acc FROM trial_final WHERE key = 'k0'")).one()
+        assert (final.final_step, final.final_acc, final.best_acc) == (40, 0.99, 0.99)
+        trace = conn.execute(sa.text(
+            "SELECT step, acc FROM trial_trace WHERE sweep = 's1' AND seed = 1 ORDER BY step")).all()
+        assert [r.step for r in trace] == [10, 20, 30, 40]
+        t = conn.execute(sa.text("SELECT status, final_acc FROM trials WHERE key='k0'")).one()
+        assert t.status == "completed" and t.final_acc == 0.99
+        knob = conn.execute(sa.text(
+            "SELECT COUNT(*) FROM trial_params WHERE name = 'task.K' AND value_num = 16")).scalar_one()
+        assert knob == 3
+        label = conn.execute(sa.text(
+            "SELECT value_text FROM trial_params WHERE name = 'tag.v' LIMIT 1")).scalar_one()
+        assert label == "x"
+
+
+def test_old_schema_is_refused_with_upgrade_hint(db_url):
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(sa.text(f"INSERT INTO {VERSION_TABLE} VALUES ('0000_older')"))
+    with pytest.raises(UserError, match="run `orchestrator db upgrade"):
+        ensure_schema(engine, db_url)
+
+
+WRITES = [
+    "DELETE FROM evals",
+    "UPDATE trials SET status = 'failed'",
+    "INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('x', 'y', 'z')",
+    "DROP TABLE evals",
+    "SELECT 1; DELETE FROM evals",
+    "CREATE TABLE x (a int)",
+    "ATTACH DATABASE '/tmp/evil.db' AS evil",
+    "PRAGMA journal_mode = DELETE",
+    "PRAGMA user_version = 7",
+    "WITH d AS (DELETE FROM evals RETURNING *) SELECT * FROM d",
+    "/* sneaky */ DELETE FROM evals",
+]
+
+
+def _snapshot(engine):
+    with engine.connect() as conn:
+        return (conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one(),
+                conn.execute(sa.text("SELECT COUNT(*) FROM sweeps")).scalar_one(),
+                sorted(sa.inspect(engine).get_table_names()),
+                conn.execute(sa.text("SELECT status FROM trials ORDER BY id")).scalars().all())
+
+
+def test_sql_is_read_only(db_url):
+    engine, url = open_store_engine(db_url)
+    _fill(engine)
+    before = _snapshot(engine)
+    cols, rows = readonly_query(url, "SELECT arm, COUNT(*) AS n FROM trial_final GROUP BY arm ORDER BY arm")
+    assert cols == ["arm", "n"] and [tuple(r) for r in rows] == [("armed_gdn", 1), ("gated_deltanet", 2)]
+    for stmt in WRITES:
+        with pytest.raises(UserError):
+            readonly_query(url, stmt)
+    assert _snapshot(engine) == before
+
+
+def test_sql_command_csv_and_refusal(db_url, capsys):
+    engine, url = open_store_engine(db_url)
+    _fill(engine)
+    assert main(["sql", "SELECT key, step, acc FROM trial_trace WHERE key = 'k2' ORDER BY step",
+                 "--db", url, "--csv"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "key,step,acc" and len(out) == 5 and out[1].startswith("k2,10,")
+    assert main(["sql", "DELETE FROM evals", "--db", url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "read-only" in err[0]
+
+
+def test_db_upgrade_command(db_url, capsys):
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert head_revision() in capsys.readouterr().out
+    assert current_revision(make_engine(db_url)) == head_revision()
+
+
+def test_ls_and_status_commands(db_url, capsys):
+    engine, url = open_store_engine(db_url)
+    _fill(engine)
+    assert main(["ls", "--db", url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["name"] == "s1" and rows[0]["trials"] == 3
+    assert main(["status", "s1", "--db", url, "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["sweeps"][0]
+    assert st["counts"]["pending"] == 3
+    assert {r["value"] for r in st["axes"]["arm"]} == {"armed_gdn", "gated_deltanet"}
+    assert main(["status", "nope", "--db", url]) == 2
