@@ -109,8 +109,10 @@ def analyze(
     n_resamples: Optional[int] = RESAMPLES, seed: Optional[int] = SEED,
     json_out: bool = JSON,
 ) -> None:
-    """Statistics of one sweep: lock-in table, Fisher, permutation, McNemar, Kaplan-Meier,
-    log-rank (per cell with --cells) or the discrete-time hazard model."""
+    """Statistics of one sweep straight off the database.
+
+    KIND: lockin, outcomes, fisher, permutation, mcnemar, km, logrank, hazard.
+    """
     from orchestrator.analysis import api
     from orchestrator.analysis.survival import logrank_cells
 
@@ -151,8 +153,10 @@ def report_cmd(
     formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
     status: Optional[str] = STATUS, json_out: bool = JSON,
 ) -> None:
-    """Print the paper's tables (cell outcomes, log-rank per cell, hazard fit, lock-in) and
-    write an HTML report with figures."""
+    """Print a sweep's tables and write an HTML report with figures.
+
+    Tables: cell outcomes, log-rank per cell, hazard fit, lock-in rates.
+    """
     from orchestrator.analysis import api
     from orchestrator.analysis.report import build_report
 
@@ -195,8 +199,10 @@ def bench_analysis(
                                            help="write the synthetic DB here and keep it"),
     json_out: bool = JSON,
 ) -> None:
-    """Time the hazard fit straight from a SQLite DB of TRIALS x EVALS synthetic traces
-    (load + events + person-period expansion + GLM fit; goal < 10 s)."""
+    """Time the hazard fit straight from a SQLite database (goal < 10 s).
+
+    Times load + events, person-period expansion and GLM fit over synthetic traces.
+    """
     from orchestrator.analysis.bench import build_db, time_hazard
 
     if trials < 20 or evals < 3:

@@ -103,10 +103,14 @@ def bench_cells_cmd(
     vocab_size: int = typer.Option(91, "--vocab-size", min=2),
     repeats: int = typer.Option(5, "--repeats", min=1, help="interleaved timed rounds (median taken)"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, or cuda:N"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's)"),
     json_out: bool = typer.Option(False, "--json", help='print {"rows": [...]} as JSON'),
 ) -> None:
     """Forward+backward tokens/s per arm: naive recurrence vs the default path, in one run."""
     import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
 
     from cells.bench import bench_arms, run_bench
 

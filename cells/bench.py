@@ -1,0 +1,83 @@
+"""Training-speed benchmark of the arms: naive recurrence vs the default path, side by side.
+
+For each arm two models are built from the same seed, one with ``impl="naive"`` (a Python
+loop over time) and one with the arm's default ``impl`` ("auto"). A timed call is one
+forward + backward of a cross-entropy loss on a fixed random batch (gradients zeroed in
+between, no optimizer). Rounds interleave every (arm, impl) pair, so drift in machine load
+hits all of them alike; each figure is the median over rounds, in tokens per second
+(``batch * seq_len / seconds``).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cells.registry import build, knobs
+
+
+def bench_arms() -> tuple[str, ...]:
+    """Arms with an ``impl`` knob (every arm whose mixer has a naive form)."""
+    from cells.registry import ARMS
+
+    return tuple(a for a in ARMS if "impl" in knobs(a))
+
+
+def _step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor, device: torch.device) -> float:
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    logits = model(tokens)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def run_bench(
+    arms: Sequence[str],
+    *,
+    seq_len: int = 256,
+    d_model: int = 32,
+    n_layers: int = 1,
+    batch: int = 8,
+    vocab_size: int = 91,
+    repeats: int = 5,
+    warmup: int = 1,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Rows ``{arm, naive_tok_s, default_tok_s, speedup_vs_naive}`` in the order of ``arms``."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
+    targets = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
+    models: dict[tuple[str, str], torch.nn.Module] = {}
+    for arm in arms:
+        default_impl = knobs(arm)["impl"]
+        for label, impl in (("naive", "naive"), ("default", default_impl)):
+            torch.manual_seed(seed)
+            models[(arm, label)] = build(arm, vocab_size, d_model=d_model, n_layers=n_layers,
+                                         impl=impl).to(device)
+    for key, model in models.items():
+        for _ in range(warmup):
+            _step(model, tokens, targets, device)
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in models}
+    keys = list(models)
+    for r in range(repeats):
+        # Alternate the order each round so neither impl always runs right after the other.
+        for key in (keys if r % 2 == 0 else keys[::-1]):
+            times[key].append(_step(models[key], tokens, targets, device))
+    rows = []
+    for arm in arms:
+        naive = batch * seq_len / statistics.median(times[(arm, "naive")])
+        default = batch * seq_len / statistics.median(times[(arm, "default")])
+        rows.append({"arm": arm, "naive_tok_s": naive, "default_tok_s": default,
+                     "speedup_vs_naive": default / naive})
+    return rows

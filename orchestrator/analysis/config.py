@@ -1,0 +1,123 @@
+"""What an analysis reads, how it groups trials and which thresholds define its events.
+
+A sweep spec may carry an ``analysis:`` block validated by :class:`AnalysisConfig`; the CLI
+flags of ``orchestrator analyze`` and ``orchestrator report`` override its fields one by one.
+
+Conventions (the defaults reproduce the scaffold study's released analysis scripts):
+
+- escape: the first eval after the trial's first eval with accuracy >= ``escape_at``;
+- collapse: the first eval (after the first) from which accuracy stays below
+  ``collapse_below`` to the trial's last eval;
+- outcome classes, from the trial's final eval accuracy, checked in this order:
+  ``solved`` (>= ``lockin``), ``dead`` (collapsed), ``mid`` (>= ``mid_at``), ``flat``;
+- lock-in: accuracy >= ``lockin`` on the final eval (``metric="final"``) or on the best
+  eval (``metric="best"``).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.errors import UserError
+
+DEFAULT_STATUSES = ("completed", "diverged")
+ALL_STATUSES = ("pending", "running", "completed", "failed", "diverged")
+
+
+def _name_list(v: Any) -> Any:
+    """Accept ``"a,b"`` as well as ``["a", "b"]`` (CLI flags and YAML both stay short)."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [p.strip() for p in v.split(",") if p.strip()]
+    return v
+
+
+class HeatmapConfig(BaseModel):
+    """Basin map: solved fraction per (x, y) cell, one panel per value of ``facet``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    x: str = "lr"
+    y: str
+    facet: str | None = None
+
+
+class AnalysisConfig(BaseModel):
+    """Options of every analysis; see the module docstring for the event definitions."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    by: list[str] = Field(default_factory=list,
+                          description="parameters whose values form the compared groups")
+    cells: list[str] = Field(default_factory=list,
+                             description="parameters that stratify: per-cell tables and tests; "
+                                         "the last one is the report table's column")
+    where: str | None = Field(None, description="SQL condition on trial parameters")
+    statuses: list[str] = Field(default_factory=lambda: list(DEFAULT_STATUSES),
+                                description="trial statuses analysed")
+    metric: Literal["final", "best"] = "final"
+    lockin: float = Field(0.8, ge=0.0, le=1.0)
+    mid_at: float = Field(0.2, ge=0.0, le=1.0)
+    escape_at: float = Field(0.8, ge=0.0, le=1.0)
+    collapse_below: float = Field(0.005, ge=0.0, le=1.0)
+    formula: str | None = Field(None, description="right-hand side of the hazard formula")
+    link: Literal["logit", "cloglog"] = "logit"
+    compare: list[str] | None = Field(None, description="the two group labels a contrast uses")
+    pair_on: list[str] = Field(default_factory=lambda: ["seed"])
+    alternative: Literal["two-sided", "greater", "less"] = "two-sided"
+    n_resamples: int = Field(100_000, gt=0)
+    random_seed: int = 0
+    heatmap: HeatmapConfig | None = None
+
+    _lists = field_validator("by", "cells", "statuses", "pair_on", mode="before")(_name_list)
+
+    @field_validator("compare", mode="before")
+    @classmethod
+    def _compare_list(cls, v: Any) -> Any:
+        return None if v is None else _name_list(v)
+
+    @field_validator("compare")
+    @classmethod
+    def _two_groups(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (len(v) != 2 or v[0] == v[1]):
+            raise ValueError("compare needs exactly two different group labels, e.g. baseline,ns5")
+        return v
+
+    @field_validator("statuses")
+    @classmethod
+    def _known_statuses(cls, v: list[str]) -> list[str]:
+        if v == ["all"]:
+            return list(ALL_STATUSES)
+        bad = [s for s in v if s not in ALL_STATUSES]
+        if bad:
+            raise ValueError(f"unknown status {bad[0]!r}; expected some of "
+                             f"{', '.join(ALL_STATUSES)} or 'all'")
+        return v
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> AnalysisConfig:
+        if self.mid_at > self.lockin:
+            raise ValueError(f"mid_at ({self.mid_at}) must not exceed lockin ({self.lockin})")
+        if self.collapse_below >= self.escape_at:
+            raise ValueError(f"collapse_below ({self.collapse_below}) must be below escape_at "
+                             f"({self.escape_at})")
+        return self
+
+    def with_overrides(self, **overrides: Any) -> AnalysisConfig:
+        """A copy with every override that is not None applied (CLI flags over the spec)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return parse_config(data, source="options")
+
+
+def parse_config(data: dict[str, Any] | None, source: str = "analysis") -> AnalysisConfig:
+    """Validate a mapping (a spec's ``analysis:`` block, or merged CLI options); a bad key or
+    value is a one-line :class:`UserError` naming the field."""
+    try:
+        return AnalysisConfig.model_validate(data or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        raise UserError(f"{source}: {loc}: {err['msg']}") from None

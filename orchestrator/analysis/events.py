@@ -1,0 +1,141 @@
+"""Per-trial events from eval traces: escape, collapse, censoring, outcome class.
+
+Conventions (one trace = a trial's eval points in step order; the first eval, at step 0
+or 1, only starts the clock and is never an event):
+
+- ``escape_step``: step of the first eval after the first with ``acc >= escape_at``;
+- ``collapse_step``: step of the first eval after the first from which every eval to the
+  last has ``acc < collapse_below`` (a missing accuracy counts as below: a diverged
+  trial's NaN accuracy is a dead trial);
+- ``time``: the escape step, else the collapse step (censored: a competing risk), else the
+  last eval step (censored at the trial's own budget); ``event`` is 1 for an escape;
+  ``end`` names which of ``escape``/``collapse``/``budget`` ended the clock;
+- ``outcome`` from the final eval's accuracy, in this order: ``solved`` (>= lockin),
+  ``dead`` (collapsed), ``mid`` (>= mid_at), else ``flat``;
+- ``locked``: ``final_acc`` (or ``best_acc`` with ``metric="best"``) >= lockin.
+
+:func:`trial_events` is the vectorised path; :func:`trace_events` is the per-trace
+reference it is tested against.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .config import AnalysisConfig
+
+EVENT_COLUMNS = ("n_evals", "first_step", "last_step", "final_acc", "best_acc", "escape_step",
+                 "collapse_step", "time", "event", "end", "outcome", "metric_acc", "locked")
+OUTCOMES = ("solved", "mid", "flat", "dead")
+
+
+def trace_events(trace: Sequence[tuple[int, float | None]], cfg: AnalysisConfig) -> dict:
+    """Reference: the events of one trace, a list of ``(step, acc)`` in step order."""
+    steps = [int(s) for s, _ in trace]
+    accs = [float("nan") if a is None else float(a) for _, a in trace]
+    n = len(steps)
+    if n == 0:
+        return {}
+    escape = None
+    for i in range(1, n):
+        if accs[i] >= cfg.escape_at:  # NaN compares False
+            escape = steps[i]
+            break
+    collapse = None
+    for i in range(1, n):
+        if all(not (a >= cfg.collapse_below) for a in accs[i:]):
+            collapse = steps[i]
+            break
+    if escape is not None:
+        time, end = escape, "escape"
+    elif collapse is not None:
+        time, end = collapse, "collapse"
+    else:
+        time, end = steps[-1], "budget"
+    final = accs[-1]
+    finite = [a for a in accs if a == a]
+    best = max(finite) if finite else float("nan")
+    if final >= cfg.lockin:
+        outcome = "solved"
+    elif collapse is not None:
+        outcome = "dead"
+    elif final >= cfg.mid_at:
+        outcome = "mid"
+    else:
+        outcome = "flat"
+    metric = final if cfg.metric == "final" else best
+    return {"n_evals": n, "first_step": steps[0], "last_step": steps[-1], "final_acc": final,
+            "best_acc": best, "escape_step": escape, "collapse_step": collapse, "time": time,
+            "event": int(escape is not None), "end": end, "outcome": outcome,
+            "metric_acc": metric, "locked": bool(metric >= cfg.lockin)}
+
+
+def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
+    """Events of every trial in ``evals`` (columns ``trial_id, step, acc``, sorted by trial
+    then step), one row per trial indexed by ``trial_id``; columns :data:`EVENT_COLUMNS`.
+    ``escape_step``/``collapse_step`` are NaN where there is none."""
+    if evals.empty:
+        return pd.DataFrame(columns=list(EVENT_COLUMNS), index=pd.Index([], name="trial_id"))
+    tid = evals["trial_id"].to_numpy()
+    step = evals["step"].to_numpy()
+    acc = evals["acc"].to_numpy(dtype=float)
+    # Group boundaries of the sorted trace table.
+    start = np.r_[True, tid[1:] != tid[:-1]]
+    gstart = np.flatnonzero(start)
+    gend = np.r_[gstart[1:], len(tid)] - 1
+    gid = np.cumsum(start) - 1
+    k = np.arange(len(tid)) - gstart[gid]  # position of each eval within its trace
+    ids = tid[gstart]
+    ng = len(ids)
+
+    def first_step_where(mask: np.ndarray) -> np.ndarray:
+        out = np.full(ng, np.nan)
+        idx = np.flatnonzero(mask)
+        if idx.size:
+            g = gid[idx]
+            first = np.r_[True, g[1:] != g[:-1]]
+            out[g[first]] = step[idx[first]]
+        return out
+
+    with np.errstate(invalid="ignore"):
+        up = acc >= cfg.escape_at
+        low = ~(acc >= cfg.collapse_below)
+    escape = first_step_where(up & (k >= 1))
+    # low_suffix[i]: every eval from i to the end of its trace is low. A running count of
+    # "not low" from the end of each trace is zero exactly there.
+    notlow = (~low).astype(np.int64)
+    rev_cum = np.cumsum(notlow[::-1])[::-1]  # not-low evals from i to the end of the table
+    after = np.r_[rev_cum[1:], 0]
+    low_suffix = (rev_cum - after[gend[gid]]) == 0
+    collapse = first_step_where(low_suffix & (k >= 1))
+
+    last = step[gend].astype(float)
+    final = acc[gend]
+    best = pd.Series(acc).groupby(gid).max().to_numpy()  # skips NaN
+    has_esc = ~np.isnan(escape)
+    has_col = ~np.isnan(collapse)
+    time = np.where(has_esc, escape, np.where(has_col, collapse, last))
+    end = np.where(has_esc, "escape", np.where(has_col, "collapse", "budget"))
+    with np.errstate(invalid="ignore"):
+        outcome = np.select([final >= cfg.lockin, has_col, final >= cfg.mid_at],
+                            ["solved", "dead", "mid"], "flat")
+        metric = final if cfg.metric == "final" else best
+        locked = metric >= cfg.lockin
+    out = pd.DataFrame({
+        "n_evals": gend - gstart + 1, "first_step": step[gstart], "last_step": step[gend],
+        "final_acc": final, "best_acc": best, "escape_step": escape, "collapse_step": collapse,
+        "time": time.astype(np.int64), "event": has_esc.astype(np.int64), "end": end,
+        "outcome": outcome, "metric_acc": metric, "locked": locked,
+    }, index=pd.Index(ids, name="trial_id"))
+    return out
+
+
+def with_events(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
+    """``trials`` joined with their events; trials without any eval are dropped (they have
+    no clock to start)."""
+    ev = trial_events(evals, cfg)
+    clash = [c for c in ev.columns if c in trials.columns]
+    merged = trials.drop(columns=clash).join(ev, on="trial_id", how="inner")
+    return merged.reset_index(drop=True)

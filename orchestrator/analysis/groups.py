@@ -1,0 +1,104 @@
+"""Group labels from parameter values (``--by``), and picking the two groups a contrast uses.
+
+A label is the value of the single ``by`` parameter (``ns5``, ``0.003``, ``88``) or the
+values of several joined by ``/`` (``ns5/88``). Numbers print in their shortest form
+(``0.001``, ``1e-05``, ``3000``), booleans as ``true``/``false``. Groups are ordered by
+their values, numerically where the values are numbers.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from orchestrator.errors import UserError
+
+
+def format_value(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "NA"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if hasattr(v, "item") and not isinstance(v, str):  # numpy scalars
+        return format_value(v.item())
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.6g}"
+    return str(v)
+
+
+def _sort_key(v):
+    if isinstance(v, bool) or v is None:
+        return (1, str(v))
+    if isinstance(v, (int, float)) or hasattr(v, "item"):
+        try:
+            f = float(v)
+            return (0, f) if not math.isnan(f) else (2, "")
+        except (TypeError, ValueError):
+            pass
+    return (1, str(v))
+
+
+def check_params(trials: pd.DataFrame, names: Sequence[str], params: Sequence[str] = (),
+                 flag: str = "--by") -> None:
+    for n in names:
+        if n not in trials.columns:
+            known = ", ".join(list(params)[:40]) or "(none)"
+            raise UserError(f"{flag} {n!r}: no such parameter; this sweep's parameters: {known}")
+
+
+def labels(trials: pd.DataFrame, by: Sequence[str]) -> pd.Series:
+    """One label per trial row (``all`` when ``by`` is empty)."""
+    if not by:
+        return pd.Series(["all"] * len(trials), index=trials.index, dtype=object)
+    parts = [trials[b].map(format_value) for b in by]
+    out = parts[0].astype(object)
+    for p in parts[1:]:
+        out = out + "/" + p
+    return out
+
+
+def ordered(trials: pd.DataFrame, by: Sequence[str]) -> list[str]:
+    """The distinct labels in value order."""
+    if not by:
+        return ["all"] if len(trials) else []
+    seen: dict[str, tuple] = {}
+    for rec in trials[list(by)].itertuples(index=False, name=None):
+        lab = "/".join(format_value(v) for v in rec)
+        if lab not in seen:
+            seen[lab] = tuple(_sort_key(v) for v in rec)
+    return sorted(seen, key=lambda lab: seen[lab])
+
+
+def pick_two(available: Sequence[str], compare: Sequence[str] | None, what: str) -> tuple[str, str]:
+    """The two groups of a contrast: ``compare`` when given, else the only two there are."""
+    if compare:
+        missing = [g for g in compare if g not in available]
+        if missing:
+            raise UserError(f"{what}: no group {missing[0]!r}; groups are: "
+                            f"{', '.join(available) or '(none)'}")
+        return compare[0], compare[1]
+    if len(available) == 2:
+        return available[0], available[1]
+    raise UserError(f"{what} compares two groups, found {len(available)} "
+                    f"({', '.join(available[:12]) or 'none'}): pass --groups A,B or a "
+                    "--by that forms two")
+
+
+def cell_iter(trials: pd.DataFrame, cells: Sequence[str]):
+    """``(cell_dict, sub_frame)`` per combination of the ``cells`` parameters, in value order;
+    one cell ``{}`` holding everything when ``cells`` is empty."""
+    if not cells:
+        yield {}, trials
+        return
+    labs = labels(trials, cells)
+    for lab in ordered(trials, cells):
+        sub = trials[labs == lab]
+        first = sub.iloc[0]
+        yield {c: _plain(first[c]) for c in cells}, sub
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") else v

@@ -1,0 +1,326 @@
+"""``orchestrator report``: the tables a paper prints and an HTML page with figures.
+
+The target is a sweep name or a spec YAML (its ``name`` and optional ``analysis:`` block
+are read; nothing else of the spec is interpreted here). The report holds:
+
+A. outcome classes per cell, laid out as the scaffold study's cell table: rows are the
+   ``cells`` parameters but the last, times the ``by`` groups; columns are the values of the
+   last ``cells`` parameter; an entry is ``solved/mid/flat/dead (n) @median escape step``;
+B. log-rank tests between the ``by`` groups, pooled and within each cell;
+C. the discrete-time hazard fit (``formula``, ``link``);
+D. lock-in rates per cell and group (with Fisher exact when there are two groups);
+plus figures: Kaplan-Meier curves per group, the basin-map heatmap (when the sweep has an
+lr x hardness grid, or ``heatmap`` says which axes), per-seed traces and the hazard
+forest plot.
+"""
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.errors import UserError
+
+from . import contrasts, survival, tables
+from .api import Prepared, fit
+from .config import AnalysisConfig, HeatmapConfig, parse_config
+from .groups import format_value
+from .hazard import HazardResult
+from .results import jsonable
+
+DEFAULT_OUT = Path("runs") / "reports"
+
+
+def resolve_target(target: str) -> tuple[str, dict[str, Any] | None, str | None]:
+    """``(sweep name, analysis block or None, spec storage or None)`` of a sweep name or a
+    path to a spec YAML."""
+    p = Path(target)
+    if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
+        import yaml
+
+        if not p.is_file():
+            raise UserError(f"no spec file {target!r}")
+        try:
+            spec = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise UserError(f"{target}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise UserError(f"{target}: expected a sweep spec with a 'name'")
+        block = spec.get("analysis")
+        if block is not None and not isinstance(block, dict):
+            raise UserError(f"{target}: 'analysis' must be a mapping")
+        storage = spec.get("storage") if isinstance(spec.get("storage"), str) else None
+        return spec["name"], block, storage
+    return target, None, None
+
+
+def auto_heatmap(trials: pd.DataFrame, params: list[str], cfg: AnalysisConfig,
+                 aliases: dict[str, str]) -> HeatmapConfig | None:
+    """An lr x hardness grid: ``lr`` with several values and a numeric task parameter with
+    several values (the first such ``task.*``); facet on the first ``by`` parameter."""
+    if cfg.heatmap is not None:
+        return cfg.heatmap
+    if "lr" not in trials.columns or trials["lr"].nunique() < 2:
+        return None
+    back = {full: a for a, full in aliases.items() if "." not in a and not a.startswith("task_")}
+    for name in params:
+        if not name.startswith("task.") or name in ("task.seed",):
+            continue
+        col = trials[name]
+        if pd.api.types.is_numeric_dtype(col) and col.nunique() >= 2:
+            return HeatmapConfig(x="lr", y=back.get(name, name),
+                                 facet=cfg.by[0] if cfg.by else None)
+    return None
+
+
+def layout_table(outcomes: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
+    """Table A: one string entry per (row cell, group) x column value."""
+    if outcomes.empty:
+        return pd.DataFrame()
+    entries = outcomes.apply(tables.format_cell, axis=1)
+    frame = outcomes.assign(entry=entries)
+    if not cells:
+        return frame.set_index("group")[["entry"]].rename(columns={"entry": "all"})
+    col = cells[-1]
+    rows = [*cells[:-1], "group"]
+    frame = frame.assign(**{col: frame[col].map(lambda v: f"{col}={format_value(v)}")})
+    order = list(dict.fromkeys(frame[col]))
+    wide = frame.pivot_table(index=rows, columns=col, values="entry", aggfunc="first",
+                             sort=False)
+    wide = wide.reindex(columns=order).fillna("-")
+    wide.columns.name = None
+    return wide
+
+
+@dataclass
+class Report:
+    sweep: str
+    cfg: AnalysisConfig
+    n_trials: int
+    outcomes: pd.DataFrame
+    layout: pd.DataFrame
+    lockin: pd.DataFrame
+    fisher: dict[str, Any] | None
+    logrank: dict[str, Any] | None
+    logrank_cells: list[dict[str, Any]]
+    km: dict[str, Any]
+    hazard: HazardResult | None
+    hazard_error: str | None
+    heatmap: HeatmapConfig | None
+    figures: dict[str, str] = field(default_factory=dict)
+    html_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({
+            "sweep": self.sweep, "config": self.cfg.model_dump(), "n_trials": self.n_trials,
+            "outcomes": self.outcomes, "lockin": self.lockin, "fisher": self.fisher,
+            "logrank": self.logrank, "logrank_cells": self.logrank_cells,
+            "km": self.km, "hazard": self.hazard.to_dict() if self.hazard else None,
+            "hazard_error": self.hazard_error,
+            "heatmap": self.heatmap.model_dump() if self.heatmap else None,
+            "figures": self.figures, "html": self.html_path})
+
+    def text(self) -> str:
+        """The tables as plain text (what ``orchestrator report`` prints)."""
+        c = self.cfg
+        out = [f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
+               + (f", where {c.where}" if c.where else ""),
+               f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
+               f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
+               f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}", ""]
+        out.append("A. cell outcomes: solved/mid/flat/dead (n) @median escape step")
+        out.append(_indent(self.layout.to_string()) if not self.layout.empty else "  (none)")
+        out.append("")
+        out.append(f"B. log-rank on escape times by {'/'.join(c.by) or '(no --by)'}"
+                   " (collapse censors)")
+        if self.logrank:
+            out.append("  pooled: " + _logrank_line(self.logrank))
+        elif c.by:
+            out.append("  pooled: - (no escapes, or fewer than two groups)")
+        for entry in self.logrank_cells:
+            cell = " ".join(f"{k}={format_value(v)}" for k, v in entry["cell"].items()) or "all"
+            out.append(f"  {cell}: " + (_logrank_line(entry) if entry.get("p_value") is not None
+                                         else f"- ({entry.get('reason')})"))
+        out.append("")
+        if self.hazard is not None:
+            h = self.hazard
+            out.append(f"C. discrete-time hazard fit ({h.n_intervals} run-intervals, "
+                       f"{h.n_events} escapes, {h.link} link): {h.formula}")
+            s = h.summary
+            lines = [f"  {'term':<34} {'coef':>8} {'se':>7} {'z':>7}  {'exp(coef)':>9}  95% CI"]
+            for term, r in s.iterrows():
+                lines.append(f"  {str(term):<34} {r['coef']:>8.3f} {r['se']:>7.3f} "
+                             f"{r['z']:>7.2f}  {r['hr']:>9.3g}  [{r['ci_low']:.3g}, "
+                             f"{r['ci_high']:.3g}]")
+            out.extend(lines)
+            if h.warnings:
+                out.append("  warnings: " + "; ".join(h.warnings))
+        else:
+            out.append(f"C. hazard fit: not fitted ({self.hazard_error})")
+        out.append("")
+        out.append(f"D. lock-in ({c.metric} acc >= {c.lockin:g})")
+        out.append(_indent(self.lockin.to_string(index=False, float_format=lambda v: f"{v:.3g}")))
+        if self.fisher:
+            f = self.fisher
+            a, b = list(f["groups"])
+            out.append(f"  Fisher exact {a} {f['groups'][a]['k']}/{f['groups'][a]['n']} vs {b} "
+                       f"{f['groups'][b]['k']}/{f['groups'][b]['n']}: two-sided p = "
+                       f"{f['p_two_sided']:.4g}, one-sided ({a} higher) p = "
+                       f"{f['p_greater']:.4g}")
+        if self.html_path:
+            out += ["", f"wrote {self.html_path}"]
+        return "\n".join(out)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def _logrank_line(d: dict[str, Any]) -> str:
+    parts = [f"{g} {v['escapes']}/{v['n']}" for g, v in d["groups"].items()]
+    return (f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, "
+            f"p = {d['p_value']:.4g}")
+
+
+def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "png",
+                 write: bool = True) -> Report:
+    """Compute every table, draw the figures and write ``index.html`` under ``out_dir``
+    (default ``runs/reports/<sweep>``)."""
+    from .figures import hazard_figure, heatmap_figure, km_figure, traces_figure
+
+    cfg, trials = prep.cfg, prep.trials
+    if fmt not in ("png", "svg"):
+        raise UserError(f"--format {fmt!r}: expected png or svg")
+    outcomes = tables.outcome_table(trials, cfg)
+    layout = layout_table(outcomes, cfg.cells)
+    lock = tables.lockin_table(trials, cfg)
+    groups = lock["group"].unique().tolist() if not lock.empty else []
+    n_groups = len(set(groups))
+    fisher = None
+    logrank = None
+    if cfg.by and (cfg.compare or n_groups == 2):
+        fisher = contrasts.fisher(trials, cfg).to_dict()
+    if cfg.by and n_groups >= 2 and int(trials["event"].sum()) > 0:
+        logrank = survival.logrank(trials, cfg).to_dict()
+    lr_cells = survival.logrank_cells(trials, cfg) if cfg.by and cfg.cells else []
+    km = survival.km(trials, cfg)
+    hz, hz_err = None, None
+    try:
+        hz = fit(prep)
+    except UserError as exc:
+        hz_err = str(exc)
+    hm = auto_heatmap(trials, prep.data.params, cfg, prep.data.aliases)
+    rep = Report(sweep=prep.data.sweep, cfg=cfg, n_trials=len(trials), outcomes=outcomes,
+                 layout=layout, lockin=lock, fisher=fisher, logrank=logrank,
+                 logrank_cells=lr_cells, km=km.to_dict(), hazard=hz, hazard_error=hz_err,
+                 heatmap=hm)
+    if not write:
+        return rep
+    out = Path(out_dir) if out_dir else DEFAULT_OUT / re.sub(r"[^\w.-]", "_", prep.data.sweep)
+    out.mkdir(parents=True, exist_ok=True)
+    figs = {"km": km_figure(km, out / f"km.{fmt}")}
+    if hm is not None:
+        figs["basin"] = heatmap_figure(trials, hm, out / f"basin.{fmt}")
+    figs["traces"] = traces_figure(trials, prep.data.evals, cfg, out / f"traces.{fmt}",
+                                   [*cfg.cells, *cfg.by])
+    if hz is not None and len(hz.summary) > 1:
+        figs["hazard"] = hazard_figure(hz.summary, out / f"hazard.{fmt}")
+    rep.figures = {k: p.name for k, p in figs.items()}
+    html_path = out / "index.html"
+    html_path.write_text(render_html(rep), encoding="utf-8")
+    rep.html_path = str(html_path)
+    return rep
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f3f3f3; } p.note { color: #555; font-size: 0.9em; }
+figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
+pre { background: #f7f7f7; padding: 0.6em; font-size: 0.85em; }
+"""
+
+
+def _table(df: pd.DataFrame, index: bool = True) -> str:
+    return df.to_html(index=index, border=0, na_rep="-", float_format=lambda v: f"{v:.4g}")
+
+
+def _figure(rep: Report, key: str, caption: str) -> str:
+    name = rep.figures.get(key)
+    if not name:
+        return ""
+    return (f'<figure><img src="{html.escape(name)}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def render_html(rep: Report) -> str:
+    c = rep.cfg
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(rep.sweep)} report"
+             f"</title><style>{_CSS}</style></head><body>",
+             f"<h1>Sweep <code>{e(rep.sweep)}</code></h1>",
+             f"<p class='note'>{rep.n_trials} trials (status {e(', '.join(c.statuses))})"
+             + (f", where <code>{e(c.where)}</code>" if c.where else "") +
+             f". Escape: first eval after the first with accuracy &ge; {c.escape_at:g}. "
+             f"Collapse: accuracy &lt; {c.collapse_below:g} from some eval to the end "
+             f"(censors escape, a competing risk). Solved / lock-in: {e(c.metric)} accuracy "
+             f"&ge; {c.lockin:g}; mid: final accuracy &ge; {c.mid_at:g}.</p>"]
+    parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @median escape step</h2>")
+    parts.append(_table(rep.layout) if not rep.layout.empty else "<p>(none)</p>")
+    parts.append("<h2>Lock-in rates</h2>" + _table(rep.lockin, index=False))
+    if rep.fisher:
+        f = rep.fisher
+        parts.append(f"<p>Fisher exact: two-sided p = {f['p_two_sided']:.4g}; one-sided "
+                     f"(first group higher) p = {f['p_greater']:.4g}.</p>")
+    if rep.heatmap is not None:
+        parts.append("<h2>Basin map</h2>" + _figure(
+            rep, "basin", f"Solved fraction per {rep.heatmap.x} x {rep.heatmap.y} cell"))
+    parts.append("<h2>Escape times</h2>" + _figure(rep, "km", "Kaplan-Meier curves per group"))
+    lr_rows = []
+    if rep.logrank:
+        lr_rows.append(("pooled", _logrank_line(rep.logrank)))
+    for entry in rep.logrank_cells:
+        cell = " ".join(f"{k}={format_value(v)}" for k, v in entry["cell"].items()) or "all"
+        lr_rows.append((cell, _logrank_line(entry) if entry.get("p_value") is not None
+                        else f"- ({entry.get('reason')})"))
+    if lr_rows:
+        parts.append(_table(pd.DataFrame(lr_rows, columns=["cell", "log-rank"]), index=False))
+    km_sum = pd.DataFrame.from_dict({g: {k: v for k, v in d.items() if k != "survival"}
+                                     for g, d in rep.km["groups"].items()}, orient="index")
+    parts.append(_table(km_sum))
+    parts.append("<h2>Discrete-time hazard model</h2>")
+    if rep.hazard is not None:
+        h = rep.hazard
+        parts.append(f"<p><code>{e(h.formula)}</code>, {e(h.link)} link: {h.n_intervals} "
+                     f"run-intervals, {h.n_events} escapes, {h.n_trials} trials.</p>")
+        parts.append(_table(h.summary))
+        if h.warnings:
+            parts.append(f"<p class='note'>warnings: {e('; '.join(h.warnings))}</p>")
+        parts.append(_figure(rep, "hazard", "exp(coef) per term with 95% CI"))
+    else:
+        parts.append(f"<p>Not fitted: {e(rep.hazard_error or '')}</p>")
+    parts.append("<h2>Per-seed accuracy traces</h2>" + _figure(rep, "traces",
+                                                               "Accuracy traces per cell"))
+    parts.append("<h2>Configuration</h2><pre>" + e(c.model_dump_json(indent=2)) + "</pre>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(db, target: str, out_dir: str | Path | None = None, fmt: str = "png",
+                 cfg: AnalysisConfig | None = None, **overrides: Any) -> Report:
+    """Notebook mirror of ``orchestrator report TARGET``: the spec's analysis block (when
+    TARGET is a spec path), then ``cfg``/``overrides`` over it."""
+    from .api import prepare
+
+    sweep, block, storage = resolve_target(target)
+    base = cfg or parse_config(block, source=f"{target}: analysis")
+    if db is None and storage:
+        db = storage
+    prep = prepare(db, sweep, base, **overrides)
+    return build_report(prep, out_dir, fmt=fmt)

@@ -1,0 +1,73 @@
+"""Tables over trials that carry their events (:func:`.events.with_events`): lock-in rates
+and outcome classes per group, optionally per cell."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .config import AnalysisConfig
+from .events import OUTCOMES
+from .groups import cell_iter, labels, ordered
+
+
+def _cp_interval(k: int, n: int) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) 95% interval of a proportion."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return float("nan"), float("nan")
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def _median(values) -> float:
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    return float(np.median(v)) if v.size else float("nan")
+
+
+def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig,
+                 cells: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per cell and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
+    the rate and its exact 95% interval, and the mean of the metric."""
+    cells = list(cfg.cells if cells is None else cells)
+    rows = []
+    for cell, sub in cell_iter(trials, cells):
+        labs = labels(sub, cfg.by)
+        for g in ordered(sub, cfg.by):
+            part = sub[labs == g]
+            k, n = int(part["locked"].sum()), int(len(part))
+            lo, hi = _cp_interval(k, n)
+            rows.append({**cell, "group": g, "k": k, "n": n, "rate": k / n if n else np.nan,
+                         "ci_low": lo, "ci_high": hi,
+                         "mean_acc": float(part["metric_acc"].mean())})
+    return pd.DataFrame(rows, columns=[*cells, "group", "k", "n", "rate", "ci_low", "ci_high",
+                                       "mean_acc"])
+
+
+def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig,
+                  cells: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per cell and group: counts of solved / mid / flat / dead, ``n``, the escapes and
+    collapses, and the median escape step of the trials that escaped (as the scaffold
+    study's cell table reports it)."""
+    cells = list(cfg.cells if cells is None else cells)
+    rows = []
+    for cell, sub in cell_iter(trials, cells):
+        labs = labels(sub, cfg.by)
+        for g in ordered(sub, cfg.by):
+            part = sub[labs == g]
+            counts = part["outcome"].value_counts()
+            rows.append({**cell, "group": g, **{o: int(counts.get(o, 0)) for o in OUTCOMES},
+                         "n": int(len(part)), "escapes": int(part["event"].sum()),
+                         "collapses": int(part["collapse_step"].notna().sum()),
+                         "median_escape": _median(part["escape_step"])})
+    return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses",
+                                       "median_escape"])
+
+
+def format_cell(row) -> str:
+    """``solved/mid/flat/dead (n) @median`` as the paper's cell table prints a cell."""
+    med = row["median_escape"]
+    at = "-" if med != med else f"{med:g}"
+    return f"{row['solved']}/{row['mid']}/{row['flat']}/{row['dead']} ({row['n']}) @{at}"

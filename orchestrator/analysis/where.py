@@ -1,0 +1,96 @@
+"""``--where``: a SQL condition on trial parameters, evaluated away from the store.
+
+The trials' flattened parameters are copied into a private in-memory SQLite table and the
+condition runs there as ``SELECT trial_id FROM trials WHERE (<condition>)``. So the same
+condition means the same thing on SQLite and PostgreSQL stores, and it cannot touch the
+store: the in-memory connection knows nothing else, runs one statement only, and an
+authorizer refuses everything but reading that table and calling functions.
+
+Column names: every parameter under its full dotted name (quote it: ``"task.vocab_size"``),
+its short name when unique (``vocab_size``), its name with dots as underscores
+(``task_vocab_size``), plus ``trial_id``, ``trial_key`` and ``status``.
+"""
+from __future__ import annotations
+
+import sqlite3
+
+import pandas as pd
+
+from orchestrator.errors import UserError
+
+_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+
+
+def _authorize(action: int, *_args) -> int:
+    return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
+
+
+def _sql_value(v):
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float, str)):
+        return v
+    if hasattr(v, "item"):  # numpy scalars
+        return _sql_value(v.item())
+    return str(v)
+
+
+def _check_shape(condition: str) -> None:
+    """One self-contained expression: parentheses balanced outside quotes and no comments,
+    so a condition cannot close the WHERE clause and append a query of its own."""
+    depth, i, n = 0, 0, len(condition)
+    while i < n:
+        ch = condition[i]
+        if ch in "'\"`[":
+            close = "]" if ch == "[" else ch
+            j = condition.find(close, i + 1)
+            while j != -1 and close != "]" and condition[j + 1:j + 2] == close:
+                j = condition.find(close, j + 2)  # doubled quote inside a literal
+            if j == -1:
+                raise UserError(f"--where {condition!r}: unterminated quote")
+            i = j + 1
+            continue
+        if condition.startswith(("--", "/*"), i):
+            raise UserError(f"--where {condition!r}: comments are not allowed")
+        if ch == ";":
+            raise UserError(f"--where {condition!r}: one condition, no ';'")
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            raise UserError(f"--where {condition!r}: unbalanced parentheses")
+        i += 1
+    if depth:
+        raise UserError(f"--where {condition!r}: unbalanced parentheses")
+
+
+def filter_trial_ids(frame: pd.DataFrame, condition: str) -> list[int]:
+    """Ids (column ``trial_id`` of ``frame``) of the rows where ``condition`` holds, in frame
+    order. A condition SQLite cannot run is a one-line :class:`UserError`."""
+    cond = condition.strip()
+    if not cond:
+        return [int(i) for i in frame["trial_id"]]
+    _check_shape(cond)
+    columns = list(dict.fromkeys(frame.columns))
+    con = sqlite3.connect(":memory:")
+    try:
+        col_sql = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+        con.execute(f"CREATE TABLE trials ({col_sql})")
+        rows = [tuple(_sql_value(v) for v in rec)
+                for rec in frame[columns].itertuples(index=False, name=None)]
+        con.executemany(f"INSERT INTO trials VALUES ({', '.join('?' * len(columns))})", rows)
+        con.set_authorizer(_authorize)
+        try:
+            cur = con.execute(f"SELECT trial_id FROM trials WHERE ({cond})")
+            keep = {int(r[0]) for r in cur.fetchall()}
+        except (sqlite3.Error, sqlite3.Warning) as exc:
+            msg = str(exc).splitlines()[0]
+            hint = ""
+            if "no such column" in msg:
+                shown = [c for c in columns if c not in ("trial_id", "trial_key")][:40]
+                hint = f" (columns: {', '.join(shown)})"
+            raise UserError(f"--where {condition!r}: {msg}{hint}") from None
+    finally:
+        con.close()
+    return [int(i) for i in frame["trial_id"] if int(i) in keep]

@@ -1,0 +1,103 @@
+"""Loading a sweep into pandas: parameter columns and aliases, the status filter, and
+``--where`` evaluated safely away from the store."""
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import analysis as oa
+from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.errors import UserError
+from orchestrator.store.engine import open_store_engine
+
+GRID = [1, 200, 400, 600]
+
+
+def _rec(seed, variant, vocab, lr, status="completed", final=0.9):
+    return {"params": {"arm": "mlstm", "seed": seed, "lr": lr, "optim.lr": lr / 10,
+                       "model.lr": lr * 10, "tag.variant": variant, "task.vocab_size": vocab,
+                       "task.seq_len": 768, "flags.conv": seed % 2 == 0,
+                       "model.dims": [32, 64]},
+            "trace": [{"step": s, "acc": 0.03 if s < 600 else final} for s in GRID],
+            "status": status}
+
+
+@pytest.fixture
+def store(db_url):
+    engine, _ = open_store_engine(db_url)
+    recs = [_rec(s, v, vocab, lr) for s in range(2) for v in ("baseline", "ns5")
+            for vocab in (80, 88) for lr in (1e-3, 3e-3)]
+    recs.append(_rec(9, "ns5", 96, 1e-2, status="failed", final=0.01))
+    write_records(engine, "grid", recs)
+    write_records(engine, "other", [_rec(0, "baseline", 80, 1e-3)])
+    return engine
+
+
+def test_load_exposes_params_under_full_short_and_formula_names(store):
+    trials, evals = oa.load(store, "grid")
+    assert len(trials) == 16 and len(evals) == 16 * len(GRID)
+    for col in ("trial_id", "trial_key", "status", "tag.variant", "variant", "tag_variant",
+                "task.vocab_size", "vocab_size", "task_vocab_size", "flags.conv", "conv",
+                "optim.lr", "optim_lr", "model_lr", "lr"):
+        assert col in trials.columns, col
+    # "lr" is the top-level parameter, never an alias of optim.lr or model.lr.
+    assert (trials["lr"] * 10 == trials["model.lr"]).all()
+    assert set(trials["variant"]) == {"baseline", "ns5"}
+    assert trials["dims"].iloc[0] == "[32, 64]"  # lists become their JSON text
+    assert list(evals.columns) == ["trial_id", "step", "acc", "loss"]
+    assert evals.groupby("trial_id")["step"].apply(list).map(lambda s: s == GRID).all()
+
+
+def test_status_filter_and_unknown_sweep(store):
+    trials, _ = oa.load(store, "grid", statuses=["completed", "failed"])
+    assert len(trials) == 17 and set(trials["status"]) == {"completed", "failed"}
+    with pytest.raises(UserError, match="no sweep named 'nope'.*grid"):
+        oa.load(store, "nope")
+    with pytest.raises(UserError, match="status"):
+        oa.load(store, "grid", statuses=["done"])
+
+
+def test_where_filters_on_any_parameter_name(store):
+    def n(cond):
+        return len(oa.load(store, "grid", where=cond)[0])
+
+    assert n("variant = 'ns5'") == 8
+    assert n("vocab_size = 88 AND variant = 'ns5'") == 4
+    assert n('"task.vocab_size" = 88') == 8
+    assert n("task_vocab_size = 80 AND lr > 0.002") == 4
+    assert n("conv = 1") == 8
+    assert n("status = 'completed' AND seed IN (0)") == 8
+    assert n("trial_id IN (SELECT trial_id FROM trials WHERE seed = 1)") == 8
+    assert n("variant = 'it''s (not) here' OR (lr < 0.002 AND \"tag.variant\" = 'ns5')") == 4
+    trials, evals = oa.load(store, "grid", where="seed = 1 AND lr = 0.001")
+    assert set(evals["trial_id"]) == set(trials["trial_id"]) and len(trials) == 4
+
+
+BAD_WHERE = [
+    ("vocab_sz = 88", "no such column: vocab_sz"),
+    ("variant = ", "syntax error|incomplete input"),
+    ("1=1; DELETE FROM trials", "no ';'"),
+    ("1=1) UNION SELECT 1 --", "unbalanced"),
+    ("1=1) UNION SELECT (1", "unbalanced"),
+    ("variant = 'ns5' -- x", "comments"),
+    ("variant = 'ns5", "unterminated"),
+    ("load_extension('x') IS NULL", "not authorized|no such function"),
+]
+
+
+def test_bad_or_hostile_where_is_a_user_error_and_leaves_the_store_alone(store):
+    for cond, msg in BAD_WHERE:
+        with pytest.raises(UserError) as e:
+            oa.load(store, "grid", where=cond)
+        text = str(e.value)
+        assert "\n" not in text and text.startswith("--where"), text
+        assert any(m in text for m in msg.split("|")), text
+    with store.connect() as conn:
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one() == 18
+
+
+def test_missing_database_is_not_created(tmp_path):
+    path = tmp_path / "absent.db"
+    with pytest.raises(UserError, match="no database"):
+        oa.load(str(path), "grid")
+    assert not path.exists()

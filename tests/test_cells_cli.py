@@ -1,0 +1,75 @@
+"""``orchestrator cells`` and ``orchestrator bench cells`` through the real entry point."""
+from __future__ import annotations
+
+import json
+
+import cells
+from orchestrator.cli import main
+
+RANK1 = {"deltanet", "gated_deltanet", "armed_gdn", "armed_gdn_fwd", "dg_rank", "dg_diag",
+         "armed_dg_rank", "armed_dg_diag"}
+
+
+def _json(capsys, argv):
+    rc = main(argv)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    return json.loads(out)
+
+
+def test_cells_json_lists_every_arm_at_the_factorial_setting(capsys):
+    rows = _json(capsys, ["cells", "--json"])
+    assert [r["arm"] for r in rows] == list(cells.ARMS)
+    by_arm = {r["arm"]: r for r in rows}
+    for arm in RANK1 | {"mamba2_ref", "mamba2_ref_noconv"}:
+        assert by_arm[arm]["state_elements"] == 1024, arm
+    assert by_arm["mamba2_ref"]["knobs"]["d_state"] == 16
+    assert by_arm["armed_gdn"]["knobs"]["conv"] == 4
+    assert all(r["vocab_size"] == 91 and r["d_model"] == 32 and r["n_layers"] == 1 for r in rows)
+    assert by_arm["gated_deltanet"]["params"] == cells.describe("gated_deltanet", 91, d_model=32)["params"]
+
+
+def test_cells_flags_reach_the_rows(capsys):
+    rows = _json(capsys, ["cells", "--json", "--arms", "mamba2_ref,armed_gdn", "--mamba2-d-state", "8",
+                          "--d-model", "16", "--n-layers", "2", "--vocab-size", "80", "--knob", "heads=2"])
+    by_arm = {r["arm"]: r for r in rows}
+    assert set(by_arm) == {"mamba2_ref", "armed_gdn"}
+    assert by_arm["mamba2_ref"]["state_elements"] == 32 * 8
+    assert by_arm["armed_gdn"]["state_elements"] == 2 * 8 * 8
+    assert by_arm["armed_gdn"]["n_layers"] == 2 and by_arm["armed_gdn"]["vocab_size"] == 80
+
+
+def test_cells_table(capsys):
+    assert main(["cells", "--arms", "mlstm", "--d-model", "94", "--vocab-size", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "mlstm" in out and "77,716" in out
+
+
+def test_cells_user_errors(capsys):
+    assert main(["cells", "--arms", "armd_gdn"]) == 2
+    assert "error: unknown arm 'armd_gdn'" in capsys.readouterr().err
+    assert main(["cells", "--arms", "armed_gdn", "--knob", "conv=four"]) == 2
+    assert "error: knob 'conv' for arm 'armed_gdn' expects int" in capsys.readouterr().err
+    assert main(["cells", "--knob", "convv=4"]) == 2
+    assert "convv" in capsys.readouterr().err
+    assert main(["cells", "--knob", "conv"]) == 2
+    assert "key=value" in capsys.readouterr().err
+
+
+def test_bench_cells_json(capsys):
+    data = _json(capsys, ["bench", "cells", "--json", "--arms", "gated_deltanet", "--arms", "mlstm",
+                          "--seq-len", "12", "--d-model", "16", "--batch", "2", "--repeats", "1"])
+    assert [r["arm"] for r in data["rows"]] == ["gated_deltanet", "mlstm"]
+    for row in data["rows"]:
+        assert set(row) == {"arm", "naive_tok_s", "default_tok_s", "speedup_vs_naive"}
+        assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0
+        assert abs(row["speedup_vs_naive"] - row["default_tok_s"] / row["naive_tok_s"]) < 1e-9
+    assert data["seq_len"] == 12 and data["device"] == "cpu"
+
+
+def test_bench_cells_table_and_errors(capsys):
+    assert main(["bench", "cells", "--arms", "linear_mamba", "--seq-len", "8", "--batch", "1",
+                 "--repeats", "1"]) == 0
+    assert "linear_mamba" in capsys.readouterr().out
+    assert main(["bench", "cells", "--arms", "nope"]) == 2
+    assert "unknown arm 'nope'" in capsys.readouterr().err
