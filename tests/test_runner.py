@@ -205,3 +205,28 @@ def test_two_node_cluster_places_trials_on_both_nodes(tmp_path):
         ray.shutdown()
         cluster.shutdown()
         drop()
+
+
+def test_seed_packed_sweep_keeps_one_row_and_trace_per_member(tmp_path):
+    from orchestrator.train import Trainer
+
+    text = SPEC.replace("  lr: [1.0e-3, 3.0e-3]\n", "") + "pack_seeds: 3\n"
+    spec = _write(tmp_path, text)
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    assert main(["submit", str(spec), "--db", db, "--quiet",
+                 "--checkpoint-dir", str(tmp_path / "ck")]) == 0
+    with make_engine(db).connect() as conn:
+        trials = conn.execute(sa.text("SELECT id, key, status, params FROM trials")).all()
+        assert len(trials) == 6 and {t.status for t in trials} == {"completed"}
+        for t in trials:
+            rows = conn.execute(sa.text("SELECT step, acc, loss FROM evals WHERE trial_id = :i "
+                                        "ORDER BY step"), {"i": t.id}).all()
+            assert [r.step for r in rows] == [1, 10, 20]
+        one = trials[0]
+        params = json.loads(one.params) if isinstance(one.params, str) else one.params
+        rows = conn.execute(sa.text("SELECT step, acc, loss FROM evals WHERE trial_id = :i "
+                                    "ORDER BY step"), {"i": one.id}).all()
+    lone = [(p.step, p.acc, p.loss) for p in Trainer(params).run()]
+    for (s1, a1, l1), (s2, a2, l2) in zip(lone, rows):
+        assert s1 == s2 and a1 == pytest.approx(a2, abs=2e-4) and l1 == pytest.approx(l2, abs=2e-4)
+    assert (tmp_path / "ck" / "e2e").is_dir() and len(list((tmp_path / "ck" / "e2e").glob("*.pt"))) == 6

@@ -153,7 +153,8 @@ def status(
     for s in report["sweeps"]:
         counts = " ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
-        out.print(f"[bold]{s['sweep']}[/bold]: {s['total']} trials: {counts}{eta}")
+        prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
+        out.print(f"[bold]{s['sweep']}[/bold]: {s['total']} trials: {counts}{prog}{eta}")
         if s["axes"]:
             table = Table(show_header=True, header_style="bold")
             for col in ("axis", "value", "done", "total"):

@@ -108,7 +108,7 @@ def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]
     outcomes = run_trials(
         spec.name, to_run, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
         gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,
-        retries=spec.retries, on_event=on_event)
+        retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event)
     counts = Counter(outcomes.values())
     return RunSummary(sweep=spec.name, db=describe(url), total=total,
                       already_done=total - len(to_run), ran=len(to_run), outcomes=dict(counts))

@@ -1,9 +1,10 @@
-"""The Ray Tune function trainable: one trial in one worker.
+"""The Ray Tune function trainable: one unit of work in one worker, either a lone trial or a
+seed pack (several trials trained as one vectorized model).
 
-It resumes from the trial's own checkpoint file when there is one (first re-reporting the
-trace the checkpoint holds, so eval rows the database missed are back-filled), then reports
-each eval point as it comes. Reports carry lists of eval points; the driver-side callback
-writes them.
+A unit resumes each member from its own checkpoint file when there is one (first
+re-reporting the trace the checkpoint holds, so eval rows the database missed are
+back-filled), then reports eval points as they come. Every reported row carries its trial id;
+the driver-side callback writes them.
 """
 from __future__ import annotations
 
@@ -20,37 +21,82 @@ from orchestrator.train import Trainer
 from orchestrator.train.device import describe
 
 
-def _placement(trainer: Trainer) -> dict[str, Any]:
+def _placement(device: torch.device, bf16: bool) -> dict[str, Any]:
     import ray
 
     try:
         node_id = ray.get_runtime_context().get_node_id()
     except Exception:  # pragma: no cover - outside Ray
         node_id = None
-    return {"host": socket.gethostname(), "node_id": node_id,
-            "device": describe(trainer.device, trainer.bf16)}
+    return {"host": socket.gethostname(), "node_id": node_id, "device": describe(device, bf16)}
 
 
-def run_trial(config: dict[str, Any]) -> None:
-    spec = config["trial"]
-    threads = spec.get("threads") or 1
-    torch.set_num_threads(int(threads))
-    trainer = Trainer(spec["params"])
-    ckpt = Path(spec["checkpoint"])
+def _row(tid: int, point) -> dict[str, Any]:
+    return {"trial_id": tid, **point.to_dict()}
+
+
+def run_unit(config: dict[str, Any]) -> None:
+    unit = config["unit"]
+    torch.set_num_threads(int(unit.get("threads") or 1))
+    members = unit["members"]
+    if len(members) == 1:
+        _run_lone(members[0])
+    else:
+        _run_pack(members)
+
+
+def _run_lone(member: dict[str, Any]) -> None:
+    tid = member["trial_id"]
+    trainer = Trainer(member["params"])
+    ckpt = Path(member["checkpoint"])
     state = checkpoints.load(ckpt)
     if state is not None:
         trainer.load_state_dict(state)
-    tune.report({"trial_id": spec["trial_id"], "evals": [e.to_dict() for e in trainer.trace],
-                 "placement": _placement(trainer)})
+    tune.report({"evals": [_row(tid, e) for e in trainer.trace],
+                 "placement": _placement(trainer.device, trainer.bf16)})
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
     for point in trainer.run():
         if point.step == trainer.p.steps or time.monotonic() - last_save >= every:
             checkpoints.save(ckpt, trainer.state_dict())
             last_save = time.monotonic()
-        tune.report({"trial_id": spec["trial_id"], "evals": [point.to_dict()]})
+        tune.report({"evals": [_row(tid, point)]})
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again.
     checkpoints.save(ckpt, trainer.state_dict())
-    tune.report({"trial_id": spec["trial_id"], "evals": [], "final_status": trainer.status,
-                 "error": trainer.error})
+    tune.report({"evals": [], "final": {tid: [trainer.status, trainer.error]}})
+
+
+def _run_pack(members: list[dict[str, Any]]) -> None:
+    from orchestrator.train.pack import PackTrainer
+
+    tids = [m["trial_id"] for m in members]
+    paths = [Path(m["checkpoint"]) for m in members]
+    pack = PackTrainer([m["params"] for m in members])
+    states = [checkpoints.load(p) for p in paths]
+    try:
+        pack.load_member_states(states)
+    except ValueError:
+        # Members checkpointed at different steps (e.g. packed differently before): run them
+        # one by one, each from its own checkpoint; correct, only slower.
+        for m in members:
+            _run_lone(m)
+        return
+    tune.report({"evals": [_row(t, e) for t, m in zip(tids, pack.members) for e in m.trace],
+                 "placement": _placement(pack.device, pack.bf16)})
+    every = pack.p.checkpoint_every_s
+    last_save = time.monotonic()
+
+    def save_all() -> None:
+        pack.sync_members()
+        for m, path in zip(pack.members, paths):
+            checkpoints.save(path, m.state_dict())
+
+    for group in pack.run():
+        if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every:
+            save_all()
+            last_save = time.monotonic()
+        tune.report({"evals": [_row(tids[j], point) for j, point in group]})
+    save_all()
+    tune.report({"evals": [], "final": {t: [m.status, m.error]
+                                        for t, m in zip(tids, pack.members)}})

@@ -51,11 +51,7 @@ def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
 
 def check_resources(cpu: float, gpu: float) -> None:
     """Refuse a per-trial request that no node of the cluster can ever satisfy."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    max_cpu = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
-    max_gpu = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
+    max_cpu, max_gpu = cluster_limits()
     if cpu > max_cpu:
         raise UserError(f"impossible resources: resources.cpu={cpu:g} per trial but the largest "
                         f"node has {max_cpu:g} CPUs")
@@ -64,31 +60,80 @@ def check_resources(cpu: float, gpu: float) -> None:
                         f"node has {max_gpu:g} GPUs")
 
 
+def cluster_limits() -> tuple[float, float]:
+    """(CPUs, GPUs) of the largest node."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return (max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0),
+            max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0))
+
+
+def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
+               checkpoint_root: Path, cpu: float, gpu: float, pack_seeds: int | str,
+               max_cpu: float, max_gpu: float) -> list[dict[str, Any]]:
+    """Group trials into units of work: lone trials, or seed packs of trials that differ
+    only in seed. A pack asks for its members' combined resources, capped at what the
+    largest node has (a pack of ten 1-CPU trials on a 2-CPU machine takes both CPUs)."""
+    from orchestrator.train.pack import can_pack, pack_signature
+
+    def member(tid: int, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        return {"trial_id": tid, "key": key, "params": params,
+                "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key))}
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    order: list[str] = []
+    for tid, key, params in trials:
+        sig = pack_signature(params) if pack_seeds != 1 and can_pack(params) else f"lone:{key}"
+        if sig not in groups:
+            groups[sig] = []
+            order.append(sig)
+        groups[sig].append(member(tid, key, params))
+    size = 32 if pack_seeds == "auto" else int(pack_seeds)
+    units = []
+    for sig in order:
+        g = groups[sig]
+        for i in range(0, len(g), size):
+            members = g[i:i + size]
+            n = len(members)
+            unit_cpu = min(n * cpu, max_cpu) if n > 1 else cpu
+            unit_gpu = (min(n * gpu, max(max_gpu, gpu)) if n > 1 else gpu) if gpu else 0.0
+            threads = members[0]["params"].get("threads") or unit_cpu
+            units.append({"members": members, "cpu": unit_cpu, "gpu": unit_gpu,
+                          "threads": max(1, int(threads))})
+    return units
+
+
+def _unit_resources(config: dict[str, Any]):
+    from ray.tune.execution.placement_groups import resource_dict_to_pg_factory
+
+    unit = config["unit"]
+    res = {"cpu": unit["cpu"]}
+    if unit["gpu"]:
+        res["gpu"] = unit["gpu"]
+    return resource_dict_to_pg_factory(res)
+
+
 def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
                engine: Engine, checkpoint_root: Path, cpu: float, gpu: float,
-               max_concurrent: int | None, retries: int,
+               max_concurrent: int | None, retries: int, pack_seeds: int | str = 1,
                on_event: Callable[..., None] | None = None) -> dict[int, str]:
     """Run (trial_id, key, params) trials to their end; returns trial_id -> final status."""
     from ray import tune
 
     if not trials:
         return {}
-    configs = [{
-        "trial_id": tid, "key": key, "params": params,
-        "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key)),
-        "threads": max(1, int(params.get("threads") or cpu)),
-    } for tid, key, params in trials]
+    max_cpu, max_gpu = cluster_limits()
+    units = make_units(sweep, trials, checkpoint_root=checkpoint_root, cpu=cpu, gpu=gpu,
+                       pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu)
     writer = StoreWriter(engine, on_event=on_event)
-    resources: dict[str, float] = {"cpu": cpu}
-    if gpu:
-        resources["gpu"] = gpu
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
-        from orchestrator.runner.trainable import run_trial
+        from orchestrator.runner.trainable import run_unit
 
         tuner = tune.Tuner(
-            tune.with_resources(run_trial, resources),
-            param_space={"trial": tune.grid_search(configs)},
+            tune.with_resources(run_unit, _unit_resources),
+            param_space={"unit": tune.grid_search(units)},
             tune_config=tune.TuneConfig(
                 max_concurrent_trials=max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(

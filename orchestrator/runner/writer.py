@@ -57,8 +57,9 @@ class StoreWriter(tune.Callback):
         return state
 
     @staticmethod
-    def _tid(trial) -> int:
-        return int(trial.config["trial"]["trial_id"])
+    def _tids(trial) -> list[int]:
+        """Our trial ids behind one Tune trial (a lone trial, or every member of a pack)."""
+        return [int(m["trial_id"]) for m in trial.config["unit"]["members"]]
 
     def flush(self) -> None:
         if not self._rows and not self._touched:
@@ -73,49 +74,53 @@ class StoreWriter(tune.Callback):
     def on_trial_start(self, iteration, trials, trial, **info):
         self.flush()
         with self.engine.begin() as conn:
-            repo.mark_running(conn, self._tid(trial))
+            for tid in self._tids(trial):
+                repo.mark_running(conn, tid)
         self.on_event("start", trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        tid = self._tid(trial)
-        for point in result.get("evals") or ():
-            self._rows.append({"trial_id": tid, **point})
-        self._touched.add(tid)
+        evals = result.get("evals") or ()
+        self._rows.extend(evals)
+        self._touched.update(self._tids(trial))
         placement = result.get("placement")
         if placement:
             self.flush()
             with self.engine.begin() as conn:
-                repo.set_placement(conn, tid, placement.get("host"), placement.get("node_id"),
-                                   placement.get("device"))
+                for tid in self._tids(trial):
+                    repo.set_placement(conn, tid, placement.get("host"),
+                                       placement.get("node_id"), placement.get("device"))
         if (len(self._rows) >= self.flush_rows
                 or time.monotonic() - self._last_flush >= self.flush_s):
             self.flush()
-        if result.get("evals"):
-            self.on_event("result", trial, step=result["evals"][-1]["step"])
+        if evals:
+            self.on_event("result", trial, step=evals[-1]["step"])
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.flush()
-        last = trial.last_result or {}
-        status = last.get("final_status") or "completed"
-        tid = self._tid(trial)
+        final = (trial.last_result or {}).get("final") or {}
         with self.engine.begin() as conn:
-            repo.finish_trial(conn, tid, status, last.get("error"))
-        self.outcomes[tid] = status
-        self.on_event(status, trial)
+            for tid in self._tids(trial):
+                status, error = final.get(tid) or final.get(str(tid)) or ("completed", None)
+                repo.finish_trial(conn, tid, status, error)
+                self.outcomes[tid] = status
+                self.on_event(status, trial)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self.flush()
+        text = _error_text(trial)
         with self.engine.begin() as conn:
-            repo.record_error(conn, self._tid(trial), _error_text(trial))
+            for tid in self._tids(trial):
+                repo.record_error(conn, tid, text)
         self.on_event("retry", trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.flush()
-        tid = self._tid(trial)
+        text = _error_text(trial)
         with self.engine.begin() as conn:
-            repo.finish_trial(conn, tid, "failed", _error_text(trial))
-        self.outcomes[tid] = "failed"
-        self.on_event("failed", trial)
+            for tid in self._tids(trial):
+                repo.finish_trial(conn, tid, "failed", text)
+                self.outcomes[tid] = "failed"
+                self.on_event("failed", trial)
 
     def on_experiment_end(self, trials, **info):
         self.flush()

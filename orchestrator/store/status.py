@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store.models import TRIAL_STATUSES, Sweep, Trial
+from orchestrator.store.models import TRIAL_STATUSES, Eval, Sweep, Trial
 
 _DONE = ("completed", "diverged", "failed")
 
@@ -34,9 +34,12 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
             now = _aware(dt.datetime.fromisoformat(now))
         result = []
         for sid, sname in sweeps:
+            last = (sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id)
+                    .correlate(Trial).scalar_subquery())
             rows = conn.execute(sa.select(
                 Trial.key, Trial.status, Trial.params, Trial.started_at, Trial.finished_at,
-                Trial.error).where(Trial.sweep_id == sid)).all()
+                Trial.error, Trial.steps, last.label("last_step")).where(Trial.sweep_id == sid)
+            ).all()
             counts = {s: 0 for s in TRIAL_STATUSES}
             for r in rows:
                 counts[r.status] += 1
@@ -55,16 +58,19 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     tally[v][0] += r.status in _DONE
                 axes[n] = [{"value": json.loads(v), "done": d, "total": t}
                            for v, (d, t) in sorted(tally.items())]
+            # Progress in training steps (finished trials count in full), so the ETA moves
+            # before the first trial ends: wall time so far x (left / done).
+            total_steps = sum(r.steps or 0 for r in rows)
+            done_steps = sum((r.steps or 0) if r.status in _DONE
+                             else min(r.last_step or 0, r.steps or 0) for r in rows)
+            progress = done_steps / total_steps if total_steps else None
             eta = None
-            done = [r for r in rows if r.status in _DONE and r.finished_at]
-            remaining = len(rows) - sum(r.status in _DONE for r in rows)
             starts = [_aware(r.started_at) for r in rows if r.started_at]
-            if done and remaining and starts and now is not None:
+            if progress and progress < 1 and starts and now is not None:
                 span = (now - min(starts)).total_seconds()
-                rate = len(done) / span if span > 0 else None
-                eta = remaining / rate if rate else None
+                eta = span * (1 - progress) / progress if span > 0 else None
             failed = [{"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
                       for r in rows if r.status == "failed"]
             result.append({"sweep": sname, "total": len(rows), "counts": counts, "axes": axes,
-                           "eta_s": eta, "failed": failed})
+                           "progress": progress, "eta_s": eta, "failed": failed})
     return {"sweeps": result}

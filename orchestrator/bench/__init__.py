@@ -1,0 +1,1 @@
+"""Benchmarks behind `orchestrator bench ...`: they print figures; nothing here is a test."""

@@ -1,0 +1,81 @@
+"""orchestrator bench store | pack (the benchmarks of the core)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import typer
+
+from orchestrator.cli.app import bench_app
+
+
+@bench_app.command("store")
+def bench_store(
+    rows: int = typer.Option(200_000, help="eval rows to ingest per backend"),
+    postgres: Optional[str] = typer.Option(
+        None, "--postgres", help="PostgreSQL URL to measure too (default $ORCH_TEST_POSTGRES_URL)"),
+    steps: int = typer.Option(300, help="steps of the streaming-slowdown trial"),
+    sweep_trials: int = typer.Option(64, help="trials in the sweep-efficiency run (0 skips)"),
+    sweep_steps: int = typer.Option(100, help="steps per trial in the sweep-efficiency run"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> int:
+    """Rows/s into SQLite and PostgreSQL, streaming slowdown, sweep training share."""
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.bench import store as b
+
+    result: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        result["sqlite_ingest"] = b.ingest(f"sqlite:///{Path(d) / 'ingest.db'}", rows)
+    pg = postgres or os.environ.get("ORCH_TEST_POSTGRES_URL")
+    if pg:
+        from orchestrator.bench.pg import scratch_schema
+
+        with scratch_schema(pg) as url:
+            result["postgres_ingest"] = b.ingest(url, rows)
+    result["streaming"] = b.streaming_slowdown(steps)
+    if sweep_trials:
+        result["sweep"] = b.sweep_efficiency(sweep_trials, sweep_steps)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    print(f"SQLite ingest:     {result['sqlite_ingest']['rows_per_s']:>10,.0f} rows/s "
+          f"({result['sqlite_ingest']['rows']:,} rows, goal >= 100,000)")
+    if "postgres_ingest" in result:
+        print(f"PostgreSQL ingest: {result['postgres_ingest']['rows_per_s']:>10,.0f} rows/s "
+              f"({result['postgres_ingest']['rows']:,} rows, goal >= 30,000)")
+    s = result["streaming"]
+    print(f"streaming slowdown at eval_every=10: {s['slowdown_pct']:+.2f}% "
+          f"(plain {s['plain_s']:.2f} s vs streaming {s['streaming_s']:.2f} s, median of "
+          f"{len(s['plain_runs'])}; goal < 1%)")
+    if "sweep" in result:
+        w = result["sweep"]
+        print(f"sweep of {w['trials']} short trials ({w['mean_trial_s']:.1f} s each, "
+              f"{w['slots']} slots): {100 * w['training_share']:.1f}% of wall time training "
+              f"(wall {w['wall_s']:.0f} s; goal >= 90%)")
+    return 0
+
+
+@bench_app.command("pack")
+def bench_pack(
+    seeds: int = typer.Option(10, help="seeds (trials) per arm"),
+    steps: int = typer.Option(200, help="training steps per trial"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> int:
+    """Trials/hour: one trial per process vs one seed pack (armed_gdn d=32, MQAR K=16)."""
+    from orchestrator.bench import pack as b
+
+    r = b.run(seeds=seeds, steps=steps)
+    if as_json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{r['seeds']} seeds x {r['steps']} steps on {r['cores']} cores:")
+    print(f"  one trial per process: {r['lone_trials_per_hour']:8.0f} trials/h "
+          f"(wall {r['lone_wall_s']:.1f} s)")
+    print(f"  one seed pack:         {r['pack_trials_per_hour']:8.0f} trials/h "
+          f"(wall {r['pack_wall_s']:.1f} s)")
+    print(f"  speedup {r['speedup']:.2f}x (goal >= 5x on CPU, >= 20x on a GPU); "
+          f"max final-accuracy difference {r['max_final_acc_diff']:.2e}")
+    return 0
