@@ -182,6 +182,13 @@ def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit",
             "z": res.tvalues, "p": res.pvalues,
         })
     summary.index.name = "term"
+    # A group with no escapes (or only escapes) drives its coefficient towards infinity:
+    # IRLS stops at a huge coefficient with a huge SE. Say so instead of printing a CI.
+    separated = [t for t, r in summary.iterrows()
+                 if t != "Intercept" and (not np.isfinite(r["se"]) or r["se"] > 50)]
+    if separated:
+        notes.append("(quasi-)complete separation, hazard ratio not identifiable for: "
+                     + ", ".join(map(str, separated)))
     n_used = int(model.freq_weights.sum()) if used is not None else int(res.nobs)
     n_ev = int(np.sum(model.endog * model.freq_weights)) if used is not None else n_events
     converged = bool(getattr(res, "converged", True))

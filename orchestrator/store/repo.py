@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
@@ -20,11 +19,6 @@ from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
 TYPED_PARAMS = ("arm", "task", "seed", "lr", "batch_size", "steps", "eval_every")
-
-
-def _insert(conn: Connection, table):
-    return (postgresql.insert(table) if conn.dialect.name == "postgresql"
-            else sqlite.insert(table))
 
 
 def _clean_float(x: Any) -> float | None:
@@ -91,23 +85,53 @@ def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping
     return {k: existing[k] for k, _ in trials}
 
 
+_EVAL_FIELDS = ("trial_id", "step") + EVAL_COLUMNS
+_SET = ", ".join(f"{c} = excluded.{c}" for c in EVAL_COLUMNS)
+_SQLITE_UPSERT = (f"INSERT INTO evals ({', '.join(_EVAL_FIELDS)}) VALUES "
+                  f"({', '.join('?' for _ in _EVAL_FIELDS)}) "
+                  f"ON CONFLICT (trial_id, step) DO UPDATE SET {_SET}")
+_PG_STAGE = ("CREATE TEMP TABLE IF NOT EXISTS _evals_in "
+             "(LIKE evals INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+_PG_MERGE = (f"INSERT INTO evals ({', '.join(_EVAL_FIELDS)}) "
+             f"SELECT {', '.join(_EVAL_FIELDS)} FROM _evals_in "
+             f"ON CONFLICT (trial_id, step) DO UPDATE SET {_SET}")
+
+
+def _eval_tuple(r: Mapping[str, Any]) -> tuple:
+    metrics = r.get("metrics")
+    return (int(r["trial_id"]), int(r["step"]), _clean_float(r.get("acc")),
+            _clean_float(r.get("loss")), _clean_float(r.get("train_loss")),
+            _clean_float(r.get("lr")), _clean_float(r.get("elapsed_s")),
+            json.dumps(metrics, sort_keys=True) if metrics else None)
+
+
 def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
-    """Write eval rows (dicts with trial_id, step and EVAL_COLUMNS) as one batched upsert."""
-    batch = []
-    for r in rows:
-        batch.append({
-            "trial_id": int(r["trial_id"]), "step": int(r["step"]),
-            "acc": _clean_float(r.get("acc")), "loss": _clean_float(r.get("loss")),
-            "train_loss": _clean_float(r.get("train_loss")), "lr": _clean_float(r.get("lr")),
-            "elapsed_s": _clean_float(r.get("elapsed_s")), "metrics": r.get("metrics") or None,
-        })
-    if not batch:
+    """Write eval rows (dicts with trial_id, step and EVAL_COLUMNS) as one batched upsert
+    inside the caller's transaction.
+
+    This is the hot path of every sweep, so it talks to the driver directly: one prepared
+    executemany on SQLite; COPY into a staging table and one INSERT ... ON CONFLICT on
+    PostgreSQL (row-at-a-time upserts manage a fraction of that)."""
+    # The last report of a (trial, step) wins; one statement may not touch a row twice.
+    dedup = {(int(r["trial_id"]), int(r["step"])): r for r in rows}
+    if not dedup:
         return 0
-    stmt = _insert(conn, Eval.__table__)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["trial_id", "step"],
-        set_={c: getattr(stmt.excluded, c) for c in EVAL_COLUMNS})
-    conn.execute(stmt, batch)
+    batch = [_eval_tuple(r) for r in dedup.values()]
+    raw = conn.connection.driver_connection
+    if conn.dialect.name == "postgresql":
+        with raw.cursor() as cur:
+            cur.execute(_PG_STAGE)
+            with cur.copy(f"COPY _evals_in ({', '.join(_EVAL_FIELDS)}) FROM STDIN") as copy:
+                for row in batch:
+                    copy.write_row(row)
+            cur.execute(_PG_MERGE)
+            cur.execute("TRUNCATE _evals_in")
+    else:
+        cur = raw.cursor()
+        try:
+            cur.executemany(_SQLITE_UPSERT, batch)
+        finally:
+            cur.close()
     return len(batch)
 
 
