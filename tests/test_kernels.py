@@ -1,0 +1,272 @@
+"""The delta-rule operator (naive reference and chunk form) and the ``impl`` dispatcher.
+
+Fast forms are compared with the naive reference in fp64 on odd shapes (T = 37, Dk = 6,
+Dv = 5, chunk sizes that do not divide T): output, final state and every input gradient.
+The naive reference itself is checked against the equation written with explicit matrices.
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import dispatch
+from kernels.chunking import factorable
+from kernels.delta_rule import delta_rule_chunk, delta_rule_naive
+from kernels.testing import make_inputs, max_abs_differences, run_with_grads
+
+B, H, T, DK, DV = 2, 3, 37, 6, 5
+TOL = 1e-8
+
+
+def _literal_delta_rule(q, k, v, beta, alpha, initial_state):
+    """Eq. (2) term by term, with the Dk x Dk matrix I - beta k k^T built explicitly."""
+    b, h, t_len, dk = q.shape
+    state = initial_state.clone()
+    outs = torch.empty(b, h, t_len, v.shape[-1], dtype=q.dtype)
+    eye = torch.eye(dk, dtype=q.dtype)
+    for i in range(b):
+        for j in range(h):
+            s = state[i, j]
+            for t in range(t_len):
+                kt = k[i, j, t][:, None]
+                a = 1.0 if alpha is None else alpha[i, j, t]
+                s = a * s @ (eye - beta[i, j, t] * kt @ kt.T) + beta[i, j, t] * v[i, j, t][:, None] @ kt.T
+                outs[i, j, t] = s @ q[i, j, t]
+            state[i, j] = s
+    return outs, state
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_naive_matches_the_equation_with_explicit_matrices(gated):
+    x = make_inputs("delta_rule", 2, 2, 9, 4, 3, gated=gated, with_state=True, requires_grad=False)
+    want_o, want_s = _literal_delta_rule(x["q"], x["k"], x["v"], x["beta"], x["alpha"], x["initial_state"])
+    got_o, got_s = delta_rule_naive(x["q"], x["k"], x["v"], x["beta"], x["alpha"], initial_state=x["initial_state"])
+    torch.testing.assert_close(got_o, want_o, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got_s, want_s, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 8, 16, 64])
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, gated, with_state):
+    x = make_inputs("delta_rule", B, H, T, DK, DV, gated=gated, with_state=with_state, seed=chunk_size)
+    ref = run_with_grads(delta_rule_naive, "delta_rule", x)
+    got = run_with_grads(delta_rule_chunk, "delta_rule", x, chunk_size=chunk_size)
+    expected = {"out", "state", "grad_q", "grad_k", "grad_v", "grad_beta"}
+    expected |= {"grad_alpha"} if gated else set()
+    expected |= {"grad_initial_state"} if with_state else set()
+    assert set(got) == expected
+    diffs = max_abs_differences(got, ref)
+    assert max(diffs.values()) <= TOL, diffs
+    assert all(ref[k].abs().max() > 1e-3 for k in expected), "a reference gradient vanished"
+
+
+@pytest.mark.parametrize("chunk_size", [4, 16])
+def test_chunk_exact_when_decays_are_zero_or_tiny(chunk_size):
+    # alpha = 0 (a full reset) and 1e-200 defeat the g_t / g_s factorisation: the segment-product
+    # path must take over and stay exact.
+    x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=3)
+    with torch.no_grad():
+        x["alpha"][0, 1, 10] = 0.0
+        x["alpha"][1, 2, 3:6] = 1e-200
+    assert not factorable(torch.cumprod(x["alpha"].detach(), -1))
+    ref = run_with_grads(delta_rule_naive, "delta_rule", x)
+    got = run_with_grads(delta_rule_chunk, "delta_rule", x, chunk_size=chunk_size)
+    diffs = max_abs_differences(got, ref)
+    assert max(diffs.values()) <= TOL, diffs
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunk"])
+def test_alpha_none_equals_alpha_ones(impl):
+    x = make_inputs("delta_rule", B, H, T, DK, DV, gated=False, with_state=True, seed=4)
+    plain = run_with_grads(kernels.delta_rule, "delta_rule", x, impl=impl, chunk_size=8)
+    ones = dict(x, alpha=torch.ones(B, H, T, dtype=torch.float64, requires_grad=True))
+    gated = run_with_grads(kernels.delta_rule, "delta_rule", ones, impl=impl, chunk_size=8)
+    gated.pop("grad_alpha")
+    diffs = max_abs_differences(plain, gated)
+    assert max(diffs.values()) <= 1e-12, diffs
+
+
+@pytest.mark.parametrize("split", [16, 19])
+@pytest.mark.parametrize("gated", [False, True])
+def test_chunk_state_carry_equals_one_pass(split, gated):
+    x = make_inputs("delta_rule", B, H, T, DK, DV, gated=gated, with_state=True, seed=5, requires_grad=False)
+    args = [x[n] for n in ("q", "k", "v", "beta", "alpha")]
+    full_o, full_s = kernels.delta_rule(*args, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
+    first = [None if a is None else a[:, :, :split] for a in args]
+    second = [None if a is None else a[:, :, split:] for a in args]
+    o1, s1 = kernels.delta_rule(*first, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
+    o2, s2 = kernels.delta_rule(*second, impl="chunk", initial_state=s1, chunk_size=8)
+    torch.testing.assert_close(torch.cat([o1, o2], dim=2), full_o, rtol=0, atol=1e-12)
+    torch.testing.assert_close(s2, full_s, rtol=0, atol=1e-12)
+
+
+def test_fp32_chunk_close_to_fp64_naive():
+    x64 = make_inputs("delta_rule", B, H, 64, 16, 16, with_state=True, seed=6)
+    x32 = make_inputs("delta_rule", B, H, 64, 16, 16, with_state=True, seed=6, dtype=torch.float32)
+    ref = run_with_grads(delta_rule_naive, "delta_rule", x64)
+    got = run_with_grads(kernels.delta_rule, "delta_rule", x32, impl="chunk")
+    assert got["out"].dtype == torch.float32 and got["state"].dtype == torch.float32
+    for key, diff in max_abs_differences(got, ref).items():
+        assert diff <= 2e-4 * max(1.0, ref[key].abs().max().item()), (key, diff)
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunk"])
+def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
+    x16 = make_inputs("delta_rule", 2, 2, 40, 16, 16, with_state=True, seed=7, dtype=torch.bfloat16)
+    x32 = {n: None if t is None else t.detach().float().requires_grad_() for n, t in x16.items()}
+    got = run_with_grads(kernels.delta_rule, "delta_rule", x16, impl=impl, chunk_size=16)
+    ref = run_with_grads(kernels.delta_rule, "delta_rule", x32, impl=impl, chunk_size=16)
+    assert got["out"].dtype == torch.bfloat16
+    assert got["state"].dtype == torch.float32  # the carried state is kept in the compute dtype
+    assert got["grad_q"].dtype == torch.bfloat16
+    for key in ref:
+        scale = ref[key].abs().max().item()
+        # Inputs are bf16 already, so only the output rounding and the bf16 gradients differ.
+        assert (got[key].float() - ref[key]).abs().max().item() <= 2e-2 * max(scale, 1.0), key
+
+
+def test_autocast_does_not_lower_the_recurrence_precision():
+    x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=8, dtype=torch.float32,
+                    requires_grad=False)
+    args = [x[n] for n in ("q", "k", "v", "beta", "alpha")]
+    plain = kernels.delta_rule(*args, impl="chunk", initial_state=x["initial_state"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = kernels.delta_rule(*args, impl="chunk", initial_state=x["initial_state"])
+    assert cast[0].dtype == torch.float32
+    torch.testing.assert_close(cast[0], plain[0], rtol=0, atol=0)
+    torch.testing.assert_close(cast[1], plain[1], rtol=0, atol=0)
+
+
+def test_same_inputs_give_bitwise_identical_results():
+    x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=9, dtype=torch.float32)
+    a = run_with_grads(kernels.delta_rule, "delta_rule", x, impl="chunk")
+    b = run_with_grads(kernels.delta_rule, "delta_rule", x, impl="chunk")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_zero_length_sequence_returns_the_initial_state():
+    x = make_inputs("delta_rule", B, H, 0, DK, DV, with_state=True, requires_grad=False)
+    o, s = kernels.delta_rule(x["q"], x["k"], x["v"], x["beta"], x["alpha"], initial_state=x["initial_state"])
+    assert o.shape == (B, H, 0, DV)
+    torch.testing.assert_close(s, x["initial_state"], rtol=0, atol=0)
+
+
+# --- dispatcher --------------------------------------------------------------------------
+
+
+def test_impls_lists_every_operator_with_auto():
+    impls = kernels.IMPLS
+    assert set(impls) == {"delta_rule", "dplr_scan", "ssd_scan"}
+    for op, names in impls.items():
+        assert names[:2] == ("naive", "chunk") and names[-1] == "auto", (op, names)
+    assert "triton" not in impls["ssd_scan"]
+    triton_loads = dispatch.triton_module()[0] is not None
+    assert ("triton" in impls["delta_rule"]) == triton_loads
+    assert ("triton" in impls["dplr_scan"]) == triton_loads
+
+
+def test_auto_on_cpu_is_the_chunk_form():
+    assert kernels.resolve_impl("delta_rule", "auto", torch.device("cpu")) == "chunk"
+    assert kernels.resolve_impl("ssd_scan", "auto", torch.device("cuda")) == "chunk"
+    x = make_inputs("delta_rule", B, H, T, DK, DV, seed=10, requires_grad=False)
+    args = [x[n] for n in ("q", "k", "v", "beta", "alpha")]
+    auto = kernels.delta_rule(*args)
+    chunk = kernels.delta_rule(*args, impl="chunk")
+    assert torch.equal(auto[0], chunk[0]) and torch.equal(auto[1], chunk[1])
+
+
+def test_unknown_impl_names_the_allowed_values():
+    x = make_inputs("delta_rule", 1, 1, 4, 3, requires_grad=False)
+    with pytest.raises(ValueError, match="naive, chunk, triton, auto"):
+        kernels.delta_rule(x["q"], x["k"], x["v"], x["beta"], impl="fast")
+    with pytest.raises(ValueError, match="naive, chunk, auto"):
+        kernels.ssd_scan(torch.zeros(1, 1, 4, 2), torch.ones(1, 1, 4), torch.zeros(1, 1, 4, 3),
+                         torch.zeros(1, 1, 4, 3), impl="triton")
+
+
+def test_missing_triton_module_gives_a_clear_error_and_auto_falls_back(monkeypatch):
+    # A None entry in sys.modules makes ``import kernels.triton_ops`` raise ImportError.
+    monkeypatch.setitem(sys.modules, "kernels.triton_ops", None)
+    dispatch.triton_module.cache_clear()
+    try:
+        assert kernels.IMPLS["delta_rule"] == ("naive", "chunk", "auto")
+        assert kernels.IMPLS["dplr_scan"] == ("naive", "chunk", "auto")
+        x = make_inputs("delta_rule", 1, 1, 4, 3, requires_grad=False)
+        with pytest.raises(ValueError, match='impl="triton" is unavailable for delta_rule.*does not import'):
+            kernels.delta_rule(x["q"], x["k"], x["v"], x["beta"], impl="triton")
+        assert kernels.resolve_impl("dplr_scan", "auto", torch.device("cuda")) == "chunk"
+    finally:
+        monkeypatch.undo()
+        dispatch.triton_module.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda x: x.update(k=x["k"][..., :-1]), "k must be"),
+        (lambda x: x.update(beta=x["beta"][..., None]), "beta must be"),
+        (lambda x: x.update(alpha=x["alpha"][:, :, :-1]), "alpha must be"),
+        (lambda x: x.update(initial_state=torch.zeros(1, 1, 3, 3, dtype=torch.float64)), "initial_state must be"),
+        (lambda x: x.update(q=x["q"][0]), "q must be"),
+    ],
+)
+def test_bad_shapes_are_rejected_with_the_expected_layout(change, message):
+    x = make_inputs("delta_rule", 1, 1, 4, 3, 2, with_state=True, requires_grad=False)
+    change(x)
+    with pytest.raises(ValueError, match=message):
+        kernels.delta_rule(x["q"], x["k"], x["v"], x["beta"], x["alpha"], initial_state=x["initial_state"])
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_bad_chunk_size_is_rejected(bad):
+    x = make_inputs("delta_rule", 1, 1, 4, 3, requires_grad=False)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        kernels.delta_rule(x["q"], x["k"], x["v"], x["beta"], impl="chunk", chunk_size=bad)
+
+
+# --- under torch.func.vmap (seed packs run the cells vectorised over members) ---------------
+
+
+@pytest.mark.parametrize("op", ["delta_rule", "dplr_scan", "ssd_scan"])
+@pytest.mark.parametrize("strong_decay", [False, True])
+def test_chunk_form_under_vmap_equals_each_member_alone(op, strong_decay):
+    names = {"delta_rule": ("q", "k", "v", "beta", "alpha"), "dplr_scan": ("r", "k", "v", "w", "kappa", "a"),
+             "ssd_scan": ("x", "a", "b", "c")}[op] + ("initial_state",)
+    decay_name = {"delta_rule": "alpha", "dplr_scan": "w", "ssd_scan": "a"}[op]
+    fn = getattr(kernels, op)
+    members = [make_inputs(op, 2, 2, 21, 5, 4, with_state=True, seed=30 + m, requires_grad=False) for m in range(3)]
+    if strong_decay:  # one member's zero decay sends the whole pack down the segment-product path
+        members[1][decay_name][0, 0, 7] = 0.0
+    stacked = [torch.stack([m[n] for m in members]).requires_grad_() for n in names]
+    packed = torch.func.vmap(lambda *xs: fn(*xs[:-1], impl="chunk", initial_state=xs[-1], chunk_size=8))(*stacked)
+    g = torch.Generator().manual_seed(0)
+    cot = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in packed]
+    packed_grads = torch.autograd.grad(packed, stacked, cot)
+    for i, m in enumerate(members):
+        alone = {n: m[n].clone().requires_grad_() for n in names}
+        o, s = fn(*(alone[n] for n in names[:-1]), impl="naive", initial_state=alone["initial_state"])
+        grads = torch.autograd.grad((o, s), [alone[n] for n in names], (cot[0][i], cot[1][i]))
+        torch.testing.assert_close(packed[0][i], o, rtol=0, atol=1e-10)
+        torch.testing.assert_close(packed[1][i], s, rtol=0, atol=1e-10)
+        for name, pg, gr in zip(names, packed_grads, grads):
+            torch.testing.assert_close(pg[i], gr, rtol=0, atol=1e-9, msg=f"grad of {name}")
+
+
+def test_auto_never_picks_triton_under_vmap():
+    """Seed packs run cells under vmap; the Triton autograd functions have no batching rule."""
+    from kernels.dispatch import is_transformed, resolve_impl
+
+    x = torch.zeros(2, 3)
+    seen = []
+
+    def probe(t):
+        seen.append(is_transformed(t))
+        return t
+
+    torch.func.vmap(probe)(x)
+    assert seen == [True] and not is_transformed(x)
+    assert resolve_impl("delta_rule", "auto", torch.device("cpu"), transformed=True) == "chunk"
