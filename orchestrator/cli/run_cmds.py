@@ -61,6 +61,16 @@ class _Progress:
             self.bar.stop()
 
 
+def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
+    """Run a submit/resume with the progress bar, then print the outcome."""
+    progress = _Progress(quiet)
+    try:
+        summary = run(target, on_start=progress.start, on_event=progress.event, **kwargs)
+    finally:
+        progress.stop()
+    return _finish(summary, quiet)
+
+
 def _finish(summary, quiet: bool) -> int:
     if not quiet:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
@@ -101,14 +111,8 @@ def submit(
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
-    progress = _Progress(quiet)
-    try:
-        summary = run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent,
-                             checkpoint_dir=checkpoint_dir, on_start=progress.start,
-                             on_event=progress.event)
-    finally:
-        progress.stop()
-    return _finish(summary, quiet)
+    return _run_with_progress(run_submit, sweep, quiet, db=db, address=address,
+                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
 
 
 @app.command()
@@ -123,14 +127,8 @@ def resume(
     """Run what a sweep has not finished; running trials continue from their checkpoints."""
     from orchestrator.runner.sweep import resume as run_resume
 
-    progress = _Progress(quiet)
-    try:
-        summary = run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent,
-                             checkpoint_dir=checkpoint_dir, on_start=progress.start,
-                             on_event=progress.event)
-    finally:
-        progress.stop()
-    return _finish(summary, quiet)
+    return _run_with_progress(run_resume, sweep, quiet, db=db, address=address,
+                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
 
 
 @app.command()

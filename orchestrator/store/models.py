@@ -103,29 +103,5 @@ class Eval(Base):
     elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
     metrics: Mapped[dict | None] = mapped_column(sa.JSON)
 
-
-# Views make the everyday query one line. Written in SQL both SQLite and PostgreSQL accept;
-# the migrations create them from these strings.
-VIEWS: dict[str, str] = {
-    "trial_trace": """
-        SELECT s.name AS sweep, t.id AS trial_id, t.key AS key, t.arm AS arm, t.task AS task,
-               t.seed AS seed, t.lr AS lr, t.batch_size AS batch_size, t.status AS status,
-               e.step AS step, e.acc AS acc, e.loss AS loss, e.train_loss AS train_loss,
-               e.lr AS step_lr, e.elapsed_s AS elapsed_s, e.metrics AS metrics
-        FROM evals e
-        JOIN trials t ON t.id = e.trial_id
-        JOIN sweeps s ON s.id = t.sweep_id
-    """,
-    "trial_final": """
-        SELECT s.name AS sweep, t.id AS trial_id, t.key AS key, t.arm AS arm, t.task AS task,
-               t.seed AS seed, t.lr AS lr, t.batch_size AS batch_size, t.steps AS steps,
-               t.status AS status, e.step AS final_step, e.acc AS final_acc,
-               e.loss AS final_loss,
-               (SELECT MAX(e3.acc) FROM evals e3 WHERE e3.trial_id = t.id) AS best_acc,
-               t.params AS params
-        FROM trials t
-        JOIN sweeps s ON s.id = t.sweep_id
-        LEFT JOIN evals e ON e.trial_id = t.id
-             AND e.step = (SELECT MAX(e2.step) FROM evals e2 WHERE e2.trial_id = t.id)
-    """,
-}
+# The views (trial_trace, trial_final) live in the migrations only: a migration freezes its
+# own copy of a view's SQL, and the models describe tables.
