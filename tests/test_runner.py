@@ -230,3 +230,12 @@ def test_seed_packed_sweep_keeps_one_row_and_trace_per_member(tmp_path):
     for (s1, a1, l1), (s2, a2, l2) in zip(lone, rows):
         assert s1 == s2 and a1 == pytest.approx(a2, abs=2e-4) and l1 == pytest.approx(l2, abs=2e-4)
     assert (tmp_path / "ck" / "e2e").is_dir() and len(list((tmp_path / "ck" / "e2e").glob("*.pt"))) == 6
+
+
+def test_impossible_resources_fail_before_any_write(tmp_path, capsys):
+    spec = _write(tmp_path, SPEC.replace("resources: {cpu: 1}", "resources: {cpu: 1, gpu: 1}"))
+    db = tmp_path / "never.db"
+    assert main(["submit", str(spec), "--db", str(db), "--quiet"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err[-1].startswith("error: impossible resources: resources.gpu=1")
+    assert not db.exists()
