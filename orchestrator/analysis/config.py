@@ -11,13 +11,16 @@ Conventions (the defaults reproduce the scaffold study's released analysis scrip
 - outcome classes, from the trial's final eval accuracy, checked in this order:
   ``solved`` (>= ``lockin``), ``dead`` (collapsed), ``mid`` (>= ``mid_at``), ``flat``;
 - lock-in: accuracy >= ``lockin`` on the final eval (``metric="final"``) or on the best
-  eval (``metric="best"``).
+  eval (``metric="best"``);
+- ``horizon``: when set, every trace is cut at that step first (the evals after it are
+  ignored), so "solved at step 2,000" of a 4,000-step run is one option away.
 """
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator,
+                      model_validator)
 
 from orchestrator.errors import UserError
 
@@ -42,6 +45,42 @@ class HeatmapConfig(BaseModel):
     x: str = "lr"
     y: str
     facet: str | None = None
+
+
+class ScalingConfig(BaseModel):
+    """Which trial parameters are the recall-scaling variables (seed 002) and how seeds and
+    the chance floor are treated; see :mod:`orchestrator.analysis.scaling`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    D: str = Field("d_model", description="embedding (model) dimension")
+    N: str = Field("d_state", description="state dimension per layer")
+    Nf: str = Field("n_facts", description="facts (key-value pairs) in context")
+    V: str = Field("vocab_size", description="vocabulary size")
+    layers: str | None = Field("n_layers", description="multiplies N (N_eff = layers * N); "
+                                                       "null: N alone")
+    seeds: Literal["best", "mean", "all"] = Field(
+        "best", description="per grid point: best seed (the paper's existence reading), the "
+                            "mean, or every seed as its own point")
+    floor: Literal["table", "marginal", "none"] | float = Field(
+        "table", description="accuracy floor the curve rises from: 1/Nf (guessing among the "
+                             "stored values), 1/(V - V//2) (value marginal), 0, or a number")
+
+    @field_validator("floor")
+    @classmethod
+    def _floor_range(cls, v: Any) -> Any:
+        if isinstance(v, float) and not 0.0 <= v < 1.0:
+            raise ValueError("a numeric floor must be in [0, 1)")
+        return v
+
+
+def _pairs(v: Any) -> Any:
+    """``[[A, B], ...]``; a pair may also be written ``"A,B"``."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise ValueError("contrasts is a list of pairs of group labels, e.g. [[ns5, baseline]]")
+    return [_name_list(p) if isinstance(p, str) else p for p in v]
 
 
 class AnalysisConfig(BaseModel):
@@ -70,6 +109,13 @@ class AnalysisConfig(BaseModel):
     n_resamples: int = Field(100_000, gt=0)
     random_seed: int = 0
     heatmap: HeatmapConfig | None = None
+    contrasts: list[list[str]] = Field(
+        default_factory=list,
+        description="pairs of group labels compared within each cell (pooled without cells): "
+                    "Fisher on lock-in, permutation on mean accuracy, log-rank, and exact "
+                    "McNemar when the two groups share every pairing key")
+    horizon: PositiveInt | None = Field(None, description="cut every trace at this step")
+    scaling: ScalingConfig | None = None
 
     _lists = field_validator("by", "cells", "statuses", "pair_on", mode="before")(_name_list)
 
@@ -83,6 +129,19 @@ class AnalysisConfig(BaseModel):
     def _two_groups(cls, v: list[str] | None) -> list[str] | None:
         if v is not None and (len(v) != 2 or v[0] == v[1]):
             raise ValueError("compare needs exactly two different group labels, e.g. baseline,ns5")
+        return v
+
+    @field_validator("contrasts", mode="before")
+    @classmethod
+    def _contrast_pairs(cls, v: Any) -> Any:
+        return _pairs(v)
+
+    @field_validator("contrasts")
+    @classmethod
+    def _contrasts_two(cls, v: list[list[str]]) -> list[list[str]]:
+        for pair in v:
+            if len(pair) != 2 or pair[0] == pair[1]:
+                raise ValueError(f"each contrast names two different group labels, got {pair}")
         return v
 
     @field_validator("statuses")

@@ -9,6 +9,11 @@ A. outcome classes per cell, laid out as the scaffold study's cell table: rows a
 B. log-rank tests between the ``by`` groups, pooled and within each cell;
 C. the discrete-time hazard fit (``formula``, ``link``);
 D. lock-in rates per cell and group (with Fisher exact when there are two groups);
+E. final accuracy per cell, laid out as A: ``mean [min, max]``, plus the mean rebinding-control
+   accuracy (``rb``) where the trials ran the control (the 001 papers' hardened tables);
+F. the ``contrasts`` the spec names, within each cell: lock-in with Fisher exact, the mean
+   gap with a permutation test, log-rank on escape times, and exact McNemar when the two
+   groups share every pairing key (same seeds);
 plus figures: Kaplan-Meier curves per group, the basin-map heatmap (when the sweep has an
 lr x hardness grid, or ``heatmap`` says which axes), per-seed traces and the hazard
 forest plot.
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,8 @@ from orchestrator.errors import UserError
 from . import contrasts, survival, tables
 from .api import Prepared, fit
 from .config import AnalysisConfig, HeatmapConfig, parse_config
-from .groups import format_value
+from .events import with_events
+from .groups import cell_iter, format_value, labels, ordered
 from .hazard import HazardResult
 from .results import jsonable
 
@@ -77,23 +83,170 @@ def auto_heatmap(trials: pd.DataFrame, params: list[str], cfg: AnalysisConfig,
     return None
 
 
-def layout_table(outcomes: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
-    """Table A: one string entry per (row cell, group) x column value."""
-    if outcomes.empty:
-        return pd.DataFrame()
-    entries = outcomes.apply(tables.format_cell, axis=1)
-    frame = outcomes.assign(entry=entries)
+def _pivot(frame: pd.DataFrame, cells: list[str], entry: str) -> pd.DataFrame:
+    """Rows: the ``cells`` parameters but the last, times the group; columns: the values of
+    the last ``cells`` parameter; values: the ``entry`` column."""
     if not cells:
-        return frame.set_index("group")[["entry"]].rename(columns={"entry": "all"})
+        return frame.set_index("group")[[entry]].rename(columns={entry: "all"})
     col = cells[-1]
     rows = [*cells[:-1], "group"]
     frame = frame.assign(**{col: frame[col].map(lambda v: f"{col}={format_value(v)}")})
     order = list(dict.fromkeys(frame[col]))
-    wide = frame.pivot_table(index=rows, columns=col, values="entry", aggfunc="first",
+    wide = frame.pivot_table(index=rows, columns=col, values=entry, aggfunc="first",
                              sort=False)
     wide = wide.reindex(columns=order).fillna("-")
     wide.columns.name = None
     return wide
+
+
+def layout_table(outcomes: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
+    """Table A: one string entry per (row cell, group) x column value."""
+    if outcomes.empty:
+        return pd.DataFrame()
+    return _pivot(outcomes.assign(entry=outcomes.apply(tables.format_cell, axis=1)), cells,
+                  "entry")
+
+
+def accuracy_table(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
+    """Per cell and group: n, mean, min and max of the final accuracy, and the mean of the
+    rebinding-control accuracy (``rebind_acc`` column, NaN where absent)."""
+    rows = []
+    has_rb = "rebind_acc" in trials.columns
+    for cell, sub in cell_iter(trials, cfg.cells):
+        labs = labels(sub, cfg.by)
+        for g in ordered(sub, cfg.by):
+            acc = sub.loc[labs == g, "final_acc"].astype(float)
+            rb = sub.loc[labs == g, "rebind_acc"].astype(float) if has_rb else pd.Series([], dtype=float)
+            rows.append({**cell, "group": g, "n": int(len(acc)), "mean": acc.mean(),
+                         "min": acc.min(), "max": acc.max(),
+                         "rebind_mean": rb.mean() if rb.notna().any() else float("nan")})
+    return pd.DataFrame(rows, columns=[*cfg.cells, "group", "n", "mean", "min", "max",
+                                       "rebind_mean"])
+
+
+def _acc_entry(row) -> str:
+    if row["n"] == 0 or row["mean"] != row["mean"]:
+        return "-"
+    out = f"{row['mean']:.3f} [{row['min']:.3f}, {row['max']:.3f}]"
+    if row["rebind_mean"] == row["rebind_mean"]:
+        out += f" rb {row['rebind_mean']:.3f}"
+    return out
+
+
+def accuracy_layout(acc: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
+    """Table E: ``mean [min, max]`` (and ``rb`` rebinding mean) laid out as table A."""
+    if acc.empty:
+        return pd.DataFrame()
+    return _pivot(acc.assign(entry=acc.apply(_acc_entry, axis=1)), cells, "entry")
+
+
+def contrast_tests(trials: pd.DataFrame, cfg: AnalysisConfig) -> list[dict[str, Any]]:
+    """Each ``cfg.contrasts`` pair within each cell where both groups occur (one pooled cell
+    without ``cells``): Fisher (lock-in), permutation (mean of the metric accuracy),
+    log-rank (escape times; None without escapes) and exact McNemar (None unless both groups
+    hold the same ``pair_on`` keys, once each)."""
+    out: list[dict[str, Any]] = []
+    if not cfg.contrasts or not cfg.by:
+        return out
+    for a, b in cfg.contrasts:
+        pair_cfg = cfg.with_overrides(compare=[a, b])
+        for cell, sub in cell_iter(trials, cfg.cells):
+            labs = labels(sub, cfg.by)
+            ta, tb = sub[labs == a], sub[labs == b]
+            if ta.empty or tb.empty:
+                continue
+            entry: dict[str, Any] = {"cell": cell, "a": a, "b": b}
+            entry["fisher"] = _try(contrasts.fisher, sub, pair_cfg)
+            entry["permutation"] = _try(contrasts.permutation, sub, pair_cfg)
+            entry["logrank"] = (_try(survival.logrank, sub, pair_cfg)
+                                if int(ta["event"].sum() + tb["event"].sum()) > 0 else None)
+            entry["mcnemar"] = (_try(contrasts.mcnemar, sub, pair_cfg)
+                                if _paired(ta, tb, cfg.pair_on) else None)
+            out.append(entry)
+    return out
+
+
+def _try(test, trials: pd.DataFrame, cfg: AnalysisConfig) -> dict[str, Any] | None:
+    """A test's result as a dict, or None where it cannot be computed here (e.g. a group
+    whose trials all diverged has no accuracy to permute)."""
+    try:
+        return test(trials, cfg).to_dict()
+    except UserError:
+        return None
+
+
+def _paired(ta: pd.DataFrame, tb: pd.DataFrame, pair_on: list[str]) -> bool:
+    if not pair_on or any(p not in ta.columns for p in pair_on):
+        return False
+    ka = [tuple(map(format_value, r)) for r in ta[pair_on].itertuples(index=False, name=None)]
+    kb = [tuple(map(format_value, r)) for r in tb[pair_on].itertuples(index=False, name=None)]
+    return len(set(ka)) == len(ka) and len(set(kb)) == len(kb) and set(ka) == set(kb)
+
+
+def _contrast_line(e: dict[str, Any]) -> str:
+    cell = " ".join(f"{k}={format_value(v)}" for k, v in e["cell"].items())
+    f, pm = e["fisher"], e["permutation"]
+    parts = [f"{e['a']} vs {e['b']}" + (f" at {cell}" if cell else "") + ":"]
+    if pm:
+        ma, mb = pm["groups"][e["a"]]["mean"], pm["groups"][e["b"]]["mean"]
+        parts.append(f"mean {ma:.3f} vs {mb:.3f} (gap {ma - mb:+.3f}, permutation p = "
+                     f"{pm['p_value']:.4g});")
+    else:
+        parts.append("mean - (no accuracies to permute);")
+    if f:
+        ga, gb = f["groups"][e["a"]], f["groups"][e["b"]]
+        parts.append(f"lock-in {ga['k']}/{ga['n']} vs {gb['k']}/{gb['n']} (Fisher p = "
+                     f"{f['p_two_sided']:.4g}, one-sided first-higher {f['p_greater']:.4g});")
+    lr = e["logrank"]
+    parts.append(f"log-rank p = {lr['p_value']:.4g}" if lr else "log-rank - (no escapes)")
+    if e["mcnemar"]:
+        mc = e["mcnemar"]
+        parts[-1] += (f"; McNemar p = {mc['p_value']:.4g} ({mc['only_a']} vs {mc['only_b']} "
+                      "discordant)")
+    return " ".join(parts)
+
+
+def apply_horizon(prep: Prepared) -> Prepared:
+    """``prep`` with every trace cut at ``cfg.horizon`` and the events recomputed (unchanged
+    without a horizon)."""
+    h = prep.cfg.horizon
+    if h is None:
+        return prep
+    evals = prep.data.evals[prep.data.evals["step"] <= h].reset_index(drop=True)
+    data = replace(prep.data, evals=evals)
+    trials = with_events(data.trials, evals, prep.cfg)
+    if trials.empty:
+        raise UserError(f"horizon {h}: no trial has an eval at or before step {h}")
+    return Prepared(data=data, trials=trials, cfg=prep.cfg)
+
+
+def attach_rebinding(prep: Prepared, db) -> Prepared:
+    """Add ``rebind_acc`` (the rebinding-control accuracy of each trial's last eval, from the
+    evals' ``metrics``) when the sweep ran the control (``rebinding: true``)."""
+    trials = prep.trials
+    if "rebinding" not in trials.columns or not trials["rebinding"].eq(True).any():
+        return prep
+    import sqlalchemy as sa
+
+    from orchestrator.store.models import Eval
+
+    from .data import open_engine
+
+    last = trials.set_index("trial_id")["last_step"]
+    ids = [int(i) for i in last.index]
+    values: dict[int, float] = {}
+    engine = open_engine(db)
+    with engine.connect() as conn:
+        for lo in range(0, len(ids), 500):
+            chunk = ids[lo:lo + 500]
+            for tid, step, metrics in conn.execute(
+                    sa.select(Eval.trial_id, Eval.step, Eval.metrics)
+                    .where(Eval.trial_id.in_(chunk))):
+                if step == last.get(tid) and isinstance(metrics, dict) \
+                        and isinstance(metrics.get("rebind_acc"), (int, float)):
+                    values[int(tid)] = float(metrics["rebind_acc"])
+    rb = trials["trial_id"].map(lambda t: values.get(int(t), float("nan")))
+    return replace(prep, trials=trials.assign(rebind_acc=rb.astype(float)))
 
 
 @dataclass
@@ -111,6 +264,9 @@ class Report:
     hazard: HazardResult | None
     hazard_error: str | None
     heatmap: HeatmapConfig | None
+    accuracy: pd.DataFrame = field(default_factory=pd.DataFrame)
+    accuracy_layout: pd.DataFrame = field(default_factory=pd.DataFrame)
+    contrasts: list[dict[str, Any]] = field(default_factory=list)
     figures: dict[str, str] = field(default_factory=dict)
     html_path: str | None = None
 
@@ -122,13 +278,15 @@ class Report:
             "km": self.km, "hazard": self.hazard.to_dict() if self.hazard else None,
             "hazard_error": self.hazard_error,
             "heatmap": self.heatmap.model_dump() if self.heatmap else None,
+            "accuracy": self.accuracy, "contrasts": self.contrasts,
             "figures": self.figures, "html": self.html_path})
 
     def text(self) -> str:
         """The tables as plain text (what ``orchestrator report`` prints)."""
         c = self.cfg
         out = [f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
-               + (f", where {c.where}" if c.where else ""),
+               + (f", where {c.where}" if c.where else "")
+               + (f", traces cut at step {c.horizon}" if c.horizon else ""),
                f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
                f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
                f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}", ""]
@@ -171,6 +329,20 @@ class Report:
                        f"{f['groups'][b]['k']}/{f['groups'][b]['n']}: two-sided p = "
                        f"{f['p_two_sided']:.4g}, one-sided ({a} higher) p = "
                        f"{f['p_greater']:.4g}")
+        out.append("")
+        out.append("E. final accuracy: mean [min, max]"
+                   + (" rb mean rebinding-control accuracy" if self.accuracy.get(
+                       "rebind_mean", pd.Series(dtype=float)).notna().any() else ""))
+        out.append(_indent(self.accuracy_layout.to_string()) if not self.accuracy_layout.empty
+                   else "  (none)")
+        if c.contrasts:
+            out.append("")
+            out.append(f"F. contrasts ({c.metric} acc; permutation {c.alternative}, lock-in "
+                       f">= {c.lockin:g})")
+            if self.contrasts:
+                out.extend("  " + _contrast_line(e) for e in self.contrasts)
+            else:
+                out.append("  - (no cell holds both groups of any contrast)")
         if self.html_path:
             out += ["", f"wrote {self.html_path}"]
         return "\n".join(out)
@@ -186,12 +358,20 @@ def _logrank_line(d: dict[str, Any]) -> str:
             f"p = {d['p_value']:.4g}")
 
 
+_NO_DB = object()
+
+
 def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "png",
-                 write: bool = True) -> Report:
+                 write: bool = True, db: Any = _NO_DB) -> Report:
     """Compute every table, draw the figures and write ``index.html`` under ``out_dir``
-    (default ``runs/reports/<sweep>``)."""
+    (default ``runs/reports/<sweep>``). ``db`` (the database the sweep was read from; None
+    is the default database) lets table E show the rebinding control, which lives in the
+    evals' metrics; without it table E has no ``rb``."""
     from .figures import hazard_figure, heatmap_figure, km_figure, traces_figure
 
+    prep = apply_horizon(prep)
+    if db is not _NO_DB:
+        prep = attach_rebinding(prep, db)
     cfg, trials = prep.cfg, prep.trials
     if fmt not in ("png", "svg"):
         raise UserError(f"--format {fmt!r}: expected png or svg")
@@ -218,6 +398,9 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
                  layout=layout, lockin=lock, fisher=fisher, logrank=logrank,
                  logrank_cells=lr_cells, km=km.to_dict(), hazard=hz, hazard_error=hz_err,
                  heatmap=hm)
+    rep.accuracy = accuracy_table(trials, cfg)
+    rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.cells)
+    rep.contrasts = contrast_tests(trials, cfg)
     if not write:
         return rep
     out = Path(out_dir) if out_dir else DEFAULT_OUT / re.sub(r"[^\w.-]", "_", prep.data.sweep)
@@ -274,6 +457,12 @@ def render_html(rep: Report) -> str:
     parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @median escape step</h2>")
     parts.append(_table(rep.layout) if not rep.layout.empty else "<p>(none)</p>")
     parts.append("<h2>Lock-in rates</h2>" + _table(rep.lockin, index=False))
+    parts.append("<h2>Final accuracy: mean [min, max]</h2>"
+                 + (_table(rep.accuracy_layout) if not rep.accuracy_layout.empty
+                    else "<p>(none)</p>"))
+    if rep.contrasts:
+        parts.append("<h2>Contrasts</h2><ul>" + "".join(
+            f"<li>{e(_contrast_line(x))}</li>" for x in rep.contrasts) + "</ul>")
     if rep.fisher:
         f = rep.fisher
         parts.append(f"<p>Fisher exact: two-sided p = {f['p_two_sided']:.4g}; one-sided "
@@ -323,4 +512,4 @@ def write_report(db, target: str, out_dir: str | Path | None = None, fmt: str = 
     if db is None and storage:
         db = storage
     prep = prepare(db, sweep, base, **overrides)
-    return build_report(prep, out_dir, fmt=fmt)
+    return build_report(prep, out_dir, fmt=fmt, db=db)

@@ -12,7 +12,7 @@ import typer
 from orchestrator.cli.app import app, bench_app
 from orchestrator.errors import UserError
 
-_KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard"
+_KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|scaling"
 
 DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/orchestrator.db)")
 WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
@@ -35,6 +35,8 @@ STATUS = typer.Option(None, "--status", help="trial statuses analysed (default "
 RESAMPLES = typer.Option(None, "--n-resamples", help="permutation resamples (exact when fewer "
                                                      "relabellings exist)")
 SEED = typer.Option(None, "--seed", help="random seed of Monte Carlo permutations")
+HORIZON = typer.Option(None, "--horizon", help="cut every trace at this step first (e.g. "
+                                               "'solved at step 2000' of longer runs)")
 JSON = typer.Option(False, "--json", help="print JSON")
 
 
@@ -107,24 +109,36 @@ def analyze(
     formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
     alternative: Optional[str] = ALT, status: Optional[str] = STATUS,
     n_resamples: Optional[int] = RESAMPLES, seed: Optional[int] = SEED,
-    json_out: bool = JSON,
+    horizon: Optional[int] = HORIZON, json_out: bool = JSON,
 ) -> None:
     """Statistics of one sweep straight off the database.
 
-    KIND: lockin, outcomes, fisher, permutation, mcnemar, km, logrank, hazard.
+    KIND: lockin, outcomes, fisher, permutation, mcnemar, km, logrank, hazard, scaling
+    (recall scaling law: accuracy vs N*D/Nf per vocabulary, beside the Omega(Nf log V)
+    boundary; columns from the spec's analysis.scaling block).
     """
     from orchestrator.analysis import api
+    from orchestrator.analysis.report import apply_horizon
     from orchestrator.analysis.survival import logrank_cells
 
-    if kind not in api.KINDS:
+    if kind not in api.KINDS and kind != "scaling":
         raise UserError(f"unknown analysis {kind!r}; expected one of {_KINDS}")
     name, base, storage = _base_config(sweep)
     cfg = base.with_overrides(
         where=where, by=by, cells=cells, compare=groups, pair_on=pair_on, metric=metric,
         lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
         formula=formula, link=link, alternative=alternative, statuses=status,
-        n_resamples=n_resamples, random_seed=seed)
-    prep = api.prepare(db or storage, name, cfg)
+        n_resamples=n_resamples, random_seed=seed, horizon=horizon)
+    prep = apply_horizon(api.prepare(db or storage, name, cfg))
+    if kind == "scaling":
+        from orchestrator.analysis.scaling import analyze as scaling_fit
+
+        res = scaling_fit(prep.trials, prep.cfg)
+        if json_out:
+            _print_json(res.to_dict())
+        else:
+            print(res.text())
+        return
     if kind == "logrank" and cells:
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
@@ -151,11 +165,13 @@ def report_cmd(
     lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
     escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
     formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
-    status: Optional[str] = STATUS, json_out: bool = JSON,
+    status: Optional[str] = STATUS, horizon: Optional[int] = HORIZON,
+    json_out: bool = JSON,
 ) -> None:
     """Print a sweep's tables and write an HTML report with figures.
 
-    Tables: cell outcomes, log-rank per cell, hazard fit, lock-in rates.
+    Tables: cell outcomes, log-rank per cell, hazard fit, lock-in rates, accuracy
+    mean [min, max] (with the rebinding control), the spec's contrasts.
     """
     from orchestrator.analysis import api
     from orchestrator.analysis.report import build_report
@@ -164,9 +180,9 @@ def report_cmd(
     cfg = base.with_overrides(
         where=where, by=by, cells=cells, compare=groups, metric=metric, lockin=lockin,
         mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,
-        link=link, statuses=status)
+        link=link, statuses=status, horizon=horizon)
     prep = api.prepare(db or storage, name, cfg)
-    rep = build_report(prep, out, fmt=fmt)
+    rep = build_report(prep, out, fmt=fmt, db=db or storage)
     if json_out:
         _print_json(rep.to_dict())
     else:
