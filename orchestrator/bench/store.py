@@ -99,7 +99,7 @@ def streaming_slowdown(steps: int = 300, repeats: int = 3) -> dict[str, Any]:
             "slowdown_pct": 100.0 * (s - p) / p, "plain_runs": plain, "streaming_runs": stream}
 
 
-def sweep_efficiency(n_trials: int = 64, steps: int = 100, cpus: int | None = None
+def sweep_efficiency(n_trials: int = 64, steps: int = 1000, cpus: int | None = None
                      ) -> dict[str, Any]:
     from orchestrator import spec as specs
     from orchestrator.runner.sweep import submit

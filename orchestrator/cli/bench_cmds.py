@@ -17,7 +17,7 @@ def bench_store(
         None, "--postgres", help="PostgreSQL URL to measure too (default $ORCH_TEST_POSTGRES_URL)"),
     steps: int = typer.Option(300, help="steps of the streaming-slowdown trial"),
     sweep_trials: int = typer.Option(64, help="trials in the sweep-efficiency run (0 skips)"),
-    sweep_steps: int = typer.Option(100, help="steps per trial in the sweep-efficiency run"),
+    sweep_steps: int = typer.Option(1000, help="steps per trial in the sweep-efficiency run"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> int:
     """Rows/s into SQLite and PostgreSQL, streaming slowdown, sweep training share."""
