@@ -63,7 +63,6 @@ def ssd_scan_chunk(
     pairwise-decay matmul over the chunk axis: no sequential loop at all.
     """
     bsz, h, t_len, p = x.shape
-    n = b.shape[-1]
     size = min(check_chunk_size(chunk_size), t_len)
     # Padding steps have a = 1 and x = b = 0: the state passes through unchanged.
     xc, bc, cc = to_chunks(x, size, 0.0), to_chunks(b, size, 0.0), to_chunks(c, size, 0.0)

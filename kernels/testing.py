@@ -106,3 +106,18 @@ def max_abs_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     if a.keys() != b.keys():
         raise ValueError(f"different keys: {sorted(a)} vs {sorted(b)}")
     return {k: (a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0 for k in a}
+
+
+def assert_matches_reference(reference: Callable, fast: Callable, op: str,
+                             inputs: dict[str, torch.Tensor], expected: set[str],
+                             tol: float, **kwargs) -> dict[str, float]:
+    """Run both forms with gradients; require exactly ``expected`` results (output, state,
+    the named gradients), each within ``tol`` of the reference, and no reference gradient
+    that vanished (which would make the comparison vacuous). Returns the differences."""
+    ref = run_with_grads(reference, op, inputs)
+    got = run_with_grads(fast, op, inputs, **kwargs)
+    assert set(got) == expected, (sorted(got), sorted(expected))
+    diffs = max_abs_differences(got, ref)
+    assert max(diffs.values()) <= tol, diffs
+    assert all(ref[k].abs().max() > 1e-3 for k in expected), "a reference gradient vanished"
+    return diffs

@@ -335,7 +335,7 @@ class _Scan:
         self.empty = B * H * T == 0
 
     def forward(self, xs: list, s0: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        r, v = xs[0], xs[2]
+        r = xs[0]
         o = torch.empty(self.B, self.H, self.T, self.DV, device=r.device, dtype=torch.float32)
         sT = torch.empty(self.B, self.H, self.DV, self.DK, device=r.device, dtype=torch.float32)
         if self.empty:  # nothing to launch (and no zero-size grid or null pointers to pass)

@@ -172,7 +172,7 @@ def _check_value(name: str, value: Any, where: str, fail) -> Any:
     if isinstance(value, (dict, list)) and not name.startswith("tag."):
         # knobs are scalars; a list here is almost always an axis written under `fixed`
         if isinstance(value, list):
-            fail(where, f"expected a single value, got a list (axes go under `axes:`)")
+            fail(where, "expected a single value, got a list (axes go under `axes:`)")
     return value
 
 

@@ -13,7 +13,7 @@ import torch
 import kernels
 from kernels.chunking import factorable
 from kernels.dplr import dplr_scan_chunk, dplr_scan_naive
-from kernels.testing import make_inputs, max_abs_differences, run_with_grads
+from kernels.testing import assert_matches_reference, make_inputs, max_abs_differences, run_with_grads
 
 B, H, T, DK, DV = 2, 3, 37, 6, 5
 TOL = 1e-8
@@ -46,14 +46,9 @@ def test_naive_matches_the_equation_with_explicit_matrices():
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, with_state):
     x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=with_state, seed=chunk_size)
-    ref = run_with_grads(dplr_scan_naive, "dplr_scan", x)
-    got = run_with_grads(dplr_scan_chunk, "dplr_scan", x, chunk_size=chunk_size)
     expected = {"out", "state"} | {f"grad_{n}" for n in NAMES}
     expected |= {"grad_initial_state"} if with_state else set()
-    assert set(got) == expected
-    diffs = max_abs_differences(got, ref)
-    assert max(diffs.values()) <= TOL, diffs
-    assert all(ref[k].abs().max() > 1e-3 for k in expected), "a reference gradient vanished"
+    assert_matches_reference(dplr_scan_naive, dplr_scan_chunk, "dplr_scan", x, expected, TOL, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("chunk_size", [4, 16])

@@ -12,7 +12,7 @@ import torch
 import kernels
 from kernels.chunking import factorable
 from kernels.ssd import ssd_scan_chunk, ssd_scan_naive
-from kernels.testing import make_inputs, max_abs_differences, run_with_grads
+from kernels.testing import assert_matches_reference, make_inputs, max_abs_differences, run_with_grads
 
 B, H, T, N, P = 2, 3, 37, 6, 5
 TOL = 1e-8
@@ -44,14 +44,9 @@ def test_naive_matches_the_quadratic_closed_form():
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, with_state):
     x = make_inputs("ssd_scan", B, H, T, N, P, with_state=with_state, seed=chunk_size)
-    ref = run_with_grads(ssd_scan_naive, "ssd_scan", x)
-    got = run_with_grads(ssd_scan_chunk, "ssd_scan", x, chunk_size=chunk_size)
     expected = {"out", "state"} | {f"grad_{n}" for n in NAMES}
     expected |= {"grad_initial_state"} if with_state else set()
-    assert set(got) == expected
-    diffs = max_abs_differences(got, ref)
-    assert max(diffs.values()) <= TOL, diffs
-    assert all(ref[k].abs().max() > 1e-3 for k in expected), "a reference gradient vanished"
+    assert_matches_reference(ssd_scan_naive, ssd_scan_chunk, "ssd_scan", x, expected, TOL, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("chunk_size", [4, 16])

@@ -42,7 +42,7 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
            on_start: Callable[[str, int, int], None] | None = None,
            on_event: Callable[..., None] | None = None) -> RunSummary:
     """Record the sweep and its trials, then run every trial that is not finished."""
-    from orchestrator.runner.tune_runner import check_resources, init_ray, run_trials
+    from orchestrator.runner.tune_runner import check_resources, init_ray
 
     spec = sweep.spec
     started = init_ray(address)
@@ -70,7 +70,7 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
            on_event: Callable[..., None] | None = None) -> RunSummary:
     """Run every trial of a recorded sweep that is not completed (running ones resume from
     their checkpoints). The spec is the one stored with the sweep."""
-    from orchestrator.runner.tune_runner import check_resources, init_ray, run_trials
+    from orchestrator.runner.tune_runner import check_resources, init_ray
 
     engine, url = open_store_engine(db, auto_create=False)
     with engine.connect() as conn:

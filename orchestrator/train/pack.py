@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
-from orchestrator.params import split
 from orchestrator.train import device as devices
 from orchestrator.train.loop import EvalPoint, Trainer, _is_eval_step
 
