@@ -207,3 +207,32 @@ def test_logrank_sequential_saves_seeds_under_alternative():
     assert r.expected_n_h0 <= 16
     print(f"logrank 600 vs 2400 looks [4,8,12,16]: power {r.power:.3f}, E[n|H1] "
           f"{r.expected_n_h1:.2f}, E[n|H0] {r.expected_n_h0:.2f}")
+
+
+def test_decide_strata_each_on_its_own():
+    from orchestrator.design.sequential import decide_strata
+
+    axes = {**AXES, "K": [4, 8]}
+    spec = validate_sequential(_with(strata=["K"]), axes)
+    g0, g1 = spec.compare.groups
+    # K=4: a decisive difference at look 2; K=8: no difference
+    strong = {g0: FisherData(16, 16), g1: FisherData(16, 1)}
+    null = {g0: FisherData(16, 8), g1: FisherData(16, 8)}
+    look1 = decide_strata(spec, axes, 1, {(4,): {g0: FisherData(8, 8), g1: FisherData(8, 1)},
+                                          (8,): {g0: FisherData(8, 4), g1: FisherData(8, 4)}}, {})
+    assert {k: r.decision for k, r in look1.items()} == {(4,): "continue", (8,): "continue"}
+    prior = {k: [r] for k, r in look1.items()}
+    look2 = decide_strata(spec, axes, 2, {(4,): strong, (8,): null}, prior)
+    assert look2[(4,)].decision == "reject" and look2[(8,)].decision == "continue"
+    assert look2[(4,)].stratum == {"K": 4}
+    # Bonferroni over the 2 strata: each contrast's boundary is the alpha/2 design's
+    assert look2[(4,)].alpha_spent == pytest.approx(spend_at(0.025, 16 / 40))
+    prior = {k: prior[k] + [look2[k]] for k in prior}
+    look3 = decide_strata(spec, axes, 3, {(8,): {g0: FisherData(24, 12), g1: FisherData(24, 12)}}, prior)
+    assert list(look3) == [(8,)]  # the decided stratum runs no more seeds
+
+
+def spend_at(alpha: float, t: float) -> float:
+    from orchestrator.design.boundaries import spend
+
+    return float(2 * spend(t, alpha / 2, "obrien_fleming"))

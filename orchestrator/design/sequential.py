@@ -270,3 +270,29 @@ def decide_look(spec: SequentialSpec, look: int, data: Mapping[Any, FisherData |
                       boundary=bounds.z[k], nominal_alpha=bounds.nominal_alpha[k],
                       alpha_spent=bounds.cumulative_alpha[k], decision=decision,
                       seeds_saved=saved, stratum=dict(stratum or {}))
+
+
+def stratum_key(spec: SequentialSpec, cell: Mapping[str, Any]) -> tuple:
+    """A hashable key for one stratum (its strata axes' values, in the block's order)."""
+    return tuple(cell[name] for name in (spec.strata or []))
+
+
+def decide_strata(spec: SequentialSpec, axes: Mapping[str, Sequence[Any]], look: int,
+                  data: Mapping[tuple, Mapping[Any, FisherData | SurvivalData]],
+                  prior: Mapping[tuple, Sequence[LookRecord]]) -> dict[tuple, LookRecord]:
+    """Decide every still-open stratum's contrast at ``look``; each at alpha / S (Bonferroni).
+
+    Strata already decided at an earlier look are left out of the result (their seeds are not
+    run any more); a stratum still open must have data for this look.
+    """
+    cells = strata_cells(spec, axes)
+    out: dict[tuple, LookRecord] = {}
+    for cell in cells:
+        key = stratum_key(spec, cell)
+        rec = list(prior.get(key, ()))
+        if any(r.stopped for r in rec):
+            continue
+        if key not in data:
+            raise ValueError(f"no data for open stratum {cell} at look {look}")
+        out[key] = decide_look(spec, look, data[key], rec, n_contrasts=len(cells), stratum=cell)
+    return out
