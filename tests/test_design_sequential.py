@@ -236,3 +236,35 @@ def spend_at(alpha: float, t: float) -> float:
     from orchestrator.design.boundaries import spend
 
     return float(2 * spend(t, alpha / 2, "obrien_fleming"))
+
+
+def test_missing_seeds_use_the_observed_information_fraction():
+    spec = parse_sequential(BLOCK)
+    g0, g1 = spec.compare.groups
+    r1 = decide_look(spec, 1, {g0: FisherData(8, 6), g1: FisherData(8, 3)})
+    full = decide_look(spec, 2, {g0: FisherData(16, 12), g1: FisherData(16, 6)}, [r1])
+    short = decide_look(spec, 2, {g0: FisherData(16, 12), g1: FisherData(14, 5)}, [r1])
+    # 16 vs 14 seeds: information 2·16·14/(30·40) = 0.3733 instead of 0.4 -> less alpha, higher bar
+    from orchestrator.design.boundaries import spending_boundaries
+
+    ref = spending_boundaries([0.2, 2 * 16 * 14 / (30 * 40)], 0.05)
+    assert short.boundary == pytest.approx(ref.z[1], abs=1e-9)
+    assert short.boundary > full.boundary and short.alpha_spent < full.alpha_spent
+    assert short.n == {g0: 16, g1: 14}
+    with pytest.raises(ValueError, match="plans 16 seeds per group, got 17"):
+        decide_look(spec, 2, {g0: FisherData(17, 12), g1: FisherData(16, 5)}, [r1])
+    with pytest.raises(ValueError, match="adds no information"):
+        decide_look(spec, 2, {g0: FisherData(8, 6), g1: FisherData(8, 3)}, [r1])
+
+
+def test_format_records_shows_every_look():
+    from orchestrator.design.sequential import format_records
+
+    spec = parse_sequential(BLOCK)
+    g0, g1 = spec.compare.groups
+    r1 = decide_look(spec, 1, {g0: FisherData(8, 7), g1: FisherData(8, 2)})
+    r2 = decide_look(spec, 2, {g0: FisherData(16, 15), g1: FisherData(16, 2)}, [r1])
+    text = format_records([r1, r2])
+    lines = text.splitlines()
+    assert len(lines) == 3 and "boundary" in lines[0] and f"n {g0}" in lines[0]
+    assert "continue" in lines[1] and "reject" in lines[2] and lines[2].rstrip().endswith("48")

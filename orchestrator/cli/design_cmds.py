@@ -123,7 +123,7 @@ def power_cmd(
 
     if sched is not None:
         out["sequential"] = seq(sched).as_dict()
-        need = pw.sequential_sample_size(seq, sched, power, n_max)
+        need = pw.sequential_sample_size(seq, sched, power, n_max, out["fixed"]["n"])
         out["sequential_needed"] = need.as_dict() if need else None
 
     if as_json:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -30,13 +31,16 @@ def _binom(n: int, p: float) -> np.ndarray:
     return stats.binom.pmf(np.arange(n + 1), n, p)
 
 
+@lru_cache(maxsize=1024)
 def _fisher_z_table(n: int, sided: int) -> np.ndarray:
     """Signed z of Fisher's test for every (x0, x1) with n seeds per group (as ``decide_look`` computes it)."""
     alt = "two-sided" if sided == 2 else "greater"
     p = fisher_table(n, n, alt)
     x = np.arange(n + 1)
     diff = x[:, None] - x[None, :]
-    return z_from_p(p, diff, sided)
+    z = z_from_p(p, diff, sided)
+    z.flags.writeable = False  # shared through the cache
+    return z
 
 
 def fisher_power(p0: float, p1: float, n: int, alpha: float = 0.05, sided: int = 2) -> float:
@@ -150,9 +154,16 @@ def scaled_looks(looks: Sequence[int], n_max: int) -> list[int] | None:
     return out if all(b > a for a, b in zip(out, out[1:])) else None
 
 
-def sequential_sample_size(evaluate, looks: Sequence[int], power: float, n_max: int):
-    """Smallest schedule (the looks' fractions scaled to a last look N) whose power reaches target."""
-    for n in range(len(looks), n_max + 1):
+def sequential_sample_size(evaluate, looks: Sequence[int], power: float, n_max: int,
+                           n_fixed: int | None = None):
+    """Smallest schedule (the looks' fractions scaled to a last look N) whose power reaches target.
+
+    With the fixed design's n known the search starts at 0.8·n_fixed: a group-sequential design's
+    maximum n is never below the fixed one for continuous statistics (the inflation factor is
+    >= 1), and 0.8 leaves room for the discrete tests' sawtooth.
+    """
+    start = len(looks) if n_fixed is None else max(len(looks), int(0.8 * n_fixed))
+    for n in range(start, n_max + 1):
         sched = scaled_looks(looks, n)
         if sched is None:
             continue

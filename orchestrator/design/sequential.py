@@ -155,6 +155,11 @@ def design_boundaries(spec: SequentialSpec, n_contrasts: int = 1) -> Boundaries:
     return _bounds(tuple(spec.fractions), contrast_alpha(spec, n_contrasts), spec.spending, spec.sided)
 
 
+def _information(n0: int, n1: int, n_max: int) -> float:
+    """Information fraction of a two-group comparison with n0 and n1 seeds (planned: n_max each)."""
+    return 2.0 * n0 * n1 / ((n0 + n1) * n_max)
+
+
 @dataclass
 class FisherData:
     """Lock-in at budget for one group: ``successes`` of ``n`` seeds locked in."""
@@ -252,6 +257,8 @@ def decide_look(spec: SequentialSpec, look: int, data: Mapping[Any, FisherData |
     if missing:
         raise ValueError(f"no data for group(s) {missing}")
     a, b = data[g0], data[g1]
+    if a.n > spec.looks[look - 1] or b.n > spec.looks[look - 1]:
+        raise ValueError(f"look {look} plans {spec.looks[look - 1]} seeds per group, got {a.n} and {b.n}")
     if spec.test == "fisher":
         if not (isinstance(a, FisherData) and isinstance(b, FisherData)):
             raise ValueError("test fisher needs FisherData for both groups")
@@ -260,10 +267,18 @@ def decide_look(spec: SequentialSpec, look: int, data: Mapping[Any, FisherData |
         if not (isinstance(a, SurvivalData) and isinstance(b, SurvivalData)):
             raise ValueError("test logrank needs SurvivalData for both groups")
         z, p = _logrank(spec, a, b)
-    bounds = design_boundaries(spec, n_contrasts)
     k = look - 1
-    crossed = abs(z) >= bounds.z[k] if spec.sided == 2 else z >= bounds.z[k]
+    # Lan-DeMets at the information actually observed: seeds that failed shrink this look's
+    # fraction (two-sample information is proportional to n0·n1/(n0+n1)); the last look spends
+    # whatever alpha is left. With every planned seed present these are looks[k] / looks[-1].
+    fractions = [_information(r.n[str(g0)], r.n[str(g1)], spec.looks[-1]) for r in prior]
     last = look == len(spec.looks)
+    fractions.append(1.0 if last else _information(a.n, b.n, spec.looks[-1]))
+    if any(y <= x for x, y in zip(fractions, fractions[1:])):
+        raise ValueError(f"look {look} adds no information over the previous look ({a.n}, {b.n} seeds)")
+    bounds = _bounds(tuple(round(f, 12) for f in fractions), contrast_alpha(spec, n_contrasts),
+                     spec.spending, spec.sided)
+    crossed = abs(z) >= bounds.z[k] if spec.sided == 2 else z >= bounds.z[k]
     decision = "reject" if crossed else ("accept" if last else "continue")
     saved = (spec.looks[-1] - spec.looks[k]) * 2 if decision != "continue" else 0
     return LookRecord(look=look, n={str(g0): a.n, str(g1): b.n}, statistic=z, p=p,
@@ -296,3 +311,19 @@ def decide_strata(spec: SequentialSpec, axes: Mapping[str, Sequence[Any]], look:
             raise ValueError(f"no data for open stratum {cell} at look {look}")
         out[key] = decide_look(spec, look, data[key], rec, n_contrasts=len(cells), stratum=cell)
     return out
+
+
+def format_records(records: Sequence[LookRecord]) -> str:
+    """The look-by-look table shown by the analysis and the report."""
+    if not records:
+        return "(no looks yet)"
+    groups = list(records[0].n)
+    head = (f"{'stratum':<14} {'look':>4} " + " ".join(f"{'n ' + g:>16}" for g in groups)
+            + f" {'z':>7} {'p':>9} {'boundary':>8} {'nominal a':>9} {'a spent':>8} {'decision':<9} {'saved':>5}")
+    lines = [head]
+    for r in records:
+        st = ",".join(f"{k}={v}" for k, v in r.stratum.items()) or "-"
+        lines.append(f"{st:<14} {r.look:>4} " + " ".join(f"{r.n[g]:>16}" for g in groups)
+                     + f" {r.statistic:>7.3f} {r.p:>9.3g} {r.boundary:>8.3f} {r.nominal_alpha:>9.3g}"
+                       f" {r.alpha_spent:>8.4f} {r.decision:<9} {r.seeds_saved:>5}")
+    return "\n".join(lines)
