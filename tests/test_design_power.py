@@ -148,3 +148,13 @@ def test_cli_bad_input_one_line_exit_2(capsys, args, match):
     assert rc == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("spending", ["obrien_fleming", "pocock"])
+def test_fisher_sequential_exact_size_below_alpha_for_every_common_rate(spending):
+    # The type-I error of the discrete procedure depends on the common lock-in rate; the exact
+    # enumeration shows it stays below alpha across rates (Fisher's conservatism).
+    sizes = [fisher_sequential(p, p, [8, 16, 24, 40], 0.05, spending).power
+             for p in np.linspace(0.05, 0.95, 19)]
+    assert max(sizes) <= 0.05
+    assert max(sizes) > 0.01  # and the test is not vacuous
