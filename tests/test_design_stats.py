@@ -112,3 +112,22 @@ def test_batched_counts_equal_one_at_a_time():
         t1 = np.concatenate([np.repeat(times, d1[i]), np.repeat(times, c1[i])])
         e1 = np.concatenate([np.ones(d1[i].sum(), bool), np.zeros(c1[i].sum(), bool)])
         assert zb[i] == pytest.approx(logrank_z(t0, e0, t1, e1), rel=1e-12, abs=1e-12)
+
+
+def test_permutation_variance_holds_the_level_where_the_textbook_one_does_not():
+    # Why the sequential log-rank uses the permutation variance: 8 vs 8 seeds, equal escape
+    # hazards (median 600 steps), budget 3000, evals every 100 steps, fixed two-sided 0.05 test.
+    from orchestrator.design.power import EscapeModel, _counts, hazard_from_median
+
+    h = hazard_from_median(600)
+    model = EscapeModel(h, h, 3000, 100)
+    sims = 40_000
+    b0, b1 = model.draw(np.random.default_rng(1), sims, 8)
+    d0, c0 = _counts(b0, model.n_evals)
+    d1, c1 = _counts(b1, model.n_evals)
+    se = np.sqrt(0.05 * 0.95 / sims)
+    hyper = np.mean(np.abs(logrank_counts(d0, c0, d1, c1, "hypergeometric")) >= 1.959964)
+    perm = np.mean(np.abs(logrank_counts(d0, c0, d1, c1, "permutation")) >= 1.959964)
+    print(f"log-rank type-I at 8 vs 8 seeds: hypergeometric {hyper:.4f}, permutation {perm:.4f} (n={sims})")
+    assert hyper > 0.05 + 3 * se
+    assert perm <= 0.05 + 3 * se
