@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
 from orchestrator.spec import Sweep, SweepSpec, load
+from orchestrator.status import Status
 from orchestrator.store import repo
 from orchestrator.store.engine import describe, open_store_engine
 from orchestrator.store.models import Sweep as SweepRow
@@ -29,7 +30,7 @@ class RunSummary:
 
     @property
     def failed(self) -> int:
-        return self.outcomes.get("failed", 0)
+        return self.outcomes.get(Status.failed.value, 0)
 
 
 def _checkpoint_root(url: str, spec: SweepSpec, override: str | None) -> Path:

@@ -64,7 +64,7 @@ def _run_lone(member: dict[str, Any]) -> None:
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again.
     checkpoints.save(ckpt, trainer.state_dict())
-    tune.report({"evals": [], "final": {tid: [trainer.status, trainer.error]}})
+    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error]}})
 
 
 def _run_pack(members: list[dict[str, Any]]) -> None:
@@ -98,5 +98,5 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
             last_save = time.monotonic()
         tune.report({"evals": [_row(tids[j], point) for j, point in group]})
     save_all()
-    tune.report({"evals": [], "final": {t: [m.status, m.error]
+    tune.report({"evals": [], "final": {t: [m.status.value, m.error]
                                         for t, m in zip(tids, pack.members)}})

@@ -13,6 +13,7 @@ from typing import Any
 from ray import tune
 from sqlalchemy.engine import Engine
 
+from orchestrator.status import Status
 from orchestrator.store import repo
 
 
@@ -100,7 +101,7 @@ class StoreWriter(tune.Callback):
         final = (trial.last_result or {}).get("final") or {}
         with self.engine.begin() as conn:
             for tid in self._tids(trial):
-                status, error = final.get(tid) or final.get(str(tid)) or ("completed", None)
+                status, error = final.get(tid) or final.get(str(tid)) or (Status.completed.value, None)
                 repo.finish_trial(conn, tid, status, error)
                 self.outcomes[tid] = status
                 self.on_event(status, trial)
@@ -118,9 +119,9 @@ class StoreWriter(tune.Callback):
         text = _error_text(trial)
         with self.engine.begin() as conn:
             for tid in self._tids(trial):
-                repo.finish_trial(conn, tid, "failed", text)
-                self.outcomes[tid] = "failed"
-                self.on_event("failed", trial)
+                repo.finish_trial(conn, tid, Status.failed.value, text)
+                self.outcomes[tid] = Status.failed.value
+                self.on_event(Status.failed.value, trial)
 
     def on_experiment_end(self, trials, **info):
         self.flush()

@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from orchestrator.status import FINISHED, Status
 from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "lr", "elapsed_s", "metrics")
@@ -137,7 +138,7 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
 
 def mark_running(conn: Connection, trial_id: int) -> None:
     conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        status="running", attempts=Trial.attempts + 1, error=None,
+        status=Status.running.value, attempts=Trial.attempts + 1, error=None,
         started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now()))
 
 
@@ -176,8 +177,8 @@ def release_unfinished(conn: Connection, sweep: int) -> int:
     """Trials left 'running' by a driver that died go back to 'pending' (they resume from
     their checkpoints); failed trials get a fresh chance too. Returns how many."""
     res = conn.execute(sa.update(Trial).where(
-        Trial.sweep_id == sweep, Trial.status.in_(("running", "failed"))).values(
-        status="pending", updated_at=sa.func.now()))
+        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value))).values(
+        status=Status.pending.value, updated_at=sa.func.now()))
     return res.rowcount or 0
 
 
@@ -185,13 +186,13 @@ def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict
     """(id, key, params) of trials not completed and not diverged, in insertion order."""
     return [tuple(r) for r in conn.execute(
         sa.select(Trial.id, Trial.key, Trial.params).where(
-            Trial.sweep_id == sweep, Trial.status.notin_(("completed", "diverged")))
+            Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in FINISHED]))
         .order_by(Trial.id)).all()]
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
     q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
-                   sa.func.sum(sa.case((Trial.status == "completed", 1), else_=0)).label("completed"))
+                   sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"))
          .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
          .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
     with engine.connect() as conn:
