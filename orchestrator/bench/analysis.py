@@ -112,9 +112,9 @@ class BenchResult:
 
 def time_hazard(url: str, sweep: str = "bench_analysis") -> BenchResult:
     """Time load + events, person-period expansion and the GLM fit from ``url``."""
-    from .api import prepare
-    from .hazard import fit_hazard
-    from .person_period import person_period
+    from orchestrator.analysis.api import prepare
+    from orchestrator.analysis.hazard import fit_hazard
+    from orchestrator.analysis.person_period import person_period
 
     t0 = time.perf_counter()
     prep = prepare(url, sweep)

@@ -219,7 +219,7 @@ def bench_analysis(
 
     Times load + events, person-period expansion and GLM fit over synthetic traces.
     """
-    from orchestrator.analysis.bench import build_db, time_hazard
+    from orchestrator.bench.analysis import build_db, time_hazard
 
     if trials < 20 or evals < 3:
         raise UserError("--trials must be >= 20 and --evals >= 3")
