@@ -12,6 +12,8 @@ import typer
 from orchestrator.cli.app import app, bench_app
 from orchestrator.errors import UserError
 
+# The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
+# is written out here because that table imports the statistics libraries.
 _KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|scaling"
 
 DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/orchestrator.db)")
@@ -54,49 +56,6 @@ def _print_json(obj) -> None:
     print(json.dumps(jsonable(obj), indent=2, allow_nan=False))
 
 
-def _format(kind: str, res) -> str:
-    import pandas as pd
-
-    from orchestrator.analysis.hazard import HazardResult
-    from orchestrator.analysis.results import TestResult
-    from orchestrator.analysis.survival import KMResult
-
-    if isinstance(res, pd.DataFrame):
-        return res.to_string(index=False, float_format=lambda v: f"{v:.4g}")
-    if isinstance(res, KMResult):
-        return "Kaplan-Meier on escape times (collapse censors)\n" + res.summary.to_string(
-            float_format=lambda v: f"{v:.4g}")
-    if isinstance(res, HazardResult):
-        head = (f"{res.formula} ({res.link} link): {res.n_intervals} run-intervals, "
-                f"{res.n_events} escapes, {res.n_trials} trials"
-                + ("" if res.converged else " [NOT CONVERGED]"))
-        body = res.summary.to_string(float_format=lambda v: f"{v:.4g}")
-        warn = ("\nwarnings: " + "; ".join(res.warnings)) if res.warnings else ""
-        return f"{head}\n{body}{warn}"
-    if isinstance(res, TestResult):
-        lines = [f"{res.test}: p = {res.p_value:.4g}"
-                 + (f", statistic = {res.test_statistic:.4g}" if res.test_statistic is not None
-                    else "")]
-        for g, d in res.groups.items():
-            lines.append(f"  {g}: " + ", ".join(f"{k}={_short(v)}" for k, v in d.items()))
-        for k, v in res.details.items():
-            lines.append(f"  {k}: {_short(v)}")
-        return "\n".join(lines)
-    if isinstance(res, list):  # per-cell log-rank
-        out = []
-        for e in res:
-            cell = " ".join(f"{k}={v}" for k, v in e["cell"].items()) or "all"
-            p = e.get("p_value")
-            out.append(f"{cell}: " + (f"p = {p:.4g}, chi2 = {e['test_statistic']:.3g}"
-                                      if p is not None else f"- ({e.get('reason')})"))
-        return "\n".join(out)
-    return str(res)
-
-
-def _short(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
 @app.command("analyze")
 def analyze(
     sweep: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its analysis: block)"),
@@ -118,11 +77,12 @@ def analyze(
     boundary; columns from the spec's analysis.scaling block).
     """
     from orchestrator.analysis import api
+    from orchestrator.analysis.analyses import ANALYSES, format_result, to_json
     from orchestrator.analysis.report import apply_horizon
     from orchestrator.analysis.survival import logrank_cells
 
-    if kind not in api.KINDS and kind != "scaling":
-        raise UserError(f"unknown analysis {kind!r}; expected one of {_KINDS}")
+    if kind not in ANALYSES:
+        raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
     name, base, storage = _base_config(sweep)
     cfg = base.with_overrides(
         where=where, by=by, cells=cells, compare=groups, pair_on=pair_on, metric=metric,
@@ -130,27 +90,18 @@ def analyze(
         formula=formula, link=link, alternative=alternative, statuses=status,
         n_resamples=n_resamples, random_seed=seed, horizon=horizon)
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
-    if kind == "scaling":
-        from orchestrator.analysis.scaling import analyze as scaling_fit
-
-        res = scaling_fit(prep.trials, prep.cfg)
-        if json_out:
-            _print_json(res.to_dict())
-        else:
-            print(res.text())
-        return
     if kind == "logrank" and cells:
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
             _print_json({"cells": res})
         else:
-            print(_format(kind, res))
+            print(format_result(kind, res))
         return
     res = api.run(prep, kind)
     if json_out:
-        _print_json(res if hasattr(res, "shape") else res.to_dict())
+        _print_json(to_json(res))
     else:
-        print(_format(kind, res))
+        print(format_result(kind, res))
 
 
 @app.command("report")
