@@ -8,6 +8,7 @@ never be silently ignored in a 500-trial sweep.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -86,4 +87,16 @@ def resolve(params: dict[str, Any]) -> dict[str, Any]:
     out.update({f"model.{k}": v for k, v in sorted(model.items())})
     out.update({f"task.{k}": v for k, v in sorted(task.items())})
     out.update({f"tag.{k}": v for k, v in sorted(tag.items())})
+    return out
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become dotted names: {"model": {"conv": 4}} -> {"model.conv": 4}."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_params(v, prefix=f"{name}."))
+        else:
+            out[name] = v
     return out

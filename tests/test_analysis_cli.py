@@ -8,7 +8,7 @@ import json
 import pytest
 from scipy.stats import fisher_exact
 
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.cli import main
 from orchestrator.store.engine import open_store_engine
 

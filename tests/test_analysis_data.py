@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import analysis as oa
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine
 

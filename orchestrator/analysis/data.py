@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store.models import Eval, Sweep, Trial
-from orchestrator.store.repo import flatten_params
+from orchestrator.params import flatten_params
 
 from .config import ALL_STATUSES, DEFAULT_STATUSES
 from .where import filter_trial_ids

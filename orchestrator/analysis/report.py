@@ -49,10 +49,16 @@ def resolve_target(target: str) -> tuple[str, dict[str, Any] | None, str | None]
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         import yaml
 
+        from orchestrator.yaml_load import DuplicateKeyError, load_strict
+
         if not p.is_file():
             raise UserError(f"no spec file {target!r}")
         try:
-            spec = yaml.safe_load(p.read_text(encoding="utf-8"))
+            # The spec's own loader: duplicate keys are refused and 1e-3 is a float, as in submit.
+            spec = load_strict(p.read_text(encoding="utf-8"))
+        except DuplicateKeyError as exc:
+            line = exc.mark.line + 1 if exc.mark else "?"
+            raise UserError(f"{target}: line {line}: duplicate key {exc.key!r}") from None
         except yaml.YAMLError as exc:
             raise UserError(f"{target}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):

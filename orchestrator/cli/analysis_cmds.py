@@ -148,7 +148,7 @@ def import_cmd(
     db: Optional[str] = DB, json_out: bool = JSON,
 ) -> None:
     """Import traces produced elsewhere; a malformed file imports nothing."""
-    from orchestrator.analysis.import_jsonl import import_jsonl
+    from orchestrator.store.import_jsonl import import_jsonl
 
     res = import_jsonl(db, file, sweep)
     if json_out:

@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from orchestrator.params import flatten_params
 from orchestrator.status import FINISHED, Status
 from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
 
@@ -28,18 +29,6 @@ def _clean_float(x: Any) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts become dotted names: {"model": {"conv": 4}} -> {"model.conv": 4}."""
-    out: dict[str, Any] = {}
-    for k, v in params.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_params(v, prefix=f"{name}."))
-        else:
-            out[name] = v
-    return out
 
 
 def _param_row(trial_id: int, name: str, value: Any) -> dict[str, Any]:
