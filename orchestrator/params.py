@@ -56,7 +56,7 @@ class TrialParams(BaseModel):
         None, description="torch CPU threads; None = the trial's cpu resources")
 
     @model_validator(mode="after")
-    def _check(self) -> "TrialParams":
+    def _check(self) -> TrialParams:
         if self.warmup_steps >= self.steps and self.warmup_steps > 0:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
         return self

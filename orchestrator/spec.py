@@ -88,7 +88,7 @@ class SweepSpec(BaseModel):
     analysis: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _analysis(self) -> "SweepSpec":
+    def _analysis(self) -> SweepSpec:
         if self.analysis is not None:
             # Imported here: the analysis package loads pandas and the statistics, which
             # every CLI start and the runner import this module without needing.

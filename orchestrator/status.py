@@ -19,7 +19,7 @@ class Status(str, enum.Enum):
 
     # Keep ``f"{s}"`` and ``str(s)`` the bare value on every Python version.
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]
 
 
 ALL: tuple[Status, ...] = tuple(Status)

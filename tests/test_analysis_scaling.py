@@ -16,7 +16,7 @@ from scipy.stats import norm
 from orchestrator import spec as specs
 from orchestrator.analysis.config import parse_config
 from orchestrator.store.import_jsonl import write_records
-from orchestrator.analysis.scaling import analyze, fit_law, fit_probit, grid_points
+from orchestrator.analysis.scaling import analyze, fit_probit, grid_points
 from orchestrator.cli import main
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine

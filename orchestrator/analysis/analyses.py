@@ -87,7 +87,10 @@ def _hazard(trials: pd.DataFrame, cfg: AnalysisConfig, evals: pd.DataFrame | Non
 
 def _on_trials(f: Callable[[pd.DataFrame, AnalysisConfig], Any]
                ) -> Callable[[pd.DataFrame, AnalysisConfig, pd.DataFrame | None], Any]:
-    return lambda trials, cfg, evals=None: f(trials, cfg)
+    def run(trials: pd.DataFrame, cfg: AnalysisConfig, evals: pd.DataFrame | None = None) -> Any:
+        return f(trials, cfg)
+
+    return run
 
 
 ANALYSES: dict[str, Analysis] = {
@@ -108,7 +111,7 @@ ANALYSES: dict[str, Analysis] = {
     "hazard": Analysis(_hazard, HazardResult, format_hazard,
                        "discrete-time hazard fit (person-period GLM)"),
     "scaling": Analysis(_on_trials(scaling.analyze), scaling.ScalingResult,
-                        lambda r: r.text(), "recall scaling law: accuracy vs N*D/Nf per V"),
+                        scaling.ScalingResult.text, "recall scaling law: accuracy vs N*D/Nf per V"),
 }
 KINDS: tuple[str, ...] = tuple(ANALYSES)
 

@@ -78,8 +78,8 @@ def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis
         sid = repo.upsert_sweep(conn, sweep, "# synthetic: orchestrator bench analysis\n",
                                 "bench")
         ids = repo.add_trials(conn, sid, keyed)
-        rows = [{"trial_id": ids[k], "step": s, "acc": a, "loss": l}
-                for (k, _), tr in zip(keyed, traces) for s, a, l in tr]
+        rows = [{"trial_id": ids[k], "step": s, "acc": a, "loss": loss}
+                for (k, _), tr in zip(keyed, traces) for s, a, loss in tr]
         repo.upsert_evals(conn, rows)
         for k, _ in keyed:
             repo.finish_trial(conn, ids[k], "completed")

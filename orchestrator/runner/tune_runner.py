@@ -13,13 +13,15 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
 from orchestrator.runner.writer import StoreWriter
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Engine
 
 # Tune's own JSON/CSV/TensorBoard loggers would duplicate every result on disk; the
 # database is our log. The new console output engine would print tables over our bar.

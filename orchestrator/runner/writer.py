@@ -8,13 +8,15 @@ resumed trial re-reports it.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ray import tune
-from sqlalchemy.engine import Engine
 
 from orchestrator.status import Status
 from orchestrator.store import repo
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Engine
 
 
 def _error_text(trial) -> str:

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.params import flatten_params
 from orchestrator.status import FINISHED, Status
+from orchestrator.store import dialect
 from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "lr", "elapsed_s", "metrics")
@@ -77,14 +78,6 @@ def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping
 
 _EVAL_FIELDS = ("trial_id", "step") + EVAL_COLUMNS
 _SET = ", ".join(f"{c} = excluded.{c}" for c in EVAL_COLUMNS)
-_SQLITE_UPSERT = (f"INSERT INTO evals ({', '.join(_EVAL_FIELDS)}) VALUES "
-                  f"({', '.join('?' for _ in _EVAL_FIELDS)}) "
-                  f"ON CONFLICT (trial_id, step) DO UPDATE SET {_SET}")
-_PG_STAGE = ("CREATE TEMP TABLE IF NOT EXISTS _evals_in "
-             "(LIKE evals INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-_PG_MERGE = (f"INSERT INTO evals ({', '.join(_EVAL_FIELDS)}) "
-             f"SELECT {', '.join(_EVAL_FIELDS)} FROM _evals_in "
-             f"ON CONFLICT (trial_id, step) DO UPDATE SET {_SET}")
 
 
 def _eval_tuple(r: Mapping[str, Any]) -> tuple:
@@ -107,21 +100,7 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     if not dedup:
         return 0
     batch = [_eval_tuple(r) for r in dedup.values()]
-    raw = conn.connection.driver_connection
-    if conn.dialect.name == "postgresql":
-        with raw.cursor() as cur:
-            cur.execute(_PG_STAGE)
-            with cur.copy(f"COPY _evals_in ({', '.join(_EVAL_FIELDS)}) FROM STDIN") as copy:
-                for row in batch:
-                    copy.write_row(row)
-            cur.execute(_PG_MERGE)
-            cur.execute("TRUNCATE _evals_in")
-    else:
-        cur = raw.cursor()
-        try:
-            cur.executemany(_SQLITE_UPSERT, batch)
-        finally:
-            cur.close()
+    dialect.for_connection(conn).upsert(conn, "evals", _EVAL_FIELDS, _SET, batch)
     return len(batch)
 
 
@@ -177,6 +156,17 @@ def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict
         sa.select(Trial.id, Trial.key, Trial.params).where(
             Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in FINISHED]))
         .order_by(Trial.id)).all()]
+
+
+def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
+    """(id, stored spec text) of the sweep called ``name``, or None."""
+    row = conn.execute(sa.select(Sweep.id, Sweep.spec_text).where(Sweep.name == name)).first()
+    return (row.id, row.spec_text) if row is not None else None
+
+
+def count_trials(conn: Connection, sweep: int) -> int:
+    return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)
+                        ).scalar_one()
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:

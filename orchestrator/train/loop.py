@@ -178,6 +178,7 @@ class Trainer:
         self._loss_sum += loss
         self._loss_n += 1
         if self.curriculum is not None:
+            assert probe is not None, "a curriculum reads the training batch's accuracy"
             self.curriculum.observe(step, probe)
         return True
 
@@ -221,7 +222,7 @@ class Trainer:
             step = self.step + 1
             blend = self.read_blend_at(step)
             if blend is not None:
-                self.model.set_read_blend(blend)
+                self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
             loss, probe = self._train_step(step)
             if not self.record_train_step(step, loss, probe):
                 return
@@ -284,4 +285,4 @@ class Trainer:
         self.error = state.get("error")
         blend = self.read_blend_at(self.step) if self.step else None
         if blend is not None:
-            self.model.set_read_blend(blend)
+            self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only

@@ -87,11 +87,12 @@ class PackTrainer:
             for m in self.members:
                 p = dict(m.model.named_parameters())[name]
                 states.append(m.optimizer.state.get(p))
-            if all(s for s in states):
+            full = [s for s in states if s]
+            if len(full) == len(states):
                 self.optimizer.state[sp] = {
-                    "step": states[0]["step"].clone(),
-                    "exp_avg": torch.stack([s["exp_avg"] for s in states]),
-                    "exp_avg_sq": torch.stack([s["exp_avg_sq"] for s in states]),
+                    "step": full[0]["step"].clone(),
+                    "exp_avg": torch.stack([s["exp_avg"] for s in full]),
+                    "exp_avg_sq": torch.stack([s["exp_avg_sq"] for s in full]),
                 }
         self.step = lead.step
 
@@ -197,7 +198,7 @@ class PackTrainer:
             step = self.step + 1
             blend = self.members[0].read_blend_at(step)
             if blend is not None:
-                self._base.set_read_blend(blend)
+                self._base.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
             losses, probes = self._train_step(step)
             self.step = step
             for j, m in enumerate(self.members):
