@@ -20,7 +20,8 @@ DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/
 WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
                                            "\"vocab_size = 88 AND variant = 'ns5'\"")
 BY = typer.Option(None, "--by", help="parameter(s) forming the groups, comma-separated")
-CELLS = typer.Option(None, "--cells", help="parameter(s) stratifying into cells")
+STRATA = typer.Option(None, "--strata", help="parameter(s) stratifying the tables and tests")
+CELLS = typer.Option(None, "--cells", hidden=True, help="deprecated alias of --strata")
 GROUPS = typer.Option(None, "--groups", help="the two groups a contrast compares: A,B")
 PAIR_ON = typer.Option(None, "--pair-on", help="McNemar pairing parameter(s) (default seed)")
 METRIC = typer.Option(None, "--metric", help="final|best eval accuracy for lock-in")
@@ -50,6 +51,17 @@ def _base_config(target: str):
     return sweep, parse_config(block, source=f"{target}: analysis"), storage
 
 
+def _strata(strata: str | None, cells: str | None, warn: bool = True) -> str | None:
+    """``--strata``, or the deprecated ``--cells`` (kept for one release) with a note."""
+    if strata is not None and cells is not None:
+        raise UserError("--cells is the old name of --strata: give one of them")
+    if cells is not None and warn:
+        import sys
+
+        print("note: --cells is deprecated, use --strata", file=sys.stderr)
+    return strata if strata is not None else cells
+
+
 def _print_json(obj) -> None:
     from orchestrator.analysis.results import jsonable
 
@@ -61,8 +73,8 @@ def analyze(
     sweep: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its analysis: block)"),
     kind: str = typer.Argument(..., help=_KINDS),
     db: Optional[str] = DB, where: Optional[str] = WHERE, by: Optional[str] = BY,
-    cells: Optional[str] = CELLS, groups: Optional[str] = GROUPS,
-    pair_on: Optional[str] = PAIR_ON, metric: Optional[str] = METRIC,
+    strata: Optional[str] = STRATA, groups: Optional[str] = GROUPS,
+    cells: Optional[str] = CELLS, pair_on: Optional[str] = PAIR_ON, metric: Optional[str] = METRIC,
     lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
     escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
     formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
@@ -85,12 +97,12 @@ def analyze(
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
     name, base, storage = _base_config(sweep)
     cfg = base.with_overrides(
-        where=where, by=by, cells=cells, compare=groups, pair_on=pair_on, metric=metric,
+        where=where, by=by, cells=_strata(strata, cells), compare=groups, pair_on=pair_on, metric=metric,
         lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
         formula=formula, link=link, alternative=alternative, statuses=status,
         n_resamples=n_resamples, random_seed=seed, horizon=horizon)
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
-    if kind == "logrank" and cells:
+    if kind == "logrank" and _strata(strata, cells, warn=False):
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
             _print_json({"cells": res})
@@ -111,7 +123,8 @@ def report_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="output folder (default "
                                                           "runs/reports/SWEEP)"),
     db: Optional[str] = DB, fmt: str = typer.Option("png", "--format", help="png or svg"),
-    where: Optional[str] = WHERE, by: Optional[str] = BY, cells: Optional[str] = CELLS,
+    where: Optional[str] = WHERE, by: Optional[str] = BY, strata: Optional[str] = STRATA,
+    cells: Optional[str] = CELLS,
     groups: Optional[str] = GROUPS, metric: Optional[str] = METRIC,
     lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
     escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
@@ -129,7 +142,7 @@ def report_cmd(
 
     name, base, storage = _base_config(target)
     cfg = base.with_overrides(
-        where=where, by=by, cells=cells, compare=groups, metric=metric, lockin=lockin,
+        where=where, by=by, cells=_strata(strata, cells), compare=groups, metric=metric, lockin=lockin,
         mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,
         link=link, statuses=status, horizon=horizon)
     prep = api.prepare(db or storage, name, cfg)
