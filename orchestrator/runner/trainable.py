@@ -32,7 +32,11 @@ def _placement(device: torch.device, bf16: bool) -> dict[str, Any]:
 
 
 def _row(tid: int, point) -> dict[str, Any]:
-    return {"trial_id": tid, **point.to_dict()}
+    """An eval row for the store: the loop's ``lr`` (the step's learning rate) is the
+    store's ``step_lr``."""
+    row = {"trial_id": tid, **point.to_dict()}
+    row["step_lr"] = row.pop("lr")
+    return row
 
 
 def run_unit(config: dict[str, Any]) -> None:

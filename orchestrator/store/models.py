@@ -97,7 +97,8 @@ class Eval(Base):
     acc: Mapped[float | None] = mapped_column(sa.Double)
     loss: Mapped[float | None] = mapped_column(sa.Double)
     train_loss: Mapped[float | None] = mapped_column(sa.Double)
-    lr: Mapped[float | None] = mapped_column(sa.Double)
+    # The learning rate at this step (the schedule applied); trials.lr is the trial's base lr.
+    step_lr: Mapped[float | None] = mapped_column(sa.Double)
     elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
     metrics: Mapped[dict | None] = mapped_column(sa.JSON)
 

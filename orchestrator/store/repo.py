@@ -19,7 +19,7 @@ from orchestrator.status import FINISHED, Status
 from orchestrator.store import dialect
 from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
 
-EVAL_COLUMNS = ("acc", "loss", "train_loss", "lr", "elapsed_s", "metrics")
+EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
 TYPED_PARAMS = ("arm", "task", "seed", "lr", "batch_size", "steps", "eval_every")
 
@@ -84,7 +84,7 @@ def _eval_tuple(r: Mapping[str, Any]) -> tuple:
     metrics = r.get("metrics")
     return (int(r["trial_id"]), int(r["step"]), _clean_float(r.get("acc")),
             _clean_float(r.get("loss")), _clean_float(r.get("train_loss")),
-            _clean_float(r.get("lr")), _clean_float(r.get("elapsed_s")),
+            _clean_float(r.get("step_lr")), _clean_float(r.get("elapsed_s")),
             json.dumps(metrics, sort_keys=True) if metrics else None)
 
 
