@@ -5,6 +5,8 @@ Revision ID: 0002_step_lr
 Revises: 0001_initial
 Create Date: 2026-11-30
 """
+import importlib
+
 from alembic import op
 
 revision = "0002_step_lr"
@@ -12,25 +14,11 @@ down_revision = "0001_initial"
 branch_labels = None
 depends_on = None
 
-# Frozen copy of trial_trace as of this revision (trial_final does not read evals.lr).
-TRIAL_TRACE = """
-    SELECT s.name AS sweep, t.id AS trial_id, t.key AS key, t.arm AS arm, t.task AS task,
-           t.seed AS seed, t.lr AS lr, t.batch_size AS batch_size, t.status AS status,
-           e.step AS step, e.acc AS acc, e.loss AS loss, e.train_loss AS train_loss,
-           e.step_lr AS step_lr, e.elapsed_s AS elapsed_s, e.metrics AS metrics
-    FROM evals e
-    JOIN trials t ON t.id = e.trial_id
-    JOIN sweeps s ON s.id = t.sweep_id
-"""
-TRIAL_TRACE_0001 = """
-    SELECT s.name AS sweep, t.id AS trial_id, t.key AS key, t.arm AS arm, t.task AS task,
-           t.seed AS seed, t.lr AS lr, t.batch_size AS batch_size, t.status AS status,
-           e.step AS step, e.acc AS acc, e.loss AS loss, e.train_loss AS train_loss,
-           e.lr AS step_lr, e.elapsed_s AS elapsed_s, e.metrics AS metrics
-    FROM evals e
-    JOIN trials t ON t.id = e.trial_id
-    JOIN sweeps s ON s.id = t.sweep_id
-"""
+# The trace view as 0001 froze it, and this revision's copy: the same SQL reading the renamed
+# column under the view's old name.
+TRIAL_TRACE_0001 = importlib.import_module("migrations.versions.0001_initial").TRIAL_TRACE
+TRIAL_TRACE = TRIAL_TRACE_0001.replace("e.lr AS step_lr", "e.step_lr AS step_lr")
+assert TRIAL_TRACE != TRIAL_TRACE_0001
 
 
 def upgrade() -> None:
