@@ -2,8 +2,8 @@
 
 Stored as the plain strings of the values (the ``trials.status`` column is a ``VARCHAR``);
 ``Status`` subclasses ``str`` so a member compares equal to, hashes like and is written as
-its string. Member names equal their values so any driver that adapts an ``Enum`` by name
-(psycopg does) still writes the same text.
+its string. Member names equal their values, so nothing depends on whether a driver or
+serializer writes an ``Enum`` by name or by value.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from orchestrator.errors import UserError
 from orchestrator.store import repo
 from orchestrator.store.engine import (VERSION_TABLE, current_revision, ensure_schema,
                                        head_revision, make_engine, open_store_engine)
-from orchestrator.store.models import Base
+from orchestrator.store.models import Base, Trial
 from orchestrator.store.readonly import readonly_query
 
 
@@ -181,4 +181,22 @@ def test_step_lr_migration_keeps_data(db_url):
     assert [tuple(r) for r in rows] == [(1, 0.5, 0.0015), (2, 0.75, 0.003)]
     assert [tuple(r) for r in trace] == [(0.003, 0.0015), (0.003, 0.003)]
     assert "step_lr" in cols and "lr" not in cols
+    engine.dispose()
+
+
+def test_status_members_are_stored_as_their_strings(db_url):
+    """A Status member handed straight to the store is written as today's string on both
+    backends, and read back as a plain str."""
+    from orchestrator.status import ALL, Status
+
+    engine, _ = open_store_engine(db_url)
+    _, ids = _fill(engine, n_trials=len(ALL))
+    with engine.begin() as conn:
+        for (key, tid), st in zip(sorted(ids.items()), ALL):
+            conn.execute(sa.update(Trial).where(Trial.id == tid).values(status=st))
+        repo.finish_trial(conn, ids["k0"], Status.diverged, "x")
+    with engine.connect() as conn:
+        got = dict(conn.execute(sa.text("SELECT key, status FROM trials")).all())
+    assert got == {"k0": "diverged", **{f"k{i}": ALL[i].value for i in range(1, len(ALL))}}
+    assert all(type(v) is str for v in got.values())
     engine.dispose()
