@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import cells
 import tasks
+from orchestrator.train.loop import train_step
 from tasks.published import PUBLISHED
 
 # Settings whose readout (B x L x V logits) is far outside the default cell's regime get a
@@ -34,14 +34,11 @@ def _make_step(task: Any, batch: int, gen: Any, device: str) -> Callable[[], Non
     model = cells.build("armed_gdn", vocab_size=task.vocab_size, d_model=32, n_layers=1).to(device)
     opt = torch.optim.AdamW(model.parameters())
     x, y = task.train_batch(batch, gen)
+    dev = torch.device(device)
 
     def step() -> None:
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                               ignore_index=tasks.IGNORE)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        # The training loop's own step (fp32, no clipping), on a fixed batch.
+        train_step(model, opt, x, y, device=dev, bf16=False, grad_clip=None)
 
     for _ in range(3):  # the first steps pay for allocator and kernel-selection warm-up
         step()

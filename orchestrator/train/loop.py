@@ -69,6 +69,26 @@ def score(model: torch.nn.Module, batches, bf16: bool, device: torch.device) -> 
     return correct / total, loss_sum / total
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+               targets: torch.Tensor, *, device: torch.device, bf16: bool,
+               grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer update on one batch: mean cross-entropy over the scored positions
+    (targets != IGNORE), optional global-norm clipping. Returns (loss, scored logits, scored
+    targets). The lone trial's step, and what ``orchestrator bench tasks`` times."""
+    with devices.autocast(device, bf16):
+        logits = model(inputs)
+    mask = targets != tasks.IGNORE
+    lg = logits[mask].float()
+    tg = targets[mask]
+    loss = F.cross_entropy(lg, tg)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss, lg, tg
+
+
 class Trainer:
     """Train one trial. ``run()`` yields an :class:`EvalPoint` at step 1, every
     ``eval_every`` steps and at the last step; afterwards ``status`` is ``completed`` or
@@ -140,17 +160,8 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult
         self.model.train()
-        with devices.autocast(self.device, self.bf16):
-            logits = self.model(inputs)
-        mask = targets != tasks.IGNORE
-        lg = logits[mask].float()
-        tg = targets[mask]
-        loss = F.cross_entropy(lg, tg)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.p.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.p.grad_clip)
-        self.optimizer.step()
+        loss, lg, tg = train_step(self.model, self.optimizer, inputs, targets, device=self.device,
+                                  bf16=self.bf16, grad_clip=self.p.grad_clip)
         probe = None
         if self.curriculum is not None:
             probe = (lg.detach().argmax(-1) == tg).float().mean().item()
