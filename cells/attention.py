@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import math
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from cells.conv import make_conv
 from cells.delta import merge_heads, split_heads
+from cells.family import Family, Knobs, MixerFactory, where
 
 ROTARY_BASE = 10000.0
 
@@ -79,3 +82,27 @@ class AttentionMixer(nn.Module):
     def state_elements(self) -> int:
         """KV-cache elements per token (attention has no fixed-size state)."""
         return 2 * self.heads * self.head_dim
+
+
+def _head_dim(k: Knobs, d: int) -> int:
+    return k["head_dim"] if k["head_dim"] is not None else d // k["heads"]
+
+
+def _check(arm: str, k: Knobs, d: int) -> None:
+    if k["head_dim"] is None and d % k["heads"]:
+        raise ValueError(f"{where(arm, d)}: d_model must be divisible by heads ({k['heads']}) "
+                         "unless head_dim is set")
+    head_dim = _head_dim(k, d)
+    if k["positions"] == "rotary" and head_dim % 2:
+        raise ValueError(f"{where(arm, d)}: rotary positions need an even head_dim, got {head_dim}")
+
+
+def _mixer(k: Knobs, d: int) -> MixerFactory:
+    return partial(AttentionMixer, d, heads=k["heads"], head_dim=_head_dim(k, d),
+                   bidirectional=k["bidirectional"], positions=k["positions"], conv=k["conv"],
+                   impl=k["impl"])
+
+
+FAMILY = Family("attention", _mixer, _check, own_bidirectional=True,
+                max_len=lambda k: k["max_len"] if k["positions"] == "learned" else None,
+                state_scaling="per_token")

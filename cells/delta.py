@@ -16,12 +16,15 @@ The recurrence is ``kernels.delta_rule`` (``impl`` picks its form). State per he
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
 from cells.conv import make_conv
+from cells.family import Family, Knobs, MixerFactory, check_heads
 
 DECAY_BIAS_INIT = 3.0
 
@@ -70,3 +73,10 @@ class DeltaMixer(nn.Module):
     def state_elements(self) -> int:
         dk = self.d_model // self.heads
         return self.heads * dk * dk
+
+
+def _mixer(k: Knobs, d: int) -> MixerFactory:
+    return partial(DeltaMixer, d, heads=k["heads"], conv=k["conv"], decay=k["decay"], impl=k["impl"])
+
+
+FAMILY = Family("delta", _mixer, check_heads)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 import kernels
 from cells.conv import make_conv
 from cells.delta import merge_heads, split_heads
+from cells.family import Family, Knobs, MixerFactory, check_heads
 
 DECAY_SCALE = 0.606531  # exp(-0.606531) = 0.545: RWKV-7's lower bound on the per-step decay
 INIT_DECAY = 0.95
@@ -80,3 +83,10 @@ class DPLRMixer(nn.Module):
     def state_elements(self) -> int:
         dk = self.d_model // self.heads
         return self.heads * dk * dk
+
+
+def _mixer(k: Knobs, d: int) -> MixerFactory:
+    return partial(DPLRMixer, d, heads=k["heads"], conv=k["conv"], rank1=k["rank1"], impl=k["impl"])
+
+
+FAMILY = Family("dplr", _mixer, check_heads)

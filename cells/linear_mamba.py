@@ -22,12 +22,15 @@ Layers stack through the harness's residual stream; use ``norm: false`` and ``ml
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
 from cells.conv import make_conv
+from cells.family import Family, Knobs, MixerFactory, check_heads
 
 PATTERNS = ("mha", "mva", "mqa", "mka")
 # Which streams a pattern shares across heads.
@@ -93,3 +96,11 @@ class LinearMambaMixer(nn.Module):
         shared = SHARED[self.pattern]
         distinct = 1 if ("x" in shared and "b" in shared) else self.heads
         return distinct * self.head_dim * self.d_state
+
+
+def _mixer(k: Knobs, d: int) -> MixerFactory:
+    return partial(LinearMambaMixer, d, d_state=k["d_state"], heads=k["heads"], pattern=k["pattern"],
+                   conv=k["conv"], gate=k["gate"], impl=k["impl"])
+
+
+FAMILY = Family("linear_mamba", _mixer, check_heads)

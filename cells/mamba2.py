@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import math
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 import kernels
 from cells.conv import ShortConv
+from cells.family import Family, Knobs, MixerFactory, where
 
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 A_INIT_RANGE = (1.0, 16.0)
@@ -71,3 +74,17 @@ class Mamba2Mixer(nn.Module):
 
     def state_elements(self) -> int:
         return self.d_inner * self.d_state
+
+
+def _check(arm: str, k: Knobs, d: int) -> None:
+    if (k["expand"] * d) % k["heads"]:
+        raise ValueError(f"{where(arm, d)}: d_inner = expand * d_model = {k['expand'] * d} must be "
+                         f"divisible by heads ({k['heads']})")
+
+
+def _mixer(k: Knobs, d: int) -> MixerFactory:
+    return partial(Mamba2Mixer, d, d_state=k["d_state"], expand=k["expand"], heads=k["heads"],
+                   conv=k["conv"], impl=k["impl"])
+
+
+FAMILY = Family("mamba2", _mixer, _check)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -44,6 +46,7 @@ import torch.nn.functional as F
 import kernels
 from cells.conv import make_conv
 from cells.delta import merge_heads, split_heads
+from cells.family import Family, Knobs, MixerFactory, where
 from cells.knobs import read_ns_steps
 from cells.mlstm_cell import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
 from cells.whitening import newton_schulz, polar
@@ -200,3 +203,29 @@ class MLSTMMixer(nn.Module):
         if alpha == 0.0:
             return self._raw(q, k, v, i, f)
         return alpha * self._whitened(q, k, v, i, f) + (1.0 - alpha) * self._raw(q, k, v, i, f)
+
+
+def _check(arm: str, k: Knobs, d: int) -> None:
+    inner = inner_width(d, k["proj_factor"])
+    if inner % k["heads"]:
+        raise ValueError(f"{where(arm, d)}: inner width {inner} must be divisible by heads ({k['heads']})")
+    if inner % k["qkv_blocksize"]:
+        raise ValueError(f"{where(arm, d)}: inner width {inner} must be divisible by qkv_blocksize "
+                         f"({k['qkv_blocksize']})")
+    if k["write"] == "delta" and k["read"] != "raw":
+        raise ValueError(f"arm {arm!r}: write 'delta' supports only read 'raw', got {k['read']!r}")
+    if k["impl"] in ("chunk", "triton") and k["write"] != "delta":
+        raise ValueError(f"arm {arm!r}: impl {k['impl']!r} applies to write 'delta' only "
+                         "(the additive write has auto or naive)")
+
+
+def _mixer(k: Knobs, d: int) -> MixerFactory:
+    return partial(MLSTMMixer, d, heads=k["heads"], proj_factor=k["proj_factor"], conv=k["conv"],
+                   read=k["read"], read_blend=k["read_blend"], rls_lambda=k["rls_lambda"],
+                   rls_form=k["rls_form"],
+                   st_steps=k["st_steps"], write=k["write"], frozen_keys=k["frozen_keys"],
+                   read_lr_mult=k["read_lr_mult"], qkv_blocksize=k["qkv_blocksize"], impl=k["impl"])
+
+
+FAMILY = Family("mlstm", _mixer, _check,
+                blendable=lambda k: k["read"] != "raw" and k["write"] == "add")

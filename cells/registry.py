@@ -19,15 +19,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from cells.attention import AttentionMixer
+from cells import attention, delta, dplr, linear_mamba, mamba2, mlstm
 from cells.bidirectional import Bidirectional
-from cells.delta import DeltaMixer
-from cells.dplr import DPLRMixer
+from cells.family import Family
 from cells.harness import BlendableSequenceModel, SequenceModel
 from cells.knobs import Knob, KnobSet, with_default
-from cells.linear_mamba import PATTERNS, LinearMambaMixer
-from cells.mamba2 import Mamba2Mixer
-from cells.mlstm import MLSTMMixer, inner_width
+from cells.linear_mamba import PATTERNS
 
 DEFAULT_D_MODEL = 32
 DEFAULT_N_LAYERS = 1
@@ -158,6 +155,9 @@ SPECS: dict[str, ArmSpec] = {s.name: s for s in (
     LINEAR_MAMBA,
 )}
 ARMS: tuple[str, ...] = tuple(SPECS)
+# Each family's checks and mixer factory live in its own module (see cells/family.py).
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    delta.FAMILY, dplr.FAMILY, mamba2.FAMILY, attention.FAMILY, mlstm.FAMILY, linear_mamba.FAMILY)}
 
 
 # ---- public API ---------------------------------------------------------------------------
@@ -185,37 +185,6 @@ def _dims(s: ArmSpec, d_model: int | None, n_layers: int | None) -> tuple[int, i
     return (s.d_model if d_model is None else d_model, s.n_layers if n_layers is None else n_layers)
 
 
-def _check_shapes(s: ArmSpec, k: dict[str, Any], d: int) -> None:
-    """Cross-knob checks that need d_model; one-line ValueError."""
-    where = f"arm {s.name!r} at d_model {d}"
-    if s.family in ("delta", "dplr", "linear_mamba") and d % k["heads"]:
-        raise ValueError(f"{where}: d_model must be divisible by heads ({k['heads']})")
-    if s.family == "mamba2" and (k["expand"] * d) % k["heads"]:
-        raise ValueError(f"{where}: d_inner = expand * d_model = {k['expand'] * d} must be divisible "
-                         f"by heads ({k['heads']})")
-    if s.family == "attention":
-        head_dim = k["head_dim"]
-        if head_dim is None:
-            if d % k["heads"]:
-                raise ValueError(f"{where}: d_model must be divisible by heads ({k['heads']}) "
-                                 "unless head_dim is set")
-            head_dim = d // k["heads"]
-        if k["positions"] == "rotary" and head_dim % 2:
-            raise ValueError(f"{where}: rotary positions need an even head_dim, got {head_dim}")
-    if s.family == "mlstm":
-        inner = inner_width(d, k["proj_factor"])
-        if inner % k["heads"]:
-            raise ValueError(f"{where}: inner width {inner} must be divisible by heads ({k['heads']})")
-        if inner % k["qkv_blocksize"]:
-            raise ValueError(f"{where}: inner width {inner} must be divisible by qkv_blocksize "
-                             f"({k['qkv_blocksize']})")
-        if k["write"] == "delta" and k["read"] != "raw":
-            raise ValueError(f"arm {s.name!r}: write 'delta' supports only read 'raw', got {k['read']!r}")
-        if k["impl"] in ("chunk", "triton") and k["write"] != "delta":
-            raise ValueError(f"arm {s.name!r}: impl {k['impl']!r} applies to write 'delta' only "
-                             "(the additive write has auto or naive)")
-
-
 def resolve(arm: str, given: dict[str, Any], d_model: int | None = None,
             n_layers: int | None = None) -> tuple[ArmSpec, dict[str, Any], int, int]:
     """(spec, resolved knobs, d_model, n_layers); raises ValueError on any problem."""
@@ -224,7 +193,7 @@ def resolve(arm: str, given: dict[str, Any], d_model: int | None = None,
         raise ValueError(f"knobs for arm {arm!r} must be a mapping of knob names to values, got {given!r}")
     resolved = s.knobs.resolve(arm, dict(given))
     d, n = _dims(s, d_model, n_layers)
-    _check_shapes(s, resolved, d)
+    FAMILIES[s.family].check(s.name, resolved, d)
     return s, resolved, d, n
 
 
@@ -234,30 +203,9 @@ def validate(arm: str, knobs: dict[str, Any], d_model: int | None = None, n_laye
 
 
 def _mixer_factory(s: ArmSpec, k: dict[str, Any], d: int) -> Callable[[], nn.Module]:
-    if s.family == "delta":
-        make = partial(DeltaMixer, d, heads=k["heads"], conv=k["conv"], decay=k["decay"], impl=k["impl"])
-    elif s.family == "dplr":
-        make = partial(DPLRMixer, d, heads=k["heads"], conv=k["conv"], rank1=k["rank1"], impl=k["impl"])
-    elif s.family == "mamba2":
-        make = partial(Mamba2Mixer, d, d_state=k["d_state"], expand=k["expand"], heads=k["heads"],
-                       conv=k["conv"], impl=k["impl"])
-    elif s.family == "attention":
-        head_dim = k["head_dim"] if k["head_dim"] is not None else d // k["heads"]
-        return partial(AttentionMixer, d, heads=k["heads"], head_dim=head_dim,
-                       bidirectional=k["bidirectional"], positions=k["positions"], conv=k["conv"],
-                       impl=k["impl"])
-    elif s.family == "mlstm":
-        make = partial(MLSTMMixer, d, heads=k["heads"], proj_factor=k["proj_factor"], conv=k["conv"],
-                       read=k["read"], read_blend=k["read_blend"], rls_lambda=k["rls_lambda"],
-                       rls_form=k["rls_form"],
-                       st_steps=k["st_steps"], write=k["write"], frozen_keys=k["frozen_keys"],
-                       read_lr_mult=k["read_lr_mult"], qkv_blocksize=k["qkv_blocksize"], impl=k["impl"])
-    elif s.family == "linear_mamba":
-        make = partial(LinearMambaMixer, d, d_state=k["d_state"], heads=k["heads"], pattern=k["pattern"],
-                       conv=k["conv"], gate=k["gate"], impl=k["impl"])
-    else:  # pragma: no cover - every family is listed above
-        raise AssertionError(s.family)
-    if k["bidirectional"]:
+    fam = FAMILIES[s.family]
+    make = fam.mixer(k, d)
+    if k.get("bidirectional") and not fam.own_bidirectional:
         return partial(Bidirectional, make)
     return make
 
@@ -273,9 +221,9 @@ def build(arm: str, vocab_size: int, d_model: int | None = None, n_layers: int |
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size expects int >= 1, got {vocab_size!r}")
     s, k, d, n = resolve(arm, knobs, d_model, n_layers)
-    blendable = s.family == "mlstm" and k["read"] != "raw" and k["write"] == "add"
-    cls = BlendableSequenceModel if blendable else SequenceModel
-    max_len = k["max_len"] if (s.family == "attention" and k["positions"] == "learned") else None
+    fam = FAMILIES[s.family]
+    cls = BlendableSequenceModel if fam.blendable(k) else SequenceModel
+    max_len = fam.max_len(k)
     return cls(vocab_size, d, n, _mixer_factory(s, k, d), mlp_ratio=k["mlp_ratio"] if k["mlp"] else None,
                norm=k["norm"], max_len=max_len)
 
@@ -296,7 +244,7 @@ def describe(arm: str, vocab_size: int, d_model: int | None = None, n_layers: in
         "arm": arm,
         "params": sum(p.numel() for p in model.parameters()),
         "state_elements": model.state_elements(),
-        "state_scaling": "per_token" if s.family == "attention" else "fixed",
+        "state_scaling": FAMILIES[s.family].state_scaling,
         "knobs": k,
         "d_model": d,
         "n_layers": n,

@@ -37,7 +37,7 @@ The package attribute ``kernels.delta_rule`` is the function; the module of the 
 reached with ``from kernels.delta_rule import delta_rule_chunk`` (or ``sys.modules``).
 Also here: ``kernels.chunking`` (shared chunk machinery), ``kernels.dispatch`` (``impl``
 resolution), ``kernels.testing`` (realistic inputs, reference comparisons) and
-``python -m kernels.chunk_bench`` (naive vs chunk tokens/s, interleaved, side by side).
+``python -m orchestrator.bench.chunk`` (naive vs chunk tokens/s, interleaved, side by side).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ TRITON_MODULE = "kernels.triton_ops"
 TRITON_FUNCTIONS: dict[str, str] = {"delta_rule": "delta_rule_triton", "dplr_scan": "dplr_scan_triton"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_module() -> tuple[ModuleType | None, str | None]:
     """Import ``kernels.triton_ops`` once; return ``(module, None)`` or ``(None, why it failed)``.
 

@@ -8,6 +8,7 @@ never be silently ignored in a 500-trial sweep.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -55,7 +56,7 @@ class TrialParams(BaseModel):
         None, description="torch CPU threads; None = the trial's cpu resources")
 
     @model_validator(mode="after")
-    def _check(self) -> "TrialParams":
+    def _check(self) -> TrialParams:
         if self.warmup_steps >= self.steps and self.warmup_steps > 0:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
         return self
@@ -86,4 +87,16 @@ def resolve(params: dict[str, Any]) -> dict[str, Any]:
     out.update({f"model.{k}": v for k, v in sorted(model.items())})
     out.update({f"task.{k}": v for k, v in sorted(task.items())})
     out.update({f"tag.{k}": v for k, v in sorted(tag.items())})
+    return out
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts become dotted names: {"model": {"conv": 4}} -> {"model.conv": 4}."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_params(v, prefix=f"{name}."))
+        else:
+            out[name] = v
     return out

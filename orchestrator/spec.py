@@ -88,12 +88,12 @@ class SweepSpec(BaseModel):
     analysis: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _analysis(self) -> "SweepSpec":
+    def _analysis(self) -> SweepSpec:
         if self.analysis is not None:
-            try:
-                from orchestrator.analysis.config import AnalysisConfig
-            except ImportError:  # pragma: no cover - analysis layer absent
-                return self
+            # Imported here: the analysis package loads pandas and the statistics, which
+            # every CLI start and the runner import this module without needing.
+            from orchestrator.analysis.config import AnalysisConfig
+
             AnalysisConfig.model_validate(self.analysis)
         return self
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from scipy.stats import fisher_exact
 
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.cli import main
 from orchestrator.store.engine import open_store_engine
 
@@ -79,12 +79,18 @@ def test_json_shapes_of_every_analysis(url, capsys):
     assert mc["n_pairs"] == 12 and (mc["only_a"], mc["only_b"]) == (0, 6)
     multi = run_json(capsys, *base, "logrank", "--db", url, "--by", "variant,lr")
     assert multi["kind"] == "multi-group" and len(multi["groups"]) == 4
-    cells = run_json(capsys, *base, "logrank", "--db", url, "--by", "variant", "--cells", "lr")
+    cells = run_json(capsys, *base, "logrank", "--db", url, "--by", "variant", "--strata", "lr")
     assert [c["cell"] for c in cells["cells"]] == [{"lr": 0.001}, {"lr": 0.003}]
-    lock = run_json(capsys, *base, "lockin", "--db", url, "--by", "variant", "--cells", "lr")
+    lock = run_json(capsys, *base, "lockin", "--db", url, "--by", "variant", "--strata", "lr")
     assert [(r["lr"], r["group"], r["k"], r["n"]) for r in lock] == [
         (0.001, "baseline", 1, 6), (0.001, "ns5", 4, 6), (0.003, "baseline", 3, 6),
         (0.003, "ns5", 6, 6)]
+    # --cells is the deprecated spelling of --strata: same result, a note on stderr.
+    code, out, err = run(capsys, *base, "lockin", "--db", url, "--by", "variant", "--cells", "lr",
+                         "--json")
+    assert code == 0 and json.loads(out) == lock and "--cells is deprecated" in err
+    code, _, err = run(capsys, *base, "lockin", "--db", url, "--strata", "lr", "--cells", "lr")
+    assert code == 2 and "give one of them" in err
     km = run_json(capsys, *base, "km", "--db", url, "--by", "variant", "--where", "lr = 0.003")
     assert km["groups"]["ns5"]["median"] == 600 and km["groups"]["ns5"]["n"] == 6
     code, out, _ = run(capsys, *base, "hazard", "--db", url, "--by", "variant")

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import analysis as oa
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine
 
@@ -36,7 +36,7 @@ def store(db_url):
 def test_load_exposes_params_under_full_short_and_formula_names(store):
     trials, evals = oa.load(store, "grid")
     assert len(trials) == 16 and len(evals) == 16 * len(GRID)
-    for col in ("trial_id", "trial_key", "status", "tag.variant", "variant", "tag_variant",
+    for col in ("trial_id", "key", "status", "tag.variant", "variant", "tag_variant",
                 "task.vocab_size", "vocab_size", "task_vocab_size", "flags.conv", "conv",
                 "optim.lr", "optim_lr", "model_lr", "lr"):
         assert col in trials.columns, col

@@ -13,7 +13,7 @@ from orchestrator import analysis as oa
 from orchestrator.analysis.config import AnalysisConfig
 from orchestrator.analysis.events import trial_events
 from orchestrator.analysis.hazard import fit_hazard, formula_columns
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.analysis.person_period import expand
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine

@@ -15,8 +15,8 @@ from scipy.stats import norm
 
 from orchestrator import spec as specs
 from orchestrator.analysis.config import parse_config
-from orchestrator.analysis.import_jsonl import write_records
-from orchestrator.analysis.scaling import analyze, fit_law, fit_probit, grid_points
+from orchestrator.store.import_jsonl import write_records
+from orchestrator.analysis.scaling import analyze, fit_probit, grid_points
 from orchestrator.cli import main
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from orchestrator import analysis as oa
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine
 

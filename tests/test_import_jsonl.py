@@ -121,7 +121,7 @@ def test_import_into_an_existing_sweep_keeps_its_spec(db_url, tmp_path, capsys):
                                  '{"params": {}, "trace": [{"step": 1, "acc": 0.1}]}',
                                  '{"params": {"a": 1}, "trace": []}'])
 def test_each_malformed_shape_is_rejected(tmp_path, bad):
-    from orchestrator.analysis.import_jsonl import parse_file
+    from orchestrator.store.import_jsonl import parse_file
     from orchestrator.errors import UserError
 
     f = tmp_path / "one.jsonl"

@@ -114,7 +114,7 @@ max_concurrent: 2
 def _evals(url):
     with make_engine(url).connect() as conn:
         return conn.execute(sa.text(
-            "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.lr FROM evals e "
+            "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr FROM evals e "
             "JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step")).all()
 
 

@@ -14,7 +14,7 @@ from orchestrator.errors import UserError
 from orchestrator.store import repo
 from orchestrator.store.engine import (VERSION_TABLE, current_revision, ensure_schema,
                                        head_revision, make_engine, open_store_engine)
-from orchestrator.store.models import Base
+from orchestrator.store.models import Base, Trial
 from orchestrator.store.readonly import readonly_query
 
 
@@ -27,7 +27,7 @@ def _fill(engine, n_trials=3, n_steps=4):
                   for i in range(n_trials)]
         ids = repo.add_trials(conn, sid, trials)
         rows = [{"trial_id": ids[f"k{i}"], "step": 10 * s, "acc": 0.1 * s + 0.01 * i,
-                 "loss": 1.0 / (s + 1), "train_loss": 2.0, "lr": 1e-3, "elapsed_s": float(s),
+                 "loss": 1.0 / (s + 1), "train_loss": 2.0, "step_lr": 1e-3, "elapsed_s": float(s),
                  "metrics": {"rebind_acc": 0.04}}
                 for i in range(n_trials) for s in range(1, n_steps + 1)]
         repo.upsert_evals(conn, rows)
@@ -153,3 +153,50 @@ def test_ls_and_status_commands(db_url, capsys):
     assert st["counts"]["pending"] == 3
     assert {r["value"] for r in st["axes"]["arm"]} == {"armed_gdn", "gated_deltanet"}
     assert main(["status", "nope", "--db", url]) == 2
+
+
+def test_step_lr_migration_keeps_data(db_url):
+    """A database written at 0001 (evals.lr) upgrades to head with every eval value under
+    evals.step_lr, and the trace view still calls it step_lr."""
+    from alembic import command
+
+    from orchestrator.store.engine import _alembic_config
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001_initial")
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
+        conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params, lr) "
+                             "VALUES (1, 'k', '{}', 0.003)"))
+        conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc, lr) VALUES "
+                             "(1, 1, 0.5, 0.0015), (1, 2, 0.75, 0.003)"))
+    assert current_revision(engine) == "0001_initial"
+    main(["db", "upgrade", "--db", db_url])
+    assert current_revision(engine) == head_revision()
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT step, acc, step_lr FROM evals ORDER BY step")).all()
+        trace = conn.execute(sa.text("SELECT lr, step_lr FROM trial_trace ORDER BY step")).all()
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("evals")}
+    assert [tuple(r) for r in rows] == [(1, 0.5, 0.0015), (2, 0.75, 0.003)]
+    assert [tuple(r) for r in trace] == [(0.003, 0.0015), (0.003, 0.003)]
+    assert "step_lr" in cols and "lr" not in cols
+    engine.dispose()
+
+
+def test_status_members_are_stored_as_their_strings(db_url):
+    """A Status member handed straight to the store is written as today's string on both
+    backends, and read back as a plain str."""
+    from orchestrator.status import ALL, Status
+
+    engine, _ = open_store_engine(db_url)
+    _, ids = _fill(engine, n_trials=len(ALL))
+    with engine.begin() as conn:
+        for (key, tid), st in zip(sorted(ids.items()), ALL):
+            conn.execute(sa.update(Trial).where(Trial.id == tid).values(status=st))
+        repo.finish_trial(conn, ids["k0"], Status.diverged, "x")
+    with engine.connect() as conn:
+        got = dict(conn.execute(sa.text("SELECT key, status FROM trials")).all())
+    assert got == {"k0": "diverged", **{f"k{i}": ALL[i].value for i in range(1, len(ALL))}}
+    assert all(type(v) is str for v in got.values())
+    engine.dispose()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator import spec as specs
-from orchestrator.analysis.import_jsonl import write_records
+from orchestrator.store.import_jsonl import write_records
 from orchestrator.cli import main
 from orchestrator.store.engine import open_store_engine
 

@@ -20,16 +20,13 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 
-from . import contrasts, survival, tables
+from .analyses import ANALYSES, KINDS, hazard_rhs
 from .config import AnalysisConfig
-from .data import SweepData, formula_name, load_sweep
+from .data import SweepData, load_sweep
 from .events import with_events
 from .groups import check_params
-from .hazard import HazardResult, default_rhs, fit_hazard
+from .hazard import HazardResult, fit_hazard
 from .person_period import person_period
-from .results import TestResult
-
-KINDS = ("lockin", "outcomes", "fisher", "permutation", "mcnemar", "km", "logrank", "hazard")
 
 Db = str | Engine | None
 
@@ -66,36 +63,18 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
     return Prepared(data=data, trials=trials, cfg=cfg)
 
 
-def hazard_rhs(cfg: AnalysisConfig) -> str:
-    return cfg.formula or default_rhs([formula_name(b) for b in cfg.by])
-
-
 def fit(prep: Prepared, formula: str | None = None, link: str | None = None) -> HazardResult:
     """The hazard fit of a prepared sweep (formula and link default to the config's)."""
     pp = person_period(prep.data.evals, prep.trials)
     return fit_hazard(pp, formula or hazard_rhs(prep.cfg), link or prep.cfg.link)
 
 
-def run(prep: Prepared, kind: str) -> TestResult | HazardResult | survival.KMResult | pd.DataFrame:
-    """One analysis of :data:`KINDS` on a prepared sweep."""
-    cfg, trials = prep.cfg, prep.trials
-    if kind == "lockin":
-        return tables.lockin_table(trials, cfg)
-    if kind == "outcomes":
-        return tables.outcome_table(trials, cfg)
-    if kind == "fisher":
-        return contrasts.fisher(trials, cfg)
-    if kind == "permutation":
-        return contrasts.permutation(trials, cfg)
-    if kind == "mcnemar":
-        return contrasts.mcnemar(trials, cfg)
-    if kind == "km":
-        return survival.km(trials, cfg)
-    if kind == "logrank":
-        return survival.logrank(trials, cfg)
-    if kind == "hazard":
-        return fit(prep)
-    raise UserError(f"unknown analysis {kind!r}; expected one of {', '.join(KINDS)}")
+def run(prep: Prepared, kind: str) -> Any:
+    """One analysis of :data:`KINDS` (the rows of :data:`ANALYSES`) on a prepared sweep."""
+    a = ANALYSES.get(kind)
+    if a is None:
+        raise UserError(f"unknown analysis {kind!r}; expected one of {', '.join(KINDS)}")
+    return a.fn(prep.trials, prep.cfg, prep.data.evals)
 
 
 def _one(kind: str):

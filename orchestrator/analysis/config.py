@@ -23,9 +23,10 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, ValidationError
                       model_validator)
 
 from orchestrator.errors import UserError
+from orchestrator.status import ALL, FINISHED
 
-DEFAULT_STATUSES = ("completed", "diverged")
-ALL_STATUSES = ("pending", "running", "completed", "failed", "diverged")
+DEFAULT_STATUSES = tuple(s.value for s in FINISHED)
+ALL_STATUSES = tuple(s.value for s in ALL)
 
 
 def _name_list(v: Any) -> Any:

@@ -1,6 +1,6 @@
 """Trials and eval traces of one sweep, read from the store into pandas.
 
-``trials`` has one row per trial: ``trial_id``, ``trial_key``, ``status`` and every
+``trials`` has one row per trial: ``trial_id``, ``key``, ``status`` and every
 resolved parameter as a column under its full dotted name, plus two aliases per dotted
 name where they do not clash: the short name (the part after the last dot) when no other
 parameter shares it, and the name with non-identifier characters as underscores (what a
@@ -22,12 +22,12 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store.models import Eval, Sweep, Trial
-from orchestrator.store.repo import flatten_params
+from orchestrator.params import flatten_params
 
 from .config import ALL_STATUSES, DEFAULT_STATUSES
 from .where import filter_trial_ids
 
-META_COLUMNS = ("trial_id", "trial_key", "status")
+META_COLUMNS = ("trial_id", "key", "status")
 
 
 @dataclass
@@ -71,7 +71,7 @@ def params_frame(ids: Sequence[int], keys: Sequence[str], statuses: Sequence[str
     flat = [{k: _hashable(v) for k, v in flatten_params(p or {}).items()} for p in params]
     names: list[str] = list(dict.fromkeys(k for f in flat for k in f))
     frame = pd.DataFrame({"trial_id": np.asarray(ids, dtype=np.int64),
-                          "trial_key": list(keys), "status": list(statuses)})
+                          "key": list(keys), "status": list(statuses)})
     cols = {n: [f.get(n) for f in flat] for n in names if n not in META_COLUMNS}
     param_df = pd.DataFrame(cols, index=frame.index)
     param_df = param_df.infer_objects()

@@ -30,8 +30,9 @@ import pandas as pd
 
 from orchestrator.errors import UserError
 
-from . import contrasts, survival, tables
-from .api import Prepared, fit
+from . import survival, tables
+from .analyses import ANALYSES
+from .api import Prepared, fit, run
 from .config import AnalysisConfig, HeatmapConfig, parse_config
 from .events import with_events
 from .groups import cell_iter, format_value, labels, ordered
@@ -48,10 +49,16 @@ def resolve_target(target: str) -> tuple[str, dict[str, Any] | None, str | None]
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         import yaml
 
+        from orchestrator.yaml_load import DuplicateKeyError, load_strict
+
         if not p.is_file():
             raise UserError(f"no spec file {target!r}")
         try:
-            spec = yaml.safe_load(p.read_text(encoding="utf-8"))
+            # The spec's own loader: duplicate keys are refused and 1e-3 is a float, as in submit.
+            spec = load_strict(p.read_text(encoding="utf-8"))
+        except DuplicateKeyError as exc:
+            line = exc.mark.line + 1 if exc.mark else "?"
+            raise UserError(f"{target}: line {line}: duplicate key {exc.key!r}") from None
         except yaml.YAMLError as exc:
             raise UserError(f"{target}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
@@ -156,21 +163,21 @@ def contrast_tests(trials: pd.DataFrame, cfg: AnalysisConfig) -> list[dict[str, 
             if ta.empty or tb.empty:
                 continue
             entry: dict[str, Any] = {"cell": cell, "a": a, "b": b}
-            entry["fisher"] = _try(contrasts.fisher, sub, pair_cfg)
-            entry["permutation"] = _try(contrasts.permutation, sub, pair_cfg)
-            entry["logrank"] = (_try(survival.logrank, sub, pair_cfg)
+            entry["fisher"] = _try("fisher", sub, pair_cfg)
+            entry["permutation"] = _try("permutation", sub, pair_cfg)
+            entry["logrank"] = (_try("logrank", sub, pair_cfg)
                                 if int(ta["event"].sum() + tb["event"].sum()) > 0 else None)
-            entry["mcnemar"] = (_try(contrasts.mcnemar, sub, pair_cfg)
+            entry["mcnemar"] = (_try("mcnemar", sub, pair_cfg)
                                 if _paired(ta, tb, cfg.pair_on) else None)
             out.append(entry)
     return out
 
 
-def _try(test, trials: pd.DataFrame, cfg: AnalysisConfig) -> dict[str, Any] | None:
+def _try(kind: str, trials: pd.DataFrame, cfg: AnalysisConfig) -> dict[str, Any] | None:
     """A test's result as a dict, or None where it cannot be computed here (e.g. a group
     whose trials all diverged has no accuracy to permute)."""
     try:
-        return test(trials, cfg).to_dict()
+        return ANALYSES[kind].fn(trials, cfg, None).to_dict()
     except UserError:
         return None
 
@@ -375,19 +382,19 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
     cfg, trials = prep.cfg, prep.trials
     if fmt not in ("png", "svg"):
         raise UserError(f"--format {fmt!r}: expected png or svg")
-    outcomes = tables.outcome_table(trials, cfg)
+    outcomes = run(prep, "outcomes")
     layout = layout_table(outcomes, cfg.cells)
-    lock = tables.lockin_table(trials, cfg)
+    lock = run(prep, "lockin")
     groups = lock["group"].unique().tolist() if not lock.empty else []
     n_groups = len(set(groups))
     fisher = None
     logrank = None
     if cfg.by and (cfg.compare or n_groups == 2):
-        fisher = contrasts.fisher(trials, cfg).to_dict()
+        fisher = run(prep, "fisher").to_dict()
     if cfg.by and n_groups >= 2 and int(trials["event"].sum()) > 0:
-        logrank = survival.logrank(trials, cfg).to_dict()
+        logrank = run(prep, "logrank").to_dict()
     lr_cells = survival.logrank_cells(trials, cfg) if cfg.by and cfg.cells else []
-    km = survival.km(trials, cfg)
+    km = run(prep, "km")
     hz, hz_err = None, None
     try:
         hz = fit(prep)

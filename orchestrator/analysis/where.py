@@ -8,7 +8,7 @@ authorizer refuses everything but reading that table and calling functions.
 
 Column names: every parameter under its full dotted name (quote it: ``"task.vocab_size"``),
 its short name when unique (``vocab_size``), its name with dots as underscores
-(``task_vocab_size``), plus ``trial_id``, ``trial_key`` and ``status``.
+(``task_vocab_size``), plus ``trial_id``, ``key`` and ``status``.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def filter_trial_ids(frame: pd.DataFrame, condition: str) -> list[int]:
             msg = str(exc).splitlines()[0]
             hint = ""
             if "no such column" in msg:
-                shown = [c for c in columns if c not in ("trial_id", "trial_key")][:40]
+                shown = [c for c in columns if c not in ("trial_id", "key")][:40]
                 hint = f" (columns: {', '.join(shown)})"
             raise UserError(f"--where {condition!r}: {msg}{hint}") from None
     finally:

@@ -30,7 +30,7 @@ BATCH = 2000  # the StoreWriter's flush size
 
 def _rows(n_trials: int, points: int, trial_ids: list[int]) -> list[dict[str, Any]]:
     return [{"trial_id": trial_ids[t], "step": 10 * s, "acc": s / points, "loss": 1.0 / s,
-             "train_loss": 1.5 / s, "lr": 1e-3, "elapsed_s": 0.01 * s,
+             "train_loss": 1.5 / s, "step_lr": 1e-3, "elapsed_s": 0.01 * s,
              "metrics": {"rebind_acc": 0.03}}
             for t in range(n_trials) for s in range(1, points + 1)]
 

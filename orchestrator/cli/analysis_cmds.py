@@ -12,13 +12,16 @@ import typer
 from orchestrator.cli.app import app, bench_app
 from orchestrator.errors import UserError
 
+# The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
+# is written out here because that table imports the statistics libraries.
 _KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|scaling"
 
 DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/orchestrator.db)")
 WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
                                            "\"vocab_size = 88 AND variant = 'ns5'\"")
 BY = typer.Option(None, "--by", help="parameter(s) forming the groups, comma-separated")
-CELLS = typer.Option(None, "--cells", help="parameter(s) stratifying into cells")
+STRATA = typer.Option(None, "--strata", help="parameter(s) stratifying the tables and tests")
+CELLS = typer.Option(None, "--cells", hidden=True, help="deprecated alias of --strata")
 GROUPS = typer.Option(None, "--groups", help="the two groups a contrast compares: A,B")
 PAIR_ON = typer.Option(None, "--pair-on", help="McNemar pairing parameter(s) (default seed)")
 METRIC = typer.Option(None, "--metric", help="final|best eval accuracy for lock-in")
@@ -48,53 +51,21 @@ def _base_config(target: str):
     return sweep, parse_config(block, source=f"{target}: analysis"), storage
 
 
+def _strata(strata: str | None, cells: str | None, warn: bool = True) -> str | None:
+    """``--strata``, or the deprecated ``--cells`` (kept for one release) with a note."""
+    if strata is not None and cells is not None:
+        raise UserError("--cells is the old name of --strata: give one of them")
+    if cells is not None and warn:
+        import sys
+
+        print("note: --cells is deprecated, use --strata", file=sys.stderr)
+    return strata if strata is not None else cells
+
+
 def _print_json(obj) -> None:
     from orchestrator.analysis.results import jsonable
 
     print(json.dumps(jsonable(obj), indent=2, allow_nan=False))
-
-
-def _format(kind: str, res) -> str:
-    import pandas as pd
-
-    from orchestrator.analysis.hazard import HazardResult
-    from orchestrator.analysis.results import TestResult
-    from orchestrator.analysis.survival import KMResult
-
-    if isinstance(res, pd.DataFrame):
-        return res.to_string(index=False, float_format=lambda v: f"{v:.4g}")
-    if isinstance(res, KMResult):
-        return "Kaplan-Meier on escape times (collapse censors)\n" + res.summary.to_string(
-            float_format=lambda v: f"{v:.4g}")
-    if isinstance(res, HazardResult):
-        head = (f"{res.formula} ({res.link} link): {res.n_intervals} run-intervals, "
-                f"{res.n_events} escapes, {res.n_trials} trials"
-                + ("" if res.converged else " [NOT CONVERGED]"))
-        body = res.summary.to_string(float_format=lambda v: f"{v:.4g}")
-        warn = ("\nwarnings: " + "; ".join(res.warnings)) if res.warnings else ""
-        return f"{head}\n{body}{warn}"
-    if isinstance(res, TestResult):
-        lines = [f"{res.test}: p = {res.p_value:.4g}"
-                 + (f", statistic = {res.test_statistic:.4g}" if res.test_statistic is not None
-                    else "")]
-        for g, d in res.groups.items():
-            lines.append(f"  {g}: " + ", ".join(f"{k}={_short(v)}" for k, v in d.items()))
-        for k, v in res.details.items():
-            lines.append(f"  {k}: {_short(v)}")
-        return "\n".join(lines)
-    if isinstance(res, list):  # per-cell log-rank
-        out = []
-        for e in res:
-            cell = " ".join(f"{k}={v}" for k, v in e["cell"].items()) or "all"
-            p = e.get("p_value")
-            out.append(f"{cell}: " + (f"p = {p:.4g}, chi2 = {e['test_statistic']:.3g}"
-                                      if p is not None else f"- ({e.get('reason')})"))
-        return "\n".join(out)
-    return str(res)
-
-
-def _short(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 @app.command("analyze")
@@ -102,8 +73,8 @@ def analyze(
     sweep: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its analysis: block)"),
     kind: str = typer.Argument(..., help=_KINDS),
     db: Optional[str] = DB, where: Optional[str] = WHERE, by: Optional[str] = BY,
-    cells: Optional[str] = CELLS, groups: Optional[str] = GROUPS,
-    pair_on: Optional[str] = PAIR_ON, metric: Optional[str] = METRIC,
+    strata: Optional[str] = STRATA, groups: Optional[str] = GROUPS,
+    cells: Optional[str] = CELLS, pair_on: Optional[str] = PAIR_ON, metric: Optional[str] = METRIC,
     lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
     escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
     formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
@@ -118,39 +89,31 @@ def analyze(
     boundary; columns from the spec's analysis.scaling block).
     """
     from orchestrator.analysis import api
+    from orchestrator.analysis.analyses import ANALYSES, format_result, to_json
     from orchestrator.analysis.report import apply_horizon
     from orchestrator.analysis.survival import logrank_cells
 
-    if kind not in api.KINDS and kind != "scaling":
-        raise UserError(f"unknown analysis {kind!r}; expected one of {_KINDS}")
+    if kind not in ANALYSES:
+        raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
     name, base, storage = _base_config(sweep)
     cfg = base.with_overrides(
-        where=where, by=by, cells=cells, compare=groups, pair_on=pair_on, metric=metric,
+        where=where, by=by, cells=_strata(strata, cells), compare=groups, pair_on=pair_on, metric=metric,
         lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
         formula=formula, link=link, alternative=alternative, statuses=status,
         n_resamples=n_resamples, random_seed=seed, horizon=horizon)
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
-    if kind == "scaling":
-        from orchestrator.analysis.scaling import analyze as scaling_fit
-
-        res = scaling_fit(prep.trials, prep.cfg)
-        if json_out:
-            _print_json(res.to_dict())
-        else:
-            print(res.text())
-        return
-    if kind == "logrank" and cells:
+    if kind == "logrank" and _strata(strata, cells, warn=False):
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
             _print_json({"cells": res})
         else:
-            print(_format(kind, res))
+            print(format_result(kind, res))
         return
     res = api.run(prep, kind)
     if json_out:
-        _print_json(res if hasattr(res, "shape") else res.to_dict())
+        _print_json(to_json(res))
     else:
-        print(_format(kind, res))
+        print(format_result(kind, res))
 
 
 @app.command("report")
@@ -160,7 +123,8 @@ def report_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="output folder (default "
                                                           "runs/reports/SWEEP)"),
     db: Optional[str] = DB, fmt: str = typer.Option("png", "--format", help="png or svg"),
-    where: Optional[str] = WHERE, by: Optional[str] = BY, cells: Optional[str] = CELLS,
+    where: Optional[str] = WHERE, by: Optional[str] = BY, strata: Optional[str] = STRATA,
+    cells: Optional[str] = CELLS,
     groups: Optional[str] = GROUPS, metric: Optional[str] = METRIC,
     lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
     escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
@@ -178,7 +142,7 @@ def report_cmd(
 
     name, base, storage = _base_config(target)
     cfg = base.with_overrides(
-        where=where, by=by, cells=cells, compare=groups, metric=metric, lockin=lockin,
+        where=where, by=by, cells=_strata(strata, cells), compare=groups, metric=metric, lockin=lockin,
         mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,
         link=link, statuses=status, horizon=horizon)
     prep = api.prepare(db or storage, name, cfg)
@@ -197,7 +161,7 @@ def import_cmd(
     db: Optional[str] = DB, json_out: bool = JSON,
 ) -> None:
     """Import traces produced elsewhere; a malformed file imports nothing."""
-    from orchestrator.analysis.import_jsonl import import_jsonl
+    from orchestrator.store.import_jsonl import import_jsonl
 
     res = import_jsonl(db, file, sweep)
     if json_out:
@@ -219,7 +183,7 @@ def bench_analysis(
 
     Times load + events, person-period expansion and GLM fit over synthetic traces.
     """
-    from orchestrator.analysis.bench import build_db, time_hazard
+    from orchestrator.bench.analysis import build_db, time_hazard
 
     if trials < 20 or evals < 3:
         raise UserError("--trials must be >= 20 and --evals >= 3")

@@ -112,7 +112,7 @@ def bench_cells_cmd(
     if threads is not None:
         torch.set_num_threads(threads)
 
-    from cells.bench import bench_arms, run_bench
+    from orchestrator.bench.cells import bench_arms, run_bench
 
     selected = _split_arms(arms, bench_arms())
     try:

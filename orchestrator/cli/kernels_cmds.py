@@ -26,7 +26,7 @@ def bench_kernels(
     """
     import torch
 
-    from kernels.triton_bench import run_benchmark
+    from orchestrator.bench.kernels import run_benchmark
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):

@@ -42,6 +42,11 @@ class _Progress:
         self.bar.start()
 
     def event(self, kind: str, trial, **info) -> None:
+        if kind == "packing":
+            if not self.quiet:
+                err.print(f"seed packs: pack_seeds {info['pack_seeds']} = up to {info['size']} "
+                          f"trials per pack; {info['packs']} pack(s) in {info['units']} unit(s)")
+            return
         if kind == "start":
             self.counts["running"] += 1
         elif kind in ("completed", "diverged", "failed"):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from typing import Any
 
 import typer
@@ -97,11 +95,6 @@ def selftest(
 
 
 # ---- bench ----------------------------------------------------------------------------------------
-# Settings whose readout (B x L x V logits) is far outside the default cell's regime get a
-# generation figure only.
-_STEP_LIMIT_TOKENS_X_VOCAB = 2_000_000_000
-_GEN_BLOCK = 10
-
 
 @bench_app.command("tasks")
 def bench_tasks(
@@ -114,7 +107,6 @@ def bench_tasks(
     """Batch generation time vs one training step (fwd+bwd+AdamW) of the default cell
     (armed_gdn, d_model=32, 1 layer) at each task's published settings, as a percentage."""
     import tasks
-    from tasks.published import PUBLISHED
 
     if batch < 1 or reps < 1:
         raise UserError("--batch and --reps expect ints >= 1")
@@ -122,49 +114,14 @@ def bench_tasks(
     for n in names:
         if n not in tasks.NAMES:
             raise UserError(f"unknown task {n!r} in --only (known: {', '.join(tasks.NAMES)})")
-    try:
-        import cells
-        build_cell = cells.build
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"bench tasks needs cells.build, which is unavailable ({exc})") from None
+    from orchestrator.bench.tasks import GEN_BLOCK, run_bench
 
-    rows = []
-    for name, params in PUBLISHED:
-        if name not in names:
-            continue
-        task = tasks.build(name, **params)
-        gen = tasks.train_generator(0, device)
-        state = None
-        cur = task.curriculum(1000)
-        if cur is not None:
-            state = cur.state()
-        task.train_batch(batch, gen, state)  # warm-up (lazy tables, allocator)
-        do_step = batch * task.seq_len * task.vocab_size <= _STEP_LIMIT_TOKENS_X_VOCAB
-        step_fn = _make_step(build_cell, task, batch, gen, device) if do_step else None
-        gen_s, step_s = [], []
-        for _ in range(reps):
-            # Generation is ~1000x cheaper than a step: average a block of batches per round.
-            t0 = time.perf_counter()
-            for _ in range(_GEN_BLOCK):
-                task.train_batch(batch, gen, state)
-            _sync(device)
-            gen_s.append((time.perf_counter() - t0) / _GEN_BLOCK)
-            if step_fn is not None:
-                t0 = time.perf_counter()
-                step_fn()
-                _sync(device)
-                step_s.append(time.perf_counter() - t0)
-        g = statistics.median(gen_s) * 1e3
-        s = statistics.median(step_s) * 1e3 if step_s else None
-        rows.append({"task": name, "params": params, "batch": batch, "seq_len": task.seq_len,
-                     "vocab_size": task.vocab_size, "gen_ms": round(g, 4),
-                     "step_ms": None if s is None else round(s, 3),
-                     "gen_pct_of_step": None if s is None else round(100 * g / s, 3)})
+    rows = run_bench(names, batch, reps, device)
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
     typer.echo(f"batch {batch}, device {device}, median of {reps} interleaved rounds "
-               f"(generation: mean of {_GEN_BLOCK} batches per round); "
+               f"(generation: mean of {GEN_BLOCK} batches per round); "
                "step = armed_gdn d_model=32 1 layer fwd+bwd+AdamW")
     typer.echo(f"{'task':<13} {'params':<46} {'gen ms':>9} {'step ms':>9} {'gen/step':>9}")
     for r in rows:
@@ -172,30 +129,3 @@ def bench_tasks(
         pct = "-" if r["gen_pct_of_step"] is None else f"{r['gen_pct_of_step']:.2f}%"
         typer.echo(f"{r['task']:<13} {_fmt_params(r['params']):<46} {r['gen_ms']:>9.3f} {st:>9} {pct:>9}")
 
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _make_step(build_cell, task, batch: int, gen, device: str):
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    model = build_cell("armed_gdn", vocab_size=task.vocab_size, d_model=32, n_layers=1).to(device)
-    opt = torch.optim.AdamW(model.parameters())
-    x, y = task.train_batch(batch, gen)
-
-    def step() -> None:
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    for _ in range(3):  # the first steps pay for allocator and kernel-selection warm-up
-        step()
-    return step

@@ -8,14 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
 from orchestrator.spec import Sweep, SweepSpec, load
+from orchestrator.status import Status
 from orchestrator.store import repo
 from orchestrator.store.engine import describe, open_store_engine
-from orchestrator.store.models import Sweep as SweepRow
 
 
 @dataclass
@@ -29,7 +27,7 @@ class RunSummary:
 
     @property
     def failed(self) -> int:
-        return self.outcomes.get("failed", 0)
+        return self.outcomes.get(Status.failed.value, 0)
 
 
 def _checkpoint_root(url: str, spec: SweepSpec, override: str | None) -> Path:
@@ -74,21 +72,20 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
 
     engine, url = open_store_engine(db, auto_create=False)
     with engine.connect() as conn:
-        row = conn.execute(sa.select(SweepRow.id, SweepRow.spec_text)
-                           .where(SweepRow.name == name)).first()
-    if row is None:
+        found = repo.find_sweep(conn, name)
+    if found is None:
         raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
-    sweep = load(f"<sweep {name}>", text=row.spec_text)
+    sid, spec_text = found
+    sweep = load(f"<sweep {name}>", text=spec_text)
     spec = sweep.spec
     started = init_ray(address)
     try:
         check_resources(spec.resources.cpu, spec.resources.gpu)
         with engine.begin() as conn:
-            repo.release_unfinished(conn, row.id)
-            todo = repo.unfinished_trials(conn, row.id)
-            total = conn.execute(sa.text("SELECT COUNT(*) FROM trials WHERE sweep_id = :s"),
-                                 {"s": row.id}).scalar_one()
-        return _run(spec, row.id, todo, total, engine, url, max_concurrent, checkpoint_dir,
+            repo.release_unfinished(conn, sid)
+            todo = repo.unfinished_trials(conn, sid)
+            total = repo.count_trials(conn, sid)
+        return _run(spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir,
                     on_start, on_event)
     finally:
         if started:

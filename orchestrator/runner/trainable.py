@@ -32,7 +32,11 @@ def _placement(device: torch.device, bf16: bool) -> dict[str, Any]:
 
 
 def _row(tid: int, point) -> dict[str, Any]:
-    return {"trial_id": tid, **point.to_dict()}
+    """An eval row for the store: the loop's ``lr`` (the step's learning rate) is the
+    store's ``step_lr``."""
+    row = {"trial_id": tid, **point.to_dict()}
+    row["step_lr"] = row.pop("lr")
+    return row
 
 
 def run_unit(config: dict[str, Any]) -> None:
@@ -64,7 +68,7 @@ def _run_lone(member: dict[str, Any]) -> None:
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again.
     checkpoints.save(ckpt, trainer.state_dict())
-    tune.report({"evals": [], "final": {tid: [trainer.status, trainer.error]}})
+    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error]}})
 
 
 def _run_pack(members: list[dict[str, Any]]) -> None:
@@ -98,5 +102,5 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
             last_save = time.monotonic()
         tune.report({"evals": [_row(tids[j], point) for j, point in group]})
     save_all()
-    tune.report({"evals": [], "final": {t: [m.status, m.error]
+    tune.report({"evals": [], "final": {t: [m.status.value, m.error]
                                         for t, m in zip(tids, pack.members)}})

@@ -13,13 +13,15 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
 from orchestrator.runner.writer import StoreWriter
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Engine
 
 # Tune's own JSON/CSV/TensorBoard loggers would duplicate every result on disk; the
 # database is our log. The new console output engine would print tables over our bar.
@@ -69,6 +71,16 @@ def cluster_limits() -> tuple[float, float]:
             max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0))
 
 
+# ``pack_seeds: auto``: the most members one pack takes (a pack claims up to a whole node, so
+# bigger packs only lengthen the slowest unit).
+AUTO_PACK_SIZE = 32
+
+
+def pack_size(pack_seeds: int | str) -> int:
+    """Members per pack for a spec's ``pack_seeds`` (1: no packing)."""
+    return AUTO_PACK_SIZE if pack_seeds == "auto" else int(pack_seeds)
+
+
 def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
                checkpoint_root: Path, cpu: float, gpu: float, pack_seeds: int | str,
                max_cpu: float, max_gpu: float) -> list[dict[str, Any]]:
@@ -89,7 +101,7 @@ def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
             groups[sig] = []
             order.append(sig)
         groups[sig].append(member(tid, key, params))
-    size = 32 if pack_seeds == "auto" else int(pack_seeds)
+    size = pack_size(pack_seeds)
     units = []
     for sig in order:
         g = groups[sig]
@@ -126,6 +138,10 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
     max_cpu, max_gpu = cluster_limits()
     units = make_units(sweep, trials, checkpoint_root=checkpoint_root, cpu=cpu, gpu=gpu,
                        pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu)
+    if on_event is not None and pack_seeds != 1:
+        packs = sum(len(u["members"]) > 1 for u in units)
+        on_event("packing", None, pack_seeds=pack_seeds, size=pack_size(pack_seeds),
+                 packs=packs, units=len(units))
     writer = StoreWriter(engine, on_event=on_event)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:

@@ -8,12 +8,15 @@ resumed trial re-reports it.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ray import tune
-from sqlalchemy.engine import Engine
 
+from orchestrator.status import Status
 from orchestrator.store import repo
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Engine
 
 
 def _error_text(trial) -> str:
@@ -100,7 +103,7 @@ class StoreWriter(tune.Callback):
         final = (trial.last_result or {}).get("final") or {}
         with self.engine.begin() as conn:
             for tid in self._tids(trial):
-                status, error = final.get(tid) or final.get(str(tid)) or ("completed", None)
+                status, error = final.get(tid) or final.get(str(tid)) or (Status.completed.value, None)
                 repo.finish_trial(conn, tid, status, error)
                 self.outcomes[tid] = status
                 self.on_event(status, trial)
@@ -118,9 +121,9 @@ class StoreWriter(tune.Callback):
         text = _error_text(trial)
         with self.engine.begin() as conn:
             for tid in self._tids(trial):
-                repo.finish_trial(conn, tid, "failed", text)
-                self.outcomes[tid] = "failed"
-                self.on_event("failed", trial)
+                repo.finish_trial(conn, tid, Status.failed.value, text)
+                self.outcomes[tid] = Status.failed.value
+                self.on_event(Status.failed.value, trial)
 
     def on_experiment_end(self, trials, **info):
         self.flush()

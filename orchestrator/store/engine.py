@@ -1,7 +1,7 @@
 """Database URLs, engines and the schema-version gate.
 
-SQLite and PostgreSQL are both first-class. SQLite runs in WAL mode with a busy timeout so
-readers (``orchestrator sql``, notebooks) never block the single writer on the driver.
+SQLite and PostgreSQL are both first-class; what differs between them lives in
+:mod:`orchestrator.store.dialect`.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator.store import dialect
+from orchestrator.store.dialect import describe, sqlite_path  # noqa: F401  (re-exported)
 
 DEFAULT_DB_PATH = Path("runs") / "orchestrator.db"
 VERSION_TABLE = "orchestrator_alembic_version"
@@ -37,43 +39,9 @@ def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     return url
 
 
-def sqlite_path(url: str) -> Path | None:
-    """The file behind a SQLite URL (None for PostgreSQL or in-memory SQLite)."""
-    u = sa.engine.make_url(url)
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
-        return None
-    return Path(u.database)
-
-
-def describe(url: str) -> str:
-    """URL safe to print (password hidden)."""
-    return sa.engine.make_url(url).render_as_string(hide_password=True)
-
-
-def _sqlite_pragmas(dbapi_conn, _record) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
-    # NORMAL is durable across process crashes in WAL mode (only power loss can drop the
-    # last transactions); FULL would fsync on every commit.
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
 def make_engine(url: str, *, create_dir: bool = True) -> Engine:
     """Engine for reading and writing. Creates the SQLite file's directory when asked."""
-    if url.startswith("sqlite"):
-        path = sqlite_path(url)
-        if path is not None and create_dir:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
-        sa.event.listen(engine, "connect", _sqlite_pragmas)
-        return engine
-    try:
-        return sa.create_engine(url, pool_pre_ping=True)
-    except Exception as exc:  # e.g. missing driver, malformed URL
-        raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
+    return dialect.for_url(url).make_engine(url, create_dir=create_dir)
 
 
 def _alembic_config(connection) -> Config:
@@ -131,9 +99,9 @@ def open_store_engine(db: str | None, spec_storage: str | None = None, *,
                       auto_create: bool = True) -> tuple[Engine, str]:
     """Resolve, connect and gate on the schema version; the one way commands open the DB."""
     url = resolve_url(db, spec_storage)
-    if not auto_create and url.startswith("sqlite"):
-        path = sqlite_path(url)
-        if path is not None and not path.exists():
+    if not auto_create:
+        path = dialect.for_url(url).missing(url)
+        if path is not None:
             raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
     engine = make_engine(url)
     ensure_schema(engine, url, auto_create=auto_create)

@@ -11,9 +11,7 @@ import datetime as dt
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-TRIAL_STATUSES = ("pending", "running", "completed", "failed", "diverged")
-# Statuses a resume leaves alone: the trial ran to its end (diverged is an outcome, not a crash).
-FINISHED_STATUSES = ("completed", "diverged")
+from orchestrator.status import Status
 
 
 class Base(DeclarativeBase):
@@ -47,7 +45,7 @@ class Trial(Base):
     sweep_id: Mapped[int] = mapped_column(
         sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
     key: Mapped[str] = mapped_column(sa.String(32), nullable=False)
-    status: Mapped[str] = mapped_column(sa.String(16), nullable=False, server_default="pending")
+    status: Mapped[str] = mapped_column(sa.String(16), nullable=False, server_default=Status.pending.value)
     attempts: Mapped[int] = mapped_column(sa.Integer, nullable=False, server_default="0")
     # Typed copies of the parameters nearly every query filters on; the full resolved config
     # is in ``params`` and, one row per parameter, in ``trial_params``.
@@ -99,7 +97,8 @@ class Eval(Base):
     acc: Mapped[float | None] = mapped_column(sa.Double)
     loss: Mapped[float | None] = mapped_column(sa.Double)
     train_loss: Mapped[float | None] = mapped_column(sa.Double)
-    lr: Mapped[float | None] = mapped_column(sa.Double)
+    # The learning rate at this step (the schedule applied); trials.lr is the trial's base lr.
+    step_lr: Mapped[float | None] = mapped_column(sa.Double)
     elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
     metrics: Mapped[dict | None] = mapped_column(sa.JSON)
 

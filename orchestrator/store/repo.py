@@ -14,9 +14,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from orchestrator.params import flatten_params
+from orchestrator.status import FINISHED, Status
+from orchestrator.store import dialect
 from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
 
-EVAL_COLUMNS = ("acc", "loss", "train_loss", "lr", "elapsed_s", "metrics")
+EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
 TYPED_PARAMS = ("arm", "task", "seed", "lr", "batch_size", "steps", "eval_every")
 
@@ -27,18 +30,6 @@ def _clean_float(x: Any) -> float | None:
         return None
     x = float(x)
     return x if math.isfinite(x) else None
-
-
-def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts become dotted names: {"model": {"conv": 4}} -> {"model.conv": 4}."""
-    out: dict[str, Any] = {}
-    for k, v in params.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_params(v, prefix=f"{name}."))
-        else:
-            out[name] = v
-    return out
 
 
 def _param_row(trial_id: int, name: str, value: Any) -> dict[str, Any]:
@@ -87,21 +78,13 @@ def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping
 
 _EVAL_FIELDS = ("trial_id", "step") + EVAL_COLUMNS
 _SET = ", ".join(f"{c} = excluded.{c}" for c in EVAL_COLUMNS)
-_SQLITE_UPSERT = (f"INSERT INTO evals ({', '.join(_EVAL_FIELDS)}) VALUES "
-                  f"({', '.join('?' for _ in _EVAL_FIELDS)}) "
-                  f"ON CONFLICT (trial_id, step) DO UPDATE SET {_SET}")
-_PG_STAGE = ("CREATE TEMP TABLE IF NOT EXISTS _evals_in "
-             "(LIKE evals INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-_PG_MERGE = (f"INSERT INTO evals ({', '.join(_EVAL_FIELDS)}) "
-             f"SELECT {', '.join(_EVAL_FIELDS)} FROM _evals_in "
-             f"ON CONFLICT (trial_id, step) DO UPDATE SET {_SET}")
 
 
 def _eval_tuple(r: Mapping[str, Any]) -> tuple:
     metrics = r.get("metrics")
     return (int(r["trial_id"]), int(r["step"]), _clean_float(r.get("acc")),
             _clean_float(r.get("loss")), _clean_float(r.get("train_loss")),
-            _clean_float(r.get("lr")), _clean_float(r.get("elapsed_s")),
+            _clean_float(r.get("step_lr")), _clean_float(r.get("elapsed_s")),
             json.dumps(metrics, sort_keys=True) if metrics else None)
 
 
@@ -117,27 +100,13 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     if not dedup:
         return 0
     batch = [_eval_tuple(r) for r in dedup.values()]
-    raw = conn.connection.driver_connection
-    if conn.dialect.name == "postgresql":
-        with raw.cursor() as cur:
-            cur.execute(_PG_STAGE)
-            with cur.copy(f"COPY _evals_in ({', '.join(_EVAL_FIELDS)}) FROM STDIN") as copy:
-                for row in batch:
-                    copy.write_row(row)
-            cur.execute(_PG_MERGE)
-            cur.execute("TRUNCATE _evals_in")
-    else:
-        cur = raw.cursor()
-        try:
-            cur.executemany(_SQLITE_UPSERT, batch)
-        finally:
-            cur.close()
+    dialect.for_connection(conn).upsert(conn, "evals", _EVAL_FIELDS, _SET, batch)
     return len(batch)
 
 
 def mark_running(conn: Connection, trial_id: int) -> None:
     conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        status="running", attempts=Trial.attempts + 1, error=None,
+        status=Status.running.value, attempts=Trial.attempts + 1, error=None,
         started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now()))
 
 
@@ -176,8 +145,8 @@ def release_unfinished(conn: Connection, sweep: int) -> int:
     """Trials left 'running' by a driver that died go back to 'pending' (they resume from
     their checkpoints); failed trials get a fresh chance too. Returns how many."""
     res = conn.execute(sa.update(Trial).where(
-        Trial.sweep_id == sweep, Trial.status.in_(("running", "failed"))).values(
-        status="pending", updated_at=sa.func.now()))
+        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value))).values(
+        status=Status.pending.value, updated_at=sa.func.now()))
     return res.rowcount or 0
 
 
@@ -185,13 +154,24 @@ def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict
     """(id, key, params) of trials not completed and not diverged, in insertion order."""
     return [tuple(r) for r in conn.execute(
         sa.select(Trial.id, Trial.key, Trial.params).where(
-            Trial.sweep_id == sweep, Trial.status.notin_(("completed", "diverged")))
+            Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in FINISHED]))
         .order_by(Trial.id)).all()]
+
+
+def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
+    """(id, stored spec text) of the sweep called ``name``, or None."""
+    row = conn.execute(sa.select(Sweep.id, Sweep.spec_text).where(Sweep.name == name)).first()
+    return (row.id, row.spec_text) if row is not None else None
+
+
+def count_trials(conn: Connection, sweep: int) -> int:
+    return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)
+                        ).scalar_one()
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
     q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
-                   sa.func.sum(sa.case((Trial.status == "completed", 1), else_=0)).label("completed"))
+                   sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"))
          .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
          .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
     with engine.connect() as conn:

@@ -10,9 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store.models import TRIAL_STATUSES, Eval, Sweep, Trial
-
-_DONE = ("completed", "diverged", "failed")
+from orchestrator.status import ALL, DONE, Status
+from orchestrator.store.models import Eval, Sweep, Trial
 
 
 def _aware(t: dt.datetime | None) -> dt.datetime | None:
@@ -40,7 +39,7 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                 Trial.key, Trial.status, Trial.params, Trial.started_at, Trial.finished_at,
                 Trial.error, Trial.steps, last.label("last_step")).where(Trial.sweep_id == sid)
             ).all()
-            counts = {s: 0 for s in TRIAL_STATUSES}
+            counts = {s.value: 0 for s in ALL}
             for r in rows:
                 counts[r.status] += 1
             params = [r.params if isinstance(r.params, dict) else json.loads(r.params)
@@ -55,13 +54,13 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                 for p, r in zip(params, rows):
                     v = json.dumps(p.get(n), sort_keys=True)
                     tally[v][1] += 1
-                    tally[v][0] += r.status in _DONE
+                    tally[v][0] += r.status in DONE
                 axes[n] = [{"value": json.loads(v), "done": d, "total": t}
                            for v, (d, t) in sorted(tally.items())]
             # Progress in training steps (finished trials count in full), so the ETA moves
             # before the first trial ends: wall time so far x (left / done).
             total_steps = sum(r.steps or 0 for r in rows)
-            done_steps = sum((r.steps or 0) if r.status in _DONE
+            done_steps = sum((r.steps or 0) if r.status in DONE
                              else min(r.last_step or 0, r.steps or 0) for r in rows)
             progress = done_steps / total_steps if total_steps else None
             eta = None
@@ -70,7 +69,7 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                 span = (now - min(starts)).total_seconds()
                 eta = span * (1 - progress) / progress if span > 0 else None
             failed = [{"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
-                      for r in rows if r.status == "failed"]
+                      for r in rows if r.status == Status.failed]
             result.append({"sweep": sname, "total": len(rows), "counts": counts, "axes": axes,
                            "progress": progress, "eta_s": eta, "failed": failed})
     return {"sweeps": result}

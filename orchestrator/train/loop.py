@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import cells
 import tasks
 from orchestrator.params import TrialParams, resolve, split
+from orchestrator.status import Status
 from orchestrator.train import device as devices
 from orchestrator.train.schedule import lr_multiplier
 
@@ -44,20 +45,20 @@ class EvalPoint:
         return asdict(self)
 
 
-def _is_eval_step(step: int, p: TrialParams) -> bool:
+def is_eval_step(step: int, p: TrialParams) -> bool:
     return step == 1 or step % p.eval_every == 0 or step == p.steps
 
 
 @torch.no_grad()
 def score(model: torch.nn.Module, batches, bf16: bool, device: torch.device) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) over the scored positions (targets != -100)."""
+    """(accuracy, mean cross-entropy) over the scored positions (targets != IGNORE)."""
     correct = 0
     total = 0
     loss_sum = 0.0
     for inputs, targets in batches:
         with devices.autocast(device, bf16):
             logits = model(inputs)
-        mask = targets != -100
+        mask = targets != tasks.IGNORE
         lg = logits[mask].float()
         tg = targets[mask]
         loss_sum += F.cross_entropy(lg, tg, reduction="sum").item()
@@ -66,6 +67,26 @@ def score(model: torch.nn.Module, batches, bf16: bool, device: torch.device) -> 
     if total == 0:
         raise ValueError("eval set has no scored positions")
     return correct / total, loss_sum / total
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+               targets: torch.Tensor, *, device: torch.device, bf16: bool,
+               grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer update on one batch: mean cross-entropy over the scored positions
+    (targets != IGNORE), optional global-norm clipping. Returns (loss, scored logits, scored
+    targets). The lone trial's step, and what ``orchestrator bench tasks`` times."""
+    with devices.autocast(device, bf16):
+        logits = model(inputs)
+    mask = targets != tasks.IGNORE
+    lg = logits[mask].float()
+    tg = targets[mask]
+    loss = F.cross_entropy(lg, tg)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss, lg, tg
 
 
 class Trainer:
@@ -110,7 +131,7 @@ class Trainer:
         self.anneal_start: int | None = None
         self._loss_sum = 0.0
         self._loss_n = 0
-        self.status = "running"
+        self.status = Status.running
         self.error: str | None = None
 
     # ---- schedules -------------------------------------------------------------------
@@ -139,17 +160,8 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult
         self.model.train()
-        with devices.autocast(self.device, self.bf16):
-            logits = self.model(inputs)
-        mask = targets != -100
-        lg = logits[mask].float()
-        tg = targets[mask]
-        loss = F.cross_entropy(lg, tg)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.p.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.p.grad_clip)
-        self.optimizer.step()
+        loss, lg, tg = train_step(self.model, self.optimizer, inputs, targets, device=self.device,
+                                  bf16=self.bf16, grad_clip=self.p.grad_clip)
         probe = None
         if self.curriculum is not None:
             probe = (lg.detach().argmax(-1) == tg).float().mean().item()
@@ -162,6 +174,29 @@ class Trainer:
         if self.rebind_set is not None:
             metrics["rebind_acc"], metrics["rebind_loss"] = score(
                 self.model, self.rebind_set, self.bf16, self.device)
+        return self.eval_point(step, lr, acc, loss, metrics)
+
+    # ---- the per-trial bookkeeping shared with seed packs (orchestrator.train.pack) ------
+    # A pack computes losses and scores for all members at once, then hands each member's
+    # numbers to these methods, so a lone trial and a pack member keep one set of rules.
+    def record_train_step(self, step: int, loss: float, probe: float | None) -> bool:
+        """Book one optimizer update's training loss; on a non-finite loss mark the trial
+        diverged and return False."""
+        self.step = step
+        if not math.isfinite(loss):
+            self.status, self.error = Status.diverged, f"non-finite training loss at step {step}"
+            return False
+        self._loss_sum += loss
+        self._loss_n += 1
+        if self.curriculum is not None:
+            assert probe is not None, "a curriculum reads the training batch's accuracy"
+            self.curriculum.observe(step, probe)
+        return True
+
+    def eval_point(self, step: int, lr: float, acc: float, loss: float,
+                   metrics: dict[str, float]) -> EvalPoint:
+        """The eval row at ``step`` from held-out scores (``metrics`` already holds the
+        rebinding control's); drains the train-loss accumulator."""
         if self.curriculum is not None:
             metrics.update({k: float(v) for k, v in self.curriculum.metrics().items()})
         blend = self.read_blend_at(step)
@@ -172,42 +207,47 @@ class Trainer:
         return EvalPoint(step=step, acc=acc, loss=loss, train_loss=train_loss, lr=lr,
                          elapsed_s=self.elapsed, metrics=metrics)
 
+    def accept_eval(self, point: EvalPoint) -> bool:
+        """Append ``point`` to the trace; on a non-finite score mark the trial diverged
+        (the point is dropped) and return False."""
+        p = self.p
+        if not (math.isfinite(point.loss) and math.isfinite(point.acc)):
+            self.status, self.error = Status.diverged, f"non-finite eval loss at step {point.step}"
+            return False
+        if (p.anneal == "escape" and self.anneal_start is None
+                and point.acc >= p.anneal_escape_at):
+            self.anneal_start = point.step
+        self.trace.append(point)
+        return True
+
+    def finish(self) -> None:
+        if self.status == Status.running:
+            self.status = Status.completed
+
     def run(self) -> Iterator[EvalPoint]:
         p = self.p
-        if self.step >= p.steps and self.status == "running":
-            self.status = "completed"
+        if self.step >= p.steps:
+            self.finish()
         t_last = time.perf_counter()
-        while self.step < p.steps and self.status == "running":
+        while self.step < p.steps and self.status == Status.running:
             step = self.step + 1
             blend = self.read_blend_at(step)
             if blend is not None:
-                self.model.set_read_blend(blend)
+                self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
             loss, probe = self._train_step(step)
-            self.step = step
-            if not math.isfinite(loss):
-                self.status, self.error = "diverged", f"non-finite training loss at step {step}"
+            if not self.record_train_step(step, loss, probe):
                 return
-            self._loss_sum += loss
-            self._loss_n += 1
-            if self.curriculum is not None:
-                self.curriculum.observe(step, probe)
-            if _is_eval_step(step, p):
+            if is_eval_step(step, p):
                 point = self._evaluate(step, self.lr_at(step))
                 # Wall time of training and eval only: time the consumer spends while the
                 # generator is suspended (reporting, checkpointing) is not counted.
                 self.elapsed += time.perf_counter() - t_last
                 point.elapsed_s = self.elapsed
-                if not (math.isfinite(point.loss) and math.isfinite(point.acc)):
-                    self.status, self.error = "diverged", f"non-finite eval loss at step {step}"
+                if not self.accept_eval(point):
                     return
-                if (p.anneal == "escape" and self.anneal_start is None
-                        and point.acc >= p.anneal_escape_at):
-                    self.anneal_start = step
-                self.trace.append(point)
                 yield point
                 t_last = time.perf_counter()
-        if self.status == "running":
-            self.status = "completed"
+        self.finish()
 
     # ---- checkpoints ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -226,7 +266,7 @@ class Trainer:
             "elapsed": self.elapsed,
             "anneal_start": self.anneal_start,
             "loss_acc": (self._loss_sum, self._loss_n),
-            "status": self.status,
+            "status": self.status.value,
             "error": self.error,
         }
         if self.device.type == "cuda":
@@ -252,8 +292,8 @@ class Trainer:
         self.elapsed = float(state["elapsed"])
         self.anneal_start = state["anneal_start"]
         self._loss_sum, self._loss_n = state["loss_acc"]
-        self.status = state.get("status", "running")
+        self.status = Status(state.get("status", Status.running.value))
         self.error = state.get("error")
         blend = self.read_blend_at(self.step) if self.step else None
         if blend is not None:
-            self.model.set_read_blend(blend)
+            self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only

@@ -11,7 +11,6 @@ trial's format, so a member can resume alone or in a pack. A member that diverge
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -20,8 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
+import tasks
+from orchestrator.status import Status
 from orchestrator.train import device as devices
-from orchestrator.train.loop import EvalPoint, Trainer, _is_eval_step
+from orchestrator.train.loop import EvalPoint, Trainer, is_eval_step
 
 # Parameters that may differ inside a pack; everything else must match.
 PACKABLE_DIFFS = ("seed", "data_seed")
@@ -86,11 +87,12 @@ class PackTrainer:
             for m in self.members:
                 p = dict(m.model.named_parameters())[name]
                 states.append(m.optimizer.state.get(p))
-            if all(s for s in states):
+            full = [s for s in states if s]
+            if len(full) == len(states):
                 self.optimizer.state[sp] = {
-                    "step": states[0]["step"].clone(),
-                    "exp_avg": torch.stack([s["exp_avg"] for s in states]),
-                    "exp_avg_sq": torch.stack([s["exp_avg_sq"] for s in states]),
+                    "step": full[0]["step"].clone(),
+                    "exp_avg": torch.stack([s["exp_avg"] for s in full]),
+                    "exp_avg_sq": torch.stack([s["exp_avg_sq"] for s in full]),
                 }
         self.step = lead.step
 
@@ -133,9 +135,9 @@ class PackTrainer:
         self._base.train()
         logits = self._forward(inputs).float()
         n = len(self.members)
-        mask = targets != -100
+        mask = targets != tasks.IGNORE
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                             ignore_index=-100, reduction="none").view(n, -1)
+                             ignore_index=tasks.IGNORE, reduction="none").view(n, -1)
         counts = mask.view(n, -1).sum(1)
         losses = (ce * mask.view(n, -1)).sum(1) / counts
         self.optimizer.zero_grad(set_to_none=True)
@@ -168,7 +170,7 @@ class PackTrainer:
         total = 0
         for inputs, targets in batches:
             logits = self._forward(inputs, shared_inputs=True)
-            mask = targets != -100
+            mask = targets != tasks.IGNORE
             lg = logits[:, mask].float()  # (N, n_scored, V)
             tg = targets[mask]
             loss_sum += F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.repeat(n),
@@ -185,62 +187,39 @@ class PackTrainer:
             racc, rloss = self._score(self.rebind_set)
             for j in range(len(self.members)):
                 extra[j].update(rebind_acc=racc[j], rebind_loss=rloss[j])
-        points = []
-        for j, m in enumerate(self.members):
-            if m.curriculum is not None:
-                extra[j].update({k: float(v) for k, v in m.curriculum.metrics().items()})
-            blend = m.read_blend_at(step)
-            if blend is not None:
-                extra[j]["read_blend"] = blend
-            train_loss = m._loss_sum / m._loss_n if m._loss_n else None
-            m._loss_sum, m._loss_n = 0.0, 0
-            points.append(EvalPoint(step=step, acc=accs[j], loss=losses[j],
-                                    train_loss=train_loss, lr=lr, elapsed_s=0.0,
-                                    metrics=extra[j]))
-        return points
+        return [m.eval_point(step, lr, accs[j], losses[j], extra[j])
+                for j, m in enumerate(self.members)]
 
     def run(self) -> Iterator[list[tuple[int, EvalPoint]]]:
         p = self.p
         t_last = time.perf_counter()
         elapsed = self.members[0].elapsed
-        while self.step < p.steps and any(m.status == "running" for m in self.members):
+        while self.step < p.steps and any(m.status == Status.running for m in self.members):
             step = self.step + 1
             blend = self.members[0].read_blend_at(step)
             if blend is not None:
-                self._base.set_read_blend(blend)
+                self._base.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
             losses, probes = self._train_step(step)
             self.step = step
             for j, m in enumerate(self.members):
-                if m.status != "running":
-                    continue
-                m.step = step
-                if not math.isfinite(losses[j]):
-                    m.status, m.error = "diverged", f"non-finite training loss at step {step}"
-                    continue
-                m._loss_sum += losses[j]
-                m._loss_n += 1
-                if m.curriculum is not None:
-                    m.curriculum.observe(step, probes[j])
-            if _is_eval_step(step, p):
+                if m.status == Status.running:
+                    m.record_train_step(step, losses[j], probes[j])
+            if is_eval_step(step, p):
                 points = self._evaluate(step, self.members[0].lr_at(step))
                 elapsed += time.perf_counter() - t_last
                 out = []
                 for j, (m, point) in enumerate(zip(self.members, points)):
                     m.elapsed = elapsed
-                    if m.status != "running":
+                    if m.status != Status.running:
                         continue
                     point.elapsed_s = elapsed
-                    if not (math.isfinite(point.loss) and math.isfinite(point.acc)):
-                        m.status, m.error = "diverged", f"non-finite eval loss at step {step}"
-                        continue
-                    m.trace.append(point)
-                    out.append((j, point))
+                    if m.accept_eval(point):
+                        out.append((j, point))
                 if out:
                     yield out
                 t_last = time.perf_counter()
         for m in self.members:
-            if m.status == "running":
-                m.status = "completed"
+            m.finish()
 
     def load_member_states(self, states: Sequence[Mapping[str, Any] | None]) -> None:
         """Resume: each member from its own lone-format checkpoint (None = from scratch).

@@ -103,7 +103,7 @@ if ((${#CLI[@]})); then
         "${CLI[@]}" bench kernels --json --device "$DEV" "${BENCH_ARGS[@]}"
 else
     run_step bench_kernels 100 "$OUT/bench_kernels.json" \
-        "$PY" -m kernels.triton_bench --device "$DEV" "${BENCH_ARGS[@]}"
+        "$PY" -m orchestrator.bench.kernels --device "$DEV" "${BENCH_ARGS[@]}"
 fi
 "$PY" - "$OUT/bench_kernels.json" <<'EOF' 2>>"$OUT/steps.log" | tee -a "$SUMMARY"
 import json, sys

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 from orchestrator.errors import UserError
 from orchestrator.keys import trial_key  # the same identity the runner gives its trials
 
-EVAL_FIELDS = ("loss", "train_loss", "lr", "elapsed_s")
+EVAL_FIELDS = ("loss", "train_loss", "elapsed_s")
 MAX_REPORTED = 5
 
 
@@ -53,8 +53,10 @@ class TracePoint(BaseModel):
 
     def row(self, trial_id: int) -> dict[str, Any]:
         extra = dict(self.model_extra or {})
+        # A trace point's ``lr`` is the step's learning rate: the store's ``step_lr``.
         return {"trial_id": trial_id, "step": self.step, "acc": self.acc,
-                **{f: getattr(self, f) for f in EVAL_FIELDS}, "metrics": extra or None}
+                **{f: getattr(self, f) for f in EVAL_FIELDS}, "step_lr": self.lr,
+                "metrics": extra or None}
 
 
 class ImportRecord(BaseModel):

@@ -1,6 +1,6 @@
 """Side-by-side speed of the operator implementations (forward + backward tokens/s).
 
-Run ``python -m kernels.chunk_bench --help``. Implementations are timed in interleaved rounds
+Run ``python -m orchestrator.bench.chunk --help``. Implementations are timed in interleaved rounds
 (naive, chunk, naive, chunk, ...) and the median per implementation is reported, because
 step times on shared CPUs drift by +-10% or more between runs: only ratios measured in
 one run are meaningful.

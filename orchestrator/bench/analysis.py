@@ -78,8 +78,8 @@ def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis
         sid = repo.upsert_sweep(conn, sweep, "# synthetic: orchestrator bench analysis\n",
                                 "bench")
         ids = repo.add_trials(conn, sid, keyed)
-        rows = [{"trial_id": ids[k], "step": s, "acc": a, "loss": l}
-                for (k, _), tr in zip(keyed, traces) for s, a, l in tr]
+        rows = [{"trial_id": ids[k], "step": s, "acc": a, "loss": loss}
+                for (k, _), tr in zip(keyed, traces) for s, a, loss in tr]
         repo.upsert_evals(conn, rows)
         for k, _ in keyed:
             repo.finish_trial(conn, ids[k], "completed")
@@ -112,9 +112,9 @@ class BenchResult:
 
 def time_hazard(url: str, sweep: str = "bench_analysis") -> BenchResult:
     """Time load + events, person-period expansion and the GLM fit from ``url``."""
-    from .api import prepare
-    from .hazard import fit_hazard
-    from .person_period import person_period
+    from orchestrator.analysis.api import prepare
+    from orchestrator.analysis.hazard import fit_hazard
+    from orchestrator.analysis.person_period import person_period
 
     t0 = time.perf_counter()
     prep = prepare(url, sweep)

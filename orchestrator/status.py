@@ -1,0 +1,29 @@
+"""Trial statuses: the one definition every layer uses (loop, runner, store, analysis, CLI).
+
+Stored as the plain strings of the values (the ``trials.status`` column is a ``VARCHAR``);
+``Status`` subclasses ``str`` so a member compares equal to, hashes like and is written as
+its string. Member names equal their values, so nothing depends on whether a driver or
+serializer writes an ``Enum`` by name or by value.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class Status(str, enum.Enum):
+    pending = "pending"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    diverged = "diverged"
+
+    # Keep ``f"{s}"`` and ``str(s)`` the bare value on every Python version.
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+
+ALL: tuple[Status, ...] = tuple(Status)
+# A resume leaves these alone: the trial ran to its end (diverged is an outcome, not a crash).
+FINISHED: tuple[Status, ...] = (Status.completed, Status.diverged)
+# Statuses that count as done for progress and ETA (a failed trial will not run again by itself).
+DONE: tuple[Status, ...] = (Status.completed, Status.diverged, Status.failed)

@@ -1,0 +1,1 @@
+"""The result database: models, migrations runner, writers and read-only access."""
