@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -149,7 +150,9 @@ def spending_boundaries(fractions: Sequence[float], alpha: float = 0.05, *,
     for k, tk in enumerate(t):
         target = float(inc[k])
 
-        def excess(z: float) -> float:
+        # Bound now: brentq calls it within this iteration only.
+        def excess(z: float, tk: float = tk, prev: _Region | None = prev,
+                   target: float = target) -> float:
             lo, hi = _limits(z, tk, sided, 0.0)
             up, _ = _cross_prob(prev, tk, lo, hi, 0.0)
             return up - target

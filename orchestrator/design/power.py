@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats

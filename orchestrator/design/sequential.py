@@ -29,7 +29,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
