@@ -47,7 +47,7 @@ from cells.conv import make_conv
 from cells.delta import merge_heads, split_heads
 from cells.knobs import read_ns_steps
 from cells.mlstm_cell import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
-from cells.mlstm_chunk import apply_read, chunked_read, rls_read_chunked
+from cells.mlstm_chunk import apply_read, chunked_read, newton_schulz_fused, rls_read_chunked
 from cells.whitening import newton_schulz, polar
 
 ROUND_INNER_TO = 64
@@ -183,7 +183,7 @@ class MLSTMMixer(nn.Module):
             whiten = polar
         else:
             n_steps = steps if steps is not None else self.st_steps
-            whiten = partial(newton_schulz, steps=n_steps)
+            whiten = partial(newton_schulz if naive else newton_schulz_fused, steps=n_steps)
         if not naive:
             return chunked_read(lambda states, qc: apply_read(whiten(states), qc), q, k, v, i, f)
         with torch.autocast(device_type=q.device.type, enabled=False):

@@ -30,11 +30,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from cells.mlstm_cell import _fp32
+from cells.whitening import frobenius_normalize
 
-DEFAULT_CHUNK = 64
-# Checkpoint chunks once every position's states would exceed this many elements (64 MiB
+DEFAULT_CHUNK = 16
+# Checkpoint chunks once every position's states would exceed this many elements (256 MiB
 # in float32 per states-sized tensor; Newton-Schulz keeps several per iteration).
-CHECKPOINT_ELEMENTS = 1 << 24
+CHECKPOINT_ELEMENTS = 1 << 26
 
 
 def _chunk_states(c0: torch.Tensor | None, n0: torch.Tensor | None, m0: torch.Tensor | None,
@@ -54,8 +55,11 @@ def _chunk_states(c0: torch.Tensor | None, n0: torch.Tensor | None, m0: torch.Te
     past = torch.ones(length, length, dtype=torch.bool, device=ks.device).tril()
     log_w = (b - m).unsqueeze(-1) + (i - b).unsqueeze(-2)                   # (B, H, L_t, L_s)
     w = torch.exp(log_w.masked_fill(~past, float("-inf")))
-    # sum_s w_ts v_s k_s^T for every t: (L_t, Dv, L_s) @ (L_s, Dk) batched over t.
-    states = (w.unsqueeze(-1) * v.unsqueeze(-3)).transpose(-1, -2) @ ks.unsqueeze(-3)
+    # sum_s w_ts v_s k_s^T for every t: one (L_t, L_s) @ (L_s, Dv*Dk) matmul over the
+    # flattened outer products (a broadcast matmul would materialise L copies of the keys).
+    dv, dk = v.shape[-1], ks.shape[-1]
+    outer = (v.unsqueeze(-1) * ks.unsqueeze(-2)).flatten(-2)                    # (B, H, L, Dv*Dk)
+    states = (w @ outer).unflatten(-1, (dv, dk))
     n = w @ ks if with_n else None
     if m0 is not None:
         a = torch.exp(b + m0.unsqueeze(-1) - m)                                  # (B, H, L) <= 1
@@ -133,6 +137,47 @@ def chunked_read(read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], q: 
                 out, c0, m0 = _chunk_read(*args)
             outs.append(out)
         return torch.cat(outs, dim=2)
+
+
+class _NewtonSchulz(torch.autograd.Function):
+    """``steps`` iterations ``X <- 1.5 X - 0.5 X (X^T X)`` with a hand-written backward.
+
+    Autograd through ``(X X^T) X`` spends 2 + 4 batched matmuls and several elementwise
+    passes per iteration; here the forward is 2 (``G = X^T X`` and one ``baddbmm``) and the
+    backward 3: for ``Y = 1.5 X - 0.5 X G``, ``dX = 1.5 dY - 0.5 dY G - 0.5 X (M + M^T)`` with
+    ``M = X^T dY`` (G symmetric). Saves every iterate and its Gram matrix.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, steps: int) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, *shape[-2:])
+        saved = []
+        for _ in range(steps):
+            g = torch.bmm(x.transpose(1, 2), x)
+            saved += [x, g]
+            x = torch.baddbmm(x, x, g, beta=1.5, alpha=-0.5)
+        ctx.save_for_backward(*saved)
+        ctx.shape = shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        saved = ctx.saved_tensors
+        gy = grad.reshape(-1, *ctx.shape[-2:])
+        for idx in range(len(saved) - 2, -1, -2):
+            x, g = saved[idx], saved[idx + 1]
+            m = torch.bmm(x.transpose(1, 2), gy)
+            gx = torch.baddbmm(gy, gy, g, beta=1.5, alpha=-0.5)
+            gy = torch.baddbmm(gx, x, m + m.transpose(1, 2), alpha=-0.5)
+        return gy.reshape(ctx.shape), None
+
+
+def newton_schulz_fused(c: torch.Tensor, steps: int) -> torch.Tensor:
+    """:func:`cells.whitening.newton_schulz` (Frobenius-normalise, ``steps`` iterations) with
+    the iterations fused into one autograd node; equal up to rounding."""
+    x = frobenius_normalize(c)
+    return _NewtonSchulz.apply(x, steps) if steps > 0 else x
 
 
 def apply_read(mat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

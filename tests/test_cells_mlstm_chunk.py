@@ -13,7 +13,7 @@ import torch
 
 import cells
 from cells.mlstm_cell import _steps, memory_states, rls_read
-from cells.mlstm_chunk import apply_read, chunked_read, memory_states_chunked, rls_read_chunked
+from cells.mlstm_chunk import apply_read, chunked_read, memory_states_chunked, newton_schulz_fused, rls_read_chunked
 from cells.whitening import newton_schulz, polar
 
 T, D = 37, 5
@@ -58,6 +58,20 @@ def test_chunked_states_stay_finite_with_large_gates_in_float32():
     c, n, m = memory_states_chunked(k, v, i, f, chunk=8)
     assert torch.isfinite(c).all() and torch.isfinite(n).all()
     torch.testing.assert_close(c, memory_states(k, v, i, f), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 5])
+def test_fused_newton_schulz_equals_autograd_through_the_iterations(steps):
+    g = torch.Generator().manual_seed(2)
+    # Non-square too: the fused backward must not assume Dv == Dk.
+    for shape in ((3, 4, 5, 5), (2, 7, 3)):
+        c = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+        out, ref = newton_schulz_fused(c, steps), newton_schulz(c, steps)
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-13)
+        w = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        (ga,) = torch.autograd.grad((w * out).sum(), c)
+        (gb,) = torch.autograd.grad((w * ref).sum(), c)
+        torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-12)
 
 
 def _reference_read(whiten, q, k, v, i, f):
@@ -123,4 +137,23 @@ def test_chunk_size_is_validated():
         memory_states_chunked(k, v, i, f, chunk=0)
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         chunked_read(lambda s, qc: apply_read(s, qc), q, k, v, i, f, chunk=0)
-    assert math.isfinite(float(chunked_read(lambda s, qc: apply_read(s, qc), q, k, v, i, f, chunk=3).sum()))
+    assert math.isfinite(float(chunked_read(lambda s, qc: apply_read(s, qc), q, k, v, i, f, chunk=3).sum().detach()))
+
+
+def test_bench_cells_times_mlstm_read_variants(capsys):
+    import json
+
+    from orchestrator.cli import main
+
+    labels = ["mlstm:heads=2", "mlstm:heads=2:read=ns5", "mlstm:heads=2:read=polar", "mlstm:heads=2:read=rls"]
+    assert main(["bench", "cells", "--json", "--arms", ",".join(labels), "--seq-len", "9", "--d-model", "16",
+                 "--batch", "2", "--repeats", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["arm"] for r in rows] == labels
+    for row in rows:
+        assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0
+        assert abs(row["speedup_vs_naive"] - row["default_tok_s"] / row["naive_tok_s"]) < 1e-9
+    for bad, msg in (("mlstm:read", "expected ARM:key=value"), ("mlstm:impl=naive", "impl is what the bench"),
+                     ("mlstm:read=bogus", "read"), ("nope:read=ns5", "unknown arm 'nope'")):
+        assert main(["bench", "cells", "--arms", bad, "--seq-len", "4", "--batch", "1", "--repeats", "1"]) == 2
+        assert msg in capsys.readouterr().err
