@@ -25,6 +25,10 @@ read is ``W(C~_t) q_t``: scale-free, so the normaliser is not applied. The outpu
 blend ``alpha * whitened + (1 - alpha) * raw`` with ``alpha = read_blend`` (1 by default),
 settable every step with ``set_read_blend`` for anneals.
 
+``impl="naive"`` computes every read with a loop over positions (the reference); any other
+impl uses the parallel raw read and the chunkwise whitened reads of ``cells.mlstm_chunk``
+(``rls_form="recursive"`` stays a loop: its Sherman-Morrison recursion is sequential).
+
 Other knobs: ``write="delta"`` replaces the additive write by erase-before-write,
 ``S_t = f_t S_{t-1}(I - beta_t k^_t k^_t^T) + beta_t v_t k^_t^T`` with ``f = sigmoid(f~)``,
 ``beta = sigmoid(i~)``, ``k^ = k/|k|`` (``kernels.delta_rule``; bounded gates because the
