@@ -185,6 +185,27 @@ def apply_read(mat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (mat @ q.to(mat.dtype).unsqueeze(-1)).squeeze(-1)
 
 
+class _SPDSolve(torch.autograd.Function):
+    """``y = A^{-1} q`` for symmetric positive definite ``A (..., n, n)``, ``q (..., n, 1)``.
+
+    Backward without differentiating the Cholesky factorisation (whose autograd dominated
+    the rls read): ``dq = A^{-1} dy`` (A symmetric) and ``dA = -dq y^T``.
+    """
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        chol = torch.linalg.cholesky(a)
+        y = torch.cholesky_solve(q, chol)
+        ctx.save_for_backward(chol, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        chol, y = ctx.saved_tensors
+        gq = torch.cholesky_solve(grad, chol)
+        return -gq @ y.transpose(-1, -2), gq
+
+
 def rls_read_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor,
                      f: torch.Tensor, lam: float, *, chunk: int = DEFAULT_CHUNK,
                      checkpoint: bool | None = None) -> torch.Tensor:
@@ -200,8 +221,7 @@ def rls_read_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch
 
         def read(states: torch.Tensor, qc: torch.Tensor) -> torch.Tensor:
             c, gram = states[..., :dv, :], states[..., dv:, :] + eye
-            solved = torch.cholesky_solve(qc.unsqueeze(-1), torch.linalg.cholesky(gram))
-            return (c @ solved).squeeze(-1)
+            return (c @ _SPDSolve.apply(gram, qc.unsqueeze(-1))).squeeze(-1)
 
         return chunked_read(read, q, k, torch.cat([v, k / math.sqrt(dk)], dim=-1), i, f,
                             chunk=chunk, checkpoint=checkpoint)
