@@ -101,7 +101,8 @@ def _chunk_read(read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], firs
                 c0: torch.Tensor, m0: torch.Tensor, ks: torch.Tensor, v: torch.Tensor,
                 i: torch.Tensor, logf: torch.Tensor, q: torch.Tensor):
     states, _, m = _chunk_states(None if first else c0, None, None if first else m0, ks, v, i, logf, False)
-    return read(states, q), states[:, :, -1], m[:, :, -1]
+    # Cloned: a view would keep this chunk's whole (L, Dv, Dk) states alive through the carry.
+    return read(states, q), states[:, :, -1].clone(), m[:, :, -1].clone()
 
 
 def chunked_read(read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], q: torch.Tensor,
