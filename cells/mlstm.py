@@ -25,6 +25,10 @@ read is ``W(C~_t) q_t``: scale-free, so the normaliser is not applied. The outpu
 blend ``alpha * whitened + (1 - alpha) * raw`` with ``alpha = read_blend`` (1 by default),
 settable every step with ``set_read_blend`` for anneals.
 
+``impl="naive"`` computes every read with a loop over positions (the reference); any other
+impl uses the parallel raw read and the chunkwise whitened reads of ``cells.mlstm_chunk``
+(``rls_form="recursive"`` stays a loop: its Sherman-Morrison recursion is sequential).
+
 Other knobs: ``write="delta"`` replaces the additive write by erase-before-write,
 ``S_t = f_t S_{t-1}(I - beta_t k^_t k^_t^T) + beta_t v_t k^_t^T`` with ``f = sigmoid(f~)``,
 ``beta = sigmoid(i~)``, ``k^ = k/|k|`` (``kernels.delta_rule``; bounded gates because the
@@ -36,6 +40,7 @@ the harness's ``param_groups``.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from functools import partial
 
@@ -49,6 +54,7 @@ from cells.delta import merge_heads, split_heads
 from cells.family import Family, Knobs, MixerFactory, where
 from cells.knobs import read_ns_steps
 from cells.mlstm_cell import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
+from cells.mlstm_chunk import apply_read, chunked_read, newton_schulz_fused, rls_read_chunked
 from cells.whitening import newton_schulz, polar
 
 ROUND_INNER_TO = 64
@@ -171,16 +177,25 @@ class MLSTMMixer(nn.Module):
         return raw_read_parallel(q, k, v, i, f)
 
     def _whitened(self, q, k, v, i, f) -> torch.Tensor:
+        # impl "naive" keeps the per-position loop (the reference); every other impl reads
+        # chunkwise (cells.mlstm_chunk), which equals it up to rounding.
+        naive = self.impl == "naive"
         if self.read == "rls":
-            form = rls_read if self.rls_form == "relative" else rls_read_recursive
-            return form(q, k, v, i, f, self.rls_lambda)
+            if self.rls_form == "relative":
+                return rls_read(q, k, v, i, f, self.rls_lambda) if naive else \
+                    rls_read_chunked(q, k, v, i, f, self.rls_lambda)
+            return rls_read_recursive(q, k, v, i, f, self.rls_lambda)
+        steps = read_ns_steps(self.read)
+        if self.read == "polar":
+            whiten = polar
+        else:
+            n_steps = steps if steps is not None else self.st_steps
+            whiten = partial(newton_schulz if naive else newton_schulz_fused, steps=n_steps)
+        if not naive:
+            return chunked_read(lambda states, qc: apply_read(whiten(states), qc), q, k, v, i, f)
         with torch.autocast(device_type=q.device.type, enabled=False):
             states = memory_states(k, v, i, f)                         # (B, H, T, D, D)
-            steps = read_ns_steps(self.read)
-            if self.read == "polar":
-                mat = polar(states)
-            else:
-                mat = newton_schulz(states, steps if steps is not None else self.st_steps)
+            mat = whiten(states)
             return (mat @ q.to(mat.dtype).unsqueeze(-1)).squeeze(-1)
 
     def _cell(self, q, k, v, i, f) -> torch.Tensor:

@@ -47,8 +47,8 @@ class _Polar(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        w, s, vh = ctx.saved_tensors[:3]
-        keep = ctx.saved_tensors[3]
+        # Unpacked once: a second ctx.saved_tensors fails under torch.utils.checkpoint.
+        w, s, vh, keep = ctx.saved_tensors
         k = w.transpose(-1, -2) @ grad @ vh.transpose(-1, -2)
         denom = s.unsqueeze(-1) + s.unsqueeze(-2)
         pair = keep.unsqueeze(-1) | keep.unsqueeze(-2)

@@ -6,6 +6,10 @@ forward + backward of a cross-entropy loss on a fixed random batch (gradients ze
 between, no optimizer). Rounds interleave every (arm, impl) pair, so drift in machine load
 hits all of them alike; each figure is the median over rounds, in tokens per second
 (``batch * seq_len / seconds``).
+
+An arm may carry knobs as ``ARM:key=value:key=value`` (values read as YAML scalars), e.g.
+``mlstm:read=ns5:heads=2``, so one run can time several variants of one arm; the row's
+``arm`` is that label.
 """
 from __future__ import annotations
 
@@ -25,6 +29,22 @@ def bench_arms() -> tuple[str, ...]:
     from cells.registry import ARMS
 
     return tuple(a for a in ARMS if "impl" in knobs(a))
+
+
+def parse_variant(label: str) -> tuple[str, dict[str, Any]]:
+    """``"mlstm:read=ns5:heads=2"`` -> ``("mlstm", {"read": "ns5", "heads": 2})``; ValueError if malformed."""
+    import yaml
+
+    arm, *pairs = label.split(":")
+    knobs_: dict[str, Any] = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"arm variant {label!r}: expected ARM:key=value[:key=value...], got {pair!r}")
+        if key.strip() == "impl":
+            raise ValueError(f"arm variant {label!r}: impl is what the bench varies, not a variant knob")
+        knobs_[key.strip()] = yaml.safe_load(raw)
+    return arm.strip(), knobs_
 
 
 def _step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor, device: torch.device) -> float:
@@ -59,12 +79,13 @@ def run_bench(
     tokens = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
     targets = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
     models: dict[tuple[str, str], torch.nn.Module] = {}
-    for arm in arms:
-        default_impl = knobs(arm)["impl"]
+    variants = {arm: parse_variant(arm) for arm in arms}
+    for arm, (base, extra) in variants.items():
+        default_impl = knobs(base)["impl"]
         for label, impl in (("naive", "naive"), ("default", default_impl)):
             torch.manual_seed(seed)
-            models[(arm, label)] = build(arm, vocab_size, d_model=d_model, n_layers=n_layers,
-                                         impl=impl).to(device)
+            models[(arm, label)] = build(base, vocab_size, d_model=d_model, n_layers=n_layers,
+                                         impl=impl, **extra).to(device)
     for key, model in models.items():
         for _ in range(warmup):
             _step(model, tokens, targets, device)

@@ -20,7 +20,8 @@ def _split_arms(values: Optional[list[str]], known: tuple[str, ...]) -> list[str
     arms = [a.strip() for v in values for a in v.split(",") if a.strip()]
     import cells
 
-    for arm in arms:
+    for label in arms:
+        arm = label.split(":", 1)[0]  # ARM:key=value variants (cells.bench.parse_variant)
         if arm not in cells.ARMS:
             raise UserError(f"unknown arm {arm!r} (known: {', '.join(cells.ARMS)})")
         if arm not in known:
