@@ -42,7 +42,6 @@ from __future__ import annotations
 import math
 from functools import partial
 
-from functools import partial
 
 import torch
 import torch.nn as nn
