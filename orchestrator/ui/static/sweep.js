@@ -28,6 +28,7 @@ function drawTraces() {
   facets.forEach((fv, i) => {
     let div = document.getElementById("facet-" + i);
     if (!div) { div = document.createElement("div"); div.id = "facet-" + i; div.className = "facet"; holder.appendChild(div); }
+    div.style.width = facets.length > 1 ? "" : "100%";
     const shown = new Set(), data = [], loss = [];
     for (const t of state.trials) {
       if (f && label(param(t, f)) !== fv) continue;
