@@ -85,9 +85,13 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3) -> dict[str
             server.should_exit = True
             thread.join(timeout=30)
             engine.dispose()
+    # The first load is the honest figure: later ones reuse the escape-time view's prepared
+    # sweep (db._PrepCache) while the sweep is unchanged.
+    first = runs[0]
     best = min(runs, key=lambda r: sum(v["server_s"] for v in r.values()))
     return {"n_trials": n_trials, "n_evals": n_evals, "eval_rows": n_trials * n_evals,
-            "build_s": build_s, "requests": best,
-            "server_total_s": sum(v["server_s"] for v in best.values()),
-            "client_total_s": sum(v["client_s"] for v in best.values()),
+            "build_s": build_s, "requests": first, "first_total_s":
+            sum(v["server_s"] for v in first.values()), "best_total_s":
+            sum(v["server_s"] for v in best.values()),
+            "client_total_s": sum(v["client_s"] for v in first.values()),
             "runs": [sum(v["server_s"] for v in r.values()) for r in runs], "goal_s": 3.0}

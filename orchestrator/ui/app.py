@@ -56,6 +56,10 @@ class _JSON(JSONResponse):
 
 def create_app(engine, url: str) -> Starlette:
     """The dashboard over an engine that cannot write (see :func:`db.readonly_engine`)."""
+    # The escape-time view needs lifelines (with scipy, ~1.5 s to import): pay that at start
+    # rather than on the first page load.
+    import lifelines  # noqa: F401
+
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     plotly_path = plotly_js()
     from orchestrator.store.engine import describe
@@ -91,10 +95,11 @@ def create_app(engine, url: str) -> Starlette:
 
     @guarded
     def sweep_page(request: Request) -> Response:
+        # A shell: the controls are filled from the trials JSON the page fetches anyway.
         name = request.path_params["name"]
-        table = q.trials(engine, name)
-        return page(request, "sweep.html", sweep=name, params=table.params,
-                    varying=table.varying, n_trials=len(table.rows))
+        with engine.connect() as conn:
+            q.sweep_id(conn, name)
+        return page(request, "sweep.html", sweep=name)
 
     @guarded
     def trial_page(request: Request) -> Response:

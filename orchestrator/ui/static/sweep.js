@@ -112,12 +112,22 @@ async function drawKM() {
   } catch (e) { $("logrank").textContent = e.message; Plotly.purge($("km")); }
 }
 
+// Colour-by lists the parameters that vary first, then the rest; facet-by the varying ones.
+function fillControls(t) {
+  const g = $("group"), f = $("facet");
+  if (g.options.length) return;
+  const rest = t.params.filter(p => !t.varying.includes(p));
+  t.varying.concat(rest).forEach(p => g.add(new Option(p, p)));
+  t.varying.forEach(p => f.add(new Option(p, p)));
+}
+
 async function reload() {
   state.where = $("where").value.trim();
   const q = new URLSearchParams(); if (state.where) q.set("where", state.where);
   try {
     const t = await getJSON(apiBase() + "/trials?" + q);
     state.trials = t.trials; state.varying = t.varying; state.traces = {}; state.cursor = null;
+    fillControls(t);
     const tr = await getJSON(apiBase() + "/traces?" + q);
     mergeTraces(state.traces, tr); state.cursor = tr.cursor;
     showError("");
