@@ -100,6 +100,38 @@ def test_incremental_cursor_sends_only_new_rows(db_url):
         assert [t["trial_id"] for t in filtered["trials"]] == [ids["running"]]
         code, km = get_json(base + "/api/sweeps/live/km?by=arm")
         assert code == 200 and set(km["groups"]) == {"a", "b"}
+        assert km["groups"]["b"]["escapes"] == 0
+        # A new eval row reaches the escape-time view (its prepared data is not reused).
+        engine, _ = open_store_engine(db_url)
+        with engine.begin() as conn:
+            repo.upsert_evals(conn, [{"trial_id": ids["running"], "step": 60, "acc": 0.95}])
+            repo.finish_trial(conn, ids["running"], "completed")
+        engine.dispose()
+        code, km = get_json(base + "/api/sweeps/live/km?by=arm")
+        assert km["groups"]["b"]["escapes"] == 1 and km["groups"]["b"]["median"] == 60
+
+
+def test_the_ui_engine_cannot_write(db_url):
+    import sqlalchemy as sa
+
+    from orchestrator.ui.db import readonly_engine
+
+    _write_sweep(db_url)
+    engine, _ = readonly_engine(db_url)
+    try:
+        for stmt in ("UPDATE trials SET status = 'failed'", "DELETE FROM evals",
+                     "CREATE TABLE x (i INTEGER)"):
+            with pytest.raises(sa.exc.DBAPIError):
+                with engine.begin() as conn:
+                    conn.execute(sa.text(stmt))
+    finally:
+        engine.dispose()
+    writer, _ = open_store_engine(db_url)
+    with writer.connect() as conn:
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one() == 6
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM trials WHERE status = 'failed'")
+                            ).scalar_one() == 0
+    writer.dispose()
 
 
 def test_not_found_bad_where_and_read_only(tmp_path, capsys):
