@@ -104,6 +104,7 @@ def _watch(db_url: str, tmp_path: Path) -> None:
             driver = _driver()
             driver.get(base + "/")
             _wait(lambda: driver.find_elements("css selector", "a.sweep-link"), 20, "sweep list")
+            driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-index.png")))
             names = [a.text for a in driver.find_elements("css selector", "a.sweep-link")]
             assert names == ["watched"]
 
@@ -150,6 +151,7 @@ def _watch(db_url: str, tmp_path: Path) -> None:
                 "const d = document.getElementById('trace'); return d.data && d.data[0].x.length"),
                 20, "the trial trace")
             assert n == 21
+            driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-trial.png")))
             driver.get(base + "/sweeps/watched/trials/ffff")
             assert "has no trial" in driver.find_element("id", "message").text
     finally:

@@ -16,7 +16,8 @@ function draw() {
   numericMetrics(t).forEach(k => data.push(line(t.metrics.map(m => m ? m[k] : null), k, "")));
   Plotly.react("trace", data, {
     grid: { rows: 3, columns: 1, pattern: "independent" }, height: 640, margin: { t: 20, r: 10, b: 40, l: 60 },
-    yaxis: { title: { text: "acc" } }, yaxis2: { title: { text: "loss" } }, yaxis3: { title: { text: "lr" } },
+    yaxis: { title: { text: "acc" } }, yaxis2: { title: { text: "loss" } },
+    yaxis3: { title: { text: "lr" }, type: "log", exponentformat: "power" },
     xaxis3: { title: { text: "step" } }, uirevision: "trial",
   }, { displaylogo: false });
 }
