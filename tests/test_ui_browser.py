@@ -131,6 +131,22 @@ def _watch(db_url: str, tmp_path: Path) -> None:
             _wait(lambda: "p =" in driver.find_element("id", "logrank").text, 30, "log-rank p")
             driver.save_screenshot(str(SHOT))
 
+            # Facet by seed: one panel per seed, still one line per trial.
+            from selenium.webdriver.support.ui import Select
+
+            Select(driver.find_element("id", "facet")).select_by_value("seed")
+            _wait(lambda: len(driver.find_elements("css selector", "#plots .facet")) == 2, 20,
+                  "two facet panels")
+            assert driver.execute_script(_COUNT_JS)[0] == N_TRIALS
+            Select(driver.find_element("id", "facet")).select_by_value("")
+            # The table sorts by a clicked column (twice: descending).
+            head = lambda: driver.find_element("css selector", "#trials th[data-col='final_acc']")
+            head().click()
+            head().click()
+            accs = [float(r.find_elements("css selector", "td")[-3].text)
+                    for r in driver.find_elements("css selector", "#trials tbody tr")]
+            assert accs == sorted(accs, reverse=True)
+
             # A bad --where shows the CLI's one-line error on the page.
             box = driver.find_element("id", "where")
             box.send_keys("nope_param > 1")

@@ -2,7 +2,7 @@
 // filtered by a --where condition; the trial table; Kaplan-Meier curves from the server.
 // New eval rows arrive through the incremental traces endpoint and are appended in place.
 const state = { trials: [], traces: {}, cursor: null, where: "", sort: ["key", 1],
-                kmAt: 0, busy: false };
+                kmAt: 0, kmDirty: false, busy: false };
 const $ = id => document.getElementById(id);
 
 function param(t, name) { return name ? t.params[name] : null; }
@@ -148,10 +148,12 @@ async function poll() {
       const q2 = new URLSearchParams(); if (state.where) q2.set("where", state.where);
       const t = await getJSON(apiBase() + "/trials?" + q2);
       state.trials = t.trials; state.varying = t.varying;
-      if (tr.n > 0) drawTraces();
+      if (tr.n > 0) { drawTraces(); state.kmDirty = true; }
       drawTable();
-      if (Date.now() - state.kmAt > 10000) drawKM();
     }
+    // The escape-time view costs a full analysis pass: redraw it at most every 10 s, but
+    // always once after the last new rows.
+    if (state.kmDirty && Date.now() - state.kmAt > 10000) { state.kmDirty = false; drawKM(); }
     $("live").textContent = "live: " + tr.n + " new rows at " + tr.now;
   } catch (e) { $("live").textContent = "live: " + e.message; }
   finally { state.busy = false; }
