@@ -166,6 +166,18 @@ def test_not_found_bad_where_and_read_only(tmp_path, capsys):
     assert code == 400 and bad["error"] == cli_line
 
 
+def test_taken_port_is_exit_2(tmp_path, capsys):
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    _write_sweep(url)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["ui", "--db", url, "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot listen on 127.0.0.1:{port}" in err[0]
+
+
 def test_missing_database_is_exit_2(tmp_path, capsys):
     missing = tmp_path / "nothing.db"
     assert main(["ui", "--db", str(missing), "--port", "1"]) == 2

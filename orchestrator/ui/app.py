@@ -156,7 +156,16 @@ def serve(db: str | None, host: str, port: int, *, announce=print) -> None:
     """Open the database read-only, print the URL, serve until Ctrl-C."""
     import uvicorn
 
+    import socket
+
     engine, url = q.readonly_engine(db)
+    try:  # a taken port is one line and exit 2, not uvicorn's log and exit 1
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        engine.dispose()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                        "pick another with --port") from None
     app = create_app(engine, url)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
