@@ -35,4 +35,14 @@ if ! command -v chromium >/dev/null 2>&1; then
         echo "setup: note: install chromium (e.g. apt-get install chromium) to run the report test"
     fi
 fi
+# The dashboard's browser tests drive that Chromium through Selenium's chromedriver.
+if ! command -v chromedriver >/dev/null 2>&1; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing chromium-driver (for the dashboard browser tests)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-driver) \
+            >/dev/null || echo "setup: warning: chromium-driver install failed; the ui browser tests need it"
+    else
+        echo "setup: note: install chromium-driver (apt-get install chromium-driver) to run the ui browser tests"
+    fi
+fi
 echo "setup: done. Try: .venv/bin/orchestrator submit sweeps/quickstart.yaml"

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from orchestrator.cli.app import app
+from orchestrator.errors import UserError
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -18,28 +19,36 @@ DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrato
 
 
 class _Progress:
-    """A rich progress bar over trials; --quiet replaces it with nothing."""
+    """The overall bar in training steps plus a live table of the running trials
+    (orchestrator.ui.live); --quiet replaces it with nothing."""
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
         self.bar = None
+        self.board = None
         self.counts = {"running": 0, "completed": 0, "diverged": 0, "failed": 0, "retry": 0}
 
-    def start(self, db: str, total: int, todo: int) -> None:
+    def start(self, db: str, total: int, todo: int, steps: int | None = None) -> None:
         if not self.quiet:
+            from orchestrator.cli.ui_cmds import ui_command
+
             err.print(f"database: {db}")
             err.print(f"trials: {total} in sweep, {total - todo} already finished, {todo} to run")
+            err.print(f"watch it live: {ui_command(db)}", soft_wrap=True)  # copy-pasteable
         if self.quiet or todo == 0:
             return
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from orchestrator.ui.live import BoardProgress, TrialBoard
 
-        self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
-                            TimeElapsedColumn(), TimeRemainingColumn(), console=err,
-                            transient=False)
-        self.task = self.bar.add_task("trials", total=todo, detail="")
+        self.board = TrialBoard(total_steps=steps or 0)
+        self.bar = BoardProgress(self.board, console=err, transient=False)
         self.bar.start()
+
+    @staticmethod
+    def _members(trial) -> list[dict]:
+        try:
+            return list(trial.config["unit"]["members"])
+        except (AttributeError, KeyError, TypeError):
+            return []
 
     def event(self, kind: str, trial, **info) -> None:
         if kind == "packing":
@@ -54,12 +63,25 @@ class _Progress:
             self.counts[kind] += 1
         elif kind == "retry":
             self.counts["retry"] += 1
-        if self.bar is not None and kind != "result":
-            c = self.counts
-            detail = (f"run {c['running']} ok {c['completed']} div {c['diverged']} "
-                      f"fail {c['failed']}" + (f" retry {c['retry']}" if c["retry"] else ""))
-            done = c["completed"] + c["diverged"] + c["failed"]
-            self.bar.update(self.task, completed=done, detail=detail)
+        if self.bar is None:
+            return
+        members = self._members(trial)
+        if kind == "start":
+            for m in members:
+                self.board.start(m["key"], m.get("params"))
+        elif kind == "result":
+            keys = {m["trial_id"]: m["key"] for m in members}
+            for row in info.get("evals") or ():
+                key = keys.get(row.get("trial_id"))
+                if key is not None:
+                    self.board.result(key, row["step"], row.get("acc"))
+        elif kind in ("completed", "diverged", "failed"):
+            for m in members:
+                self.board.finish(m["key"])
+        c = self.counts
+        detail = (f"run {c['running']} ok {c['completed']} div {c['diverged']} "
+                  f"fail {c['failed']}" + (f" retry {c['retry']}" if c["retry"] else ""))
+        self.bar.sync(detail)
 
     def stop(self) -> None:
         if self.bar is not None:
@@ -141,12 +163,21 @@ def status(
     sweep: Optional[str] = typer.Argument(None, help="sweep name; all sweeps when omitted"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     as_json: bool = typer.Option(False, "--json"),
+    watch: bool = typer.Option(False, "--watch", "-w",
+                               help="redraw the bar and running-trials table until it ends"),
+    interval: float = typer.Option(2.0, "--interval", min=0.2, help="seconds between redraws"),
 ) -> int:
-    """Counts by status, per-axis completion and an ETA."""
+    """Counts by status, per-axis completion and an ETA (--watch: live, from the database)."""
     from orchestrator.store.engine import open_store_engine
     from orchestrator.store.status import sweep_status
 
     engine, _ = open_store_engine(db, auto_create=False)
+    if watch:
+        if sweep is None:
+            raise UserError("--watch needs a sweep name: orchestrator status SWEEP --watch")
+        from orchestrator.ui.live import watch as watch_board
+
+        watch_board(engine, sweep, interval, out)
     report = sweep_status(engine, sweep)
     if as_json:
         out.print_json(json.dumps(report, default=str))

@@ -37,7 +37,7 @@ def _checkpoint_root(url: str, spec: SweepSpec, override: str | None) -> Path:
 
 def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
            max_concurrent: int | None = None, checkpoint_dir: str | None = None,
-           on_start: Callable[[str, int, int], None] | None = None,
+           on_start: Callable[..., None] | None = None,
            on_event: Callable[..., None] | None = None) -> RunSummary:
     """Record the sweep and its trials, then run every trial that is not finished."""
     from orchestrator.runner.tune_runner import check_resources, init_ray
@@ -64,7 +64,7 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
 
 def resume(name: str, *, db: str | None = None, address: str | None = None,
            max_concurrent: int | None = None, checkpoint_dir: str | None = None,
-           on_start: Callable[[str, int, int], None] | None = None,
+           on_start: Callable[..., None] | None = None,
            on_event: Callable[..., None] | None = None) -> RunSummary:
     """Run every trial of a recorded sweep that is not completed (running ones resume from
     their checkpoints). The spec is the one stored with the sweep."""
@@ -101,7 +101,8 @@ def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]
 
     root = _checkpoint_root(url, spec, checkpoint_dir)
     if on_start:
-        on_start(describe(url), total, len(to_run))
+        on_start(describe(url), total, len(to_run),
+                 steps=sum(int(p.get("steps") or 0) for _, _, p in to_run))
     outcomes = run_trials(
         spec.name, to_run, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
         gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,

@@ -96,7 +96,7 @@ class StoreWriter(tune.Callback):
                 or time.monotonic() - self._last_flush >= self.flush_s):
             self.flush()
         if evals:
-            self.on_event("result", trial, step=evals[-1]["step"])
+            self.on_event("result", trial, step=evals[-1]["step"], evals=evals)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.flush()

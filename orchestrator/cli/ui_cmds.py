@@ -1,0 +1,34 @@
+"""orchestrator ui: the read-only web dashboard."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from orchestrator.cli.app import app
+from orchestrator.ui.app import DEFAULT_PORT
+
+DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
+
+
+@app.command()
+def ui(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535,
+                             help=f"port (default {DEFAULT_PORT}; Ray's dashboard is 8265)"),
+) -> int:
+    """Serve a live dashboard of the database's sweeps (read-only) until Ctrl-C."""
+    from orchestrator.ui.app import serve
+
+    serve(db, host, port, announce=lambda s: print(s, flush=True))
+    return 0
+
+
+def ui_command(db_url: str) -> str:
+    """The command line that opens the dashboard on ``db_url`` (printed by submit)."""
+    import shlex
+
+    from orchestrator.store.engine import describe
+
+    return f"orchestrator ui --db {shlex.quote(describe(db_url))}"

@@ -1,0 +1,177 @@
+"""The Starlette application behind ``orchestrator ui``.
+
+Pages are thin HTML shells rendered with Jinja2; the plots and tables are drawn in the
+browser by Plotly.js (served from the ``plotly`` wheel, so no CDN) from the JSON endpoints,
+which the pages poll for what is new. Every handler is a plain function: Starlette runs
+them in its thread pool, so a slow query does not stall the event loop.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from orchestrator.errors import UserError
+
+from . import db as q
+from .db import NotFound
+
+DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
+POLL_MS = 2000
+_HERE = Path(__file__).resolve().parent
+
+
+def plotly_js() -> Path:
+    import plotly
+
+    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    if not path.exists():
+        raise UserError(f"plotly.js not found at {path}; reinstall the `plotly` package")
+    return path
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+class _JSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":"), default=str,
+                          allow_nan=False).encode()
+
+
+def create_app(engine, url: str) -> Starlette:
+    """The dashboard over an engine that cannot write (see :func:`db.readonly_engine`)."""
+    # The escape-time view needs lifelines (with scipy, ~1.5 s to import): pay that at start
+    # rather than on the first page load.
+    import lifelines  # noqa: F401
+
+    templates = Jinja2Templates(directory=str(_HERE / "templates"))
+    plotly_path = plotly_js()
+    from orchestrator.store.engine import describe
+
+    shown_url = describe(url)
+
+    def page(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        return templates.TemplateResponse(request, name, {"db": shown_url, "poll_ms": POLL_MS,
+                                                          **ctx}, status_code=status)
+
+    def not_found(request: Request, msg: str) -> Response:
+        if request.url.path.startswith("/api/"):
+            return _JSON({"error": msg}, status_code=404)
+        return page(request, "404.html", status=404, message=msg)
+
+    def guarded(fn):
+        def handler(request: Request) -> Response:
+            try:
+                return fn(request)
+            except NotFound as exc:
+                return not_found(request, str(exc))
+            except UserError as exc:
+                return _JSON({"error": f"error: {exc}"}, status_code=400)
+        return handler
+
+    def arg(request: Request, name: str) -> str | None:
+        v = request.query_params.get(name)
+        return v if v not in (None, "") else None
+
+    @guarded
+    def index(request: Request) -> Response:
+        return page(request, "index.html", sweeps=q.sweeps(engine))
+
+    @guarded
+    def sweep_page(request: Request) -> Response:
+        # A shell: the controls are filled from the trials JSON the page fetches anyway.
+        name = request.path_params["name"]
+        with engine.connect() as conn:
+            q.sweep_id(conn, name)
+        return page(request, "sweep.html", sweep=name)
+
+    @guarded
+    def trial_page(request: Request) -> Response:
+        name, key = request.path_params["name"], request.path_params["key"]
+        t = q.trial(engine, name, key)
+        return page(request, "trial.html", sweep=name, trial=t)
+
+    @guarded
+    def api_sweeps(request: Request) -> Response:
+        return _JSON({"sweeps": _clean(q.sweeps(engine))})
+
+    @guarded
+    def api_trials(request: Request) -> Response:
+        t = q.trials(engine, request.path_params["name"], where=arg(request, "where"))
+        return _JSON({"trials": _clean(t.rows), "params": t.params, "varying": t.varying})
+
+    @guarded
+    def api_traces(request: Request) -> Response:
+        name = request.path_params["name"]
+        where, key = arg(request, "where"), arg(request, "key")
+        ids = None
+        if where or key:
+            ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
+        return _JSON(q.traces(engine, name, since=arg(request, "since"), trial_ids=ids,
+                              full=arg(request, "full") == "1"))
+
+    @guarded
+    def api_km(request: Request) -> Response:
+        return _JSON(_clean(q.escape_times(engine, request.path_params["name"],
+                                           arg(request, "by"), arg(request, "where"))))
+
+    def plotly(_request: Request) -> Response:
+        return FileResponse(plotly_path, media_type="text/javascript",
+                            headers={"Cache-Control": "max-age=86400"})
+
+    async def missing(request: Request, exc) -> Response:
+        return not_found(request, f"nothing at {request.url.path}")
+
+    routes = [
+        Route("/", index),
+        Route("/sweeps/{name}", sweep_page),
+        Route("/sweeps/{name}/trials/{key}", trial_page),
+        Route("/api/sweeps", api_sweeps),
+        Route("/api/sweeps/{name}/trials", api_trials),
+        Route("/api/sweeps/{name}/traces", api_traces),
+        Route("/api/sweeps/{name}/km", api_km),
+        Route("/static/plotly.min.js", plotly),
+        Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
+    ]
+    return Starlette(routes=routes, exception_handlers={404: missing})
+
+
+def serve(db: str | None, host: str, port: int, *, announce=print) -> None:
+    """Open the database read-only, print the URL, serve until Ctrl-C."""
+    import uvicorn
+
+    import socket
+
+    engine, url = q.readonly_engine(db)
+    try:  # a taken port is one line and exit 2, not uvicorn's log and exit 1
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        engine.dispose()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
+                        "pick another with --port") from None
+    app = create_app(engine, url)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    shown = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
+    announce(f"orchestrator ui: serving {q.describe(url)} read-only at {shown} (Ctrl-C stops)")
+    try:
+        server.run()
+    finally:
+        engine.dispose()

@@ -1,0 +1,419 @@
+"""What the dashboard reads, through engines that cannot write.
+
+SQLite is opened with ``mode=ro`` and the same authorizer ``orchestrator sql`` uses (so no
+WAL pragma, no checkpoint, no write of any kind reaches the file); PostgreSQL sessions are
+``READ ONLY``. Traces come from the ``trial_trace`` view, final figures from
+``trial_final``, so the dashboard reads the same stable names a user's SQL does.
+
+The trace cursor: a client that has the traces sends back the ``cursor`` of its last answer
+and gets only the eval rows written since. The cursor carries the database clock at that
+read and, for every trial that was still being written (running, or touched within
+``MARGIN_S`` of that clock), the last step sent. The next read looks only at those trials
+plus any touched since (clock - margin), and sends only steps past the ones the client has.
+The margin covers PostgreSQL's ``now()`` being the writer's transaction start and SQLite's
+one-second clock.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+import sqlalchemy as sa
+import yaml
+from sqlalchemy.engine import Engine
+
+from orchestrator.errors import UserError
+from orchestrator.store.engine import describe, ensure_schema, resolve_url, sqlite_path
+from orchestrator.store.readonly import _authorizer
+
+# SQLAlchemy reads the isolation level on connect and Alembic the version table's
+# columns; neither pragma changes anything (the ``*_info`` ones take a table name).
+_EXTRA_READ_PRAGMAS = {"read_uncommitted"}
+_INFO_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
+                 "foreign_key_list"}
+
+
+def _ui_authorizer(action: int, arg1, arg2, dbname, source) -> int:
+    if action == sqlite3.SQLITE_PRAGMA:
+        name = (arg1 or "").lower()
+        if (arg2 is None and name in _EXTRA_READ_PRAGMAS) or name in _INFO_PRAGMAS:
+            return sqlite3.SQLITE_OK
+    return _authorizer(action, arg1, arg2, dbname, source)
+
+MARGIN_S = 120.0
+TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
+FULL_COLUMNS = TRACE_COLUMNS + ("train_loss", "step_lr", "elapsed_s", "metrics")
+_DONE = ("completed", "diverged", "failed")
+
+
+class NotFound(UserError):
+    """An unknown sweep or trial: the page answers 404."""
+
+
+def readonly_engine(db: str | None) -> tuple[Engine, str]:
+    """An engine on ``db`` that refuses writes; a missing SQLite file is a UserError."""
+    url = resolve_url(db)
+    if url.startswith("sqlite"):
+        path = sqlite_path(url)
+        if path is None or not path.exists():
+            raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
+
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30,
+                                   check_same_thread=False)
+            conn.set_authorizer(_ui_authorizer)
+            return conn
+
+        engine = sa.create_engine("sqlite://", creator=connect)
+    else:
+        engine = sa.create_engine(url, pool_pre_ping=True)
+
+        @sa.event.listens_for(engine, "connect")
+        def _ro(dbapi_conn, _record) -> None:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            dbapi_conn.commit()
+    try:
+        ensure_schema(engine, url, auto_create=False)
+    except sa.exc.DBAPIError as exc:
+        raise UserError(f"cannot open database {describe(url)}: {exc.orig}") from None
+    return engine, url
+
+
+def _aware(t: Any) -> dt.datetime | None:
+    if t is None:
+        return None
+    if isinstance(t, str):
+        t = dt.datetime.fromisoformat(t)
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def db_now(conn) -> dt.datetime:
+    return _aware(conn.execute(sa.text("SELECT CURRENT_TIMESTAMP")).scalar_one())
+
+
+def _since_param(conn, t: dt.datetime) -> Any:
+    """``t`` in the form ``trials.updated_at`` compares with on this dialect (SQLite keeps
+    ``CURRENT_TIMESTAMP`` text, so compare text to text)."""
+    if conn.dialect.name == "sqlite":
+        return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return t
+
+
+def _params(p: Any) -> dict:
+    return p if isinstance(p, dict) else json.loads(p or "{}")
+
+
+def sweep_id(conn, name: str) -> int:
+    sid = conn.execute(sa.text("SELECT id FROM sweeps WHERE name = :n"), {"n": name}
+                       ).scalar_one_or_none()
+    if sid is None:
+        raise NotFound(f"no sweep named {name!r} in this database")
+    return int(sid)
+
+
+def describe_spec(spec_text: str) -> str:
+    try:
+        data = yaml.safe_load(spec_text) or {}
+    except yaml.YAMLError:
+        return ""
+    return str(data.get("description") or "") if isinstance(data, dict) else ""
+
+
+def spec_analysis(conn, name: str) -> dict[str, Any]:
+    text = conn.execute(sa.text("SELECT spec_text FROM sweeps WHERE name = :n"), {"n": name}
+                        ).scalar_one_or_none() or ""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return {}
+    block = data.get("analysis") if isinstance(data, dict) else None
+    return block if isinstance(block, dict) else {}
+
+
+def sweeps(engine: Engine) -> list[dict[str, Any]]:
+    """Every sweep: counts by status, share of steps done, ETA, first start, last write."""
+    from orchestrator.store.status import sweep_status
+
+    report = {s["sweep"]: s for s in sweep_status(engine)["sweeps"]}
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT s.name, s.spec_text, s.created_at, MIN(t.started_at) AS started, "
+            "MAX(t.updated_at) AS updated FROM sweeps s LEFT JOIN trials t ON t.sweep_id = s.id "
+            "GROUP BY s.id, s.name, s.spec_text, s.created_at ORDER BY s.created_at")).all()
+    out = []
+    for r in rows:
+        st = report.get(r.name, {})
+        out.append({"name": r.name, "description": describe_spec(r.spec_text),
+                    "total": st.get("total", 0), "counts": st.get("counts", {}),
+                    "progress": st.get("progress"), "eta_s": st.get("eta_s"),
+                    "created_at": _iso(r.created_at), "started_at": _iso(r.started),
+                    "updated_at": _iso(r.updated)})
+    return out
+
+
+def _iso(t: Any) -> str | None:
+    t = _aware(t)
+    return t.isoformat(timespec="seconds") if t else None
+
+
+@dataclass
+class TrialTable:
+    """One sweep's trials (after ``where``): rows for the table, the flattened params and
+    the parameters that vary (what a user groups or facets by)."""
+
+    rows: list[dict[str, Any]]
+    params: list[str]
+    varying: list[str]
+
+
+def trials(engine: Engine, name: str, where: str | None = None,
+           key: str | None = None) -> TrialTable:
+    from orchestrator.analysis.data import params_frame
+    from orchestrator.analysis.where import filter_trial_ids
+    from orchestrator.store.repo import flatten_params
+
+    with engine.connect() as conn:
+        sid = sweep_id(conn, name)
+        fin = conn.execute(sa.text(
+            "SELECT trial_id, key, status, steps, final_step, final_acc, final_loss, best_acc, "
+            "params FROM trial_final WHERE sweep = :n ORDER BY trial_id"), {"n": name}).all()
+        meta = {r.id: r for r in conn.execute(sa.text(
+            "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials "
+            "WHERE sweep_id = :s"), {"s": sid}).all()}
+    params = [_params(r.params) for r in fin]
+    if where and where.strip():
+        frame, _names, _al = params_frame([r.trial_id for r in fin], [r.key for r in fin],
+                                          [r.status for r in fin], params)
+        keep = set(filter_trial_ids(frame, where))
+    else:
+        keep = None
+    rows, names = [], {}
+    flat_all = []
+    for r, p in zip(fin, params):
+        if keep is not None and r.trial_id not in keep:
+            continue
+        if key is not None and r.key != key:
+            continue
+        flat = flatten_params(p) if any(isinstance(v, dict) for v in p.values()) else p
+        flat_all.append(flat)
+        for k in flat:
+            names.setdefault(k, None)
+        m = meta.get(r.trial_id)
+        err = (m.error or "") if m else ""
+        rows.append({"trial_id": r.trial_id, "key": r.key, "status": r.status,
+                     "steps": r.steps, "step": r.final_step, "final_acc": r.final_acc,
+                     "final_loss": r.final_loss, "best_acc": r.best_acc,
+                     "error": err.strip().splitlines()[-1] if err.strip() else "",
+                     "params": flat,
+                     "host": m.host if m else None, "device": m.device if m else None,
+                     "started_at": _iso(m.started_at) if m else None,
+                     "updated_at": _iso(m.updated_at) if m else None})
+    varying = [n for n in names if _varies(f.get(n) for f in flat_all)]
+    return TrialTable(rows=rows, params=list(names), varying=varying)
+
+
+def _varies(values) -> bool:
+    unset = seen = object()
+    for v in values:
+        k = json.dumps(v, sort_keys=True, default=str) if isinstance(v, (list, dict)) else v
+        if seen is unset:
+            seen = k
+        elif k != seen:
+            return True
+    return False
+
+
+def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
+    """One trial: every param, status, error text, placement, timestamps."""
+    with engine.connect() as conn:
+        sid = sweep_id(conn, name)
+        r = conn.execute(sa.text(
+            "SELECT id, key, status, attempts, params, host, node_id, device, steps, error, "
+            "final_step, final_acc, best_acc, created_at, started_at, finished_at, updated_at "
+            "FROM trials WHERE sweep_id = :s AND key = :k"), {"s": sid, "k": key}).first()
+    if r is None:
+        raise NotFound(f"sweep {name!r} has no trial {key!r}")
+    from orchestrator.store.repo import flatten_params
+
+    d = dict(r._mapping)
+    d["params"] = flatten_params(_params(d["params"]))
+    for k in ("created_at", "started_at", "finished_at", "updated_at"):
+        d[k] = _iso(d[k])
+    return d
+
+
+def encode_cursor(t: dt.datetime, last: dict[int, int]) -> str:
+    raw = json.dumps({"t": t.isoformat(), "s": {str(k): v for k, v in last.items()}},
+                     separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[dt.datetime, dict[int, int]]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+        return (_aware(data["t"]), {int(k): int(v) for k, v in data["s"].items()})
+    except Exception:
+        raise UserError(f"since={cursor[:40]!r}: not a cursor this server gave out "
+                        "(drop it to start over)") from None
+
+
+def traces(engine: Engine, name: str, since: str | None = None,
+           trial_ids: set[int] | None = None, full: bool = False) -> dict[str, Any]:
+    """Eval rows of a sweep as columns (``trial_id, step, acc, loss``; with ``full`` also
+    ``train_loss, step_lr, elapsed_s, metrics``), only those past ``since``, plus the
+    cursor for the next call."""
+    cols = FULL_COLUMNS if full else TRACE_COLUMNS
+    prev_t, prev_last = decode_cursor(since) if since else (None, {})
+    with engine.connect() as conn:
+        sweep_id(conn, name)
+        now = db_now(conn)
+        if prev_t is None:
+            cand = None
+        else:
+            th = _since_param(conn, prev_t - dt.timedelta(seconds=MARGIN_S))
+            cand = {int(i) for i in conn.execute(sa.text(
+                "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
+                "AND (t.updated_at >= :th OR t.status = 'running')"), {"n": name, "th": th}
+            ).scalars()} | set(prev_last)
+        if trial_ids is not None:
+            cand = set(trial_ids) if cand is None else cand & set(trial_ids)
+        sql = f"SELECT {', '.join(cols)} FROM trial_trace WHERE sweep = :n"
+        bind: dict[str, Any] = {"n": name}
+        if cand is not None:
+            if not cand:
+                sql += " AND 1 = 0"
+            else:
+                sql += f" AND trial_id IN ({', '.join(str(int(i)) for i in sorted(cand))})"
+        sql += " ORDER BY trial_id, step"
+        rows = _raw(conn, sql, bind)
+        th_new = _since_param(conn, now - dt.timedelta(seconds=MARGIN_S))
+        open_ids = {int(i) for i in conn.execute(sa.text(
+            "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
+            "AND (t.updated_at >= :th OR t.status = 'running')"), {"n": name, "th": th_new}
+        ).scalars()}
+    if prev_last:
+        rows = [r for r in rows if r[1] > prev_last.get(int(r[0]), -1)]
+    # Rows come ordered by (trial, step): the last value a dict keeps per trial is its top step.
+    last: dict[int, int] = dict(zip(map(itemgetter(0), rows), map(itemgetter(1), rows)))
+    keep = {i: max(last.get(i, -1), prev_last.get(i, -1)) for i in open_ids
+            if trial_ids is None or i in trial_ids}
+    keep = {i: s for i, s in keep.items() if s >= 0 or i in last}
+    return {"columns": _columns(rows, cols, exact=full), "n": len(rows),
+            "cursor": encode_cursor(now, keep), "now": now.isoformat(timespec="seconds")}
+
+
+def _columns(rows: list[tuple], cols: tuple[str, ...], exact: bool) -> dict[str, list]:
+    """Rows as JSON-ready columns. Float columns go through numpy; unless ``exact``, they
+    are rounded to 5 decimals, which no plot shows and which makes the JSON of a
+    500k-row sweep a third the work (the trial page asks for exact values)."""
+    import numpy as np
+
+    if not rows:
+        return {c: [] for c in cols}
+    out: dict[str, list] = {}
+    for i, c in enumerate(cols):
+        values = list(map(itemgetter(i), rows))  # much cheaper than zip(*rows) at 500k
+        if c in ("trial_id", "step"):
+            out[c] = values
+        elif c == "metrics":
+            out[c] = [json.loads(v) if isinstance(v, str) else v for v in values]
+        else:
+            arr = np.array(values, dtype=float)  # None becomes NaN
+            if not exact:
+                arr = np.round(arr, 5)
+            bad = ~np.isfinite(arr)
+            lst = arr.tolist()
+            if bad.any():
+                for i in np.flatnonzero(bad):
+                    lst[i] = None
+            out[c] = lst
+    return out
+
+
+def _raw(conn, sql: str, bind: dict[str, Any]) -> list[tuple]:
+    """Rows through the DBAPI cursor: SQLAlchemy Row objects cost seconds at 500k rows."""
+    stmt = sa.text(sql).bindparams(**bind)
+    compiled = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(compiled)
+        return cur.fetchall()
+    finally:
+        cur.close()
+
+
+class _PrepCache:
+    """The last few prepared sweeps (trials with their escape events), each valid while the
+    sweep's write stamp is unchanged: regrouping the escape-time view, or reloading the page
+    of a sweep nobody writes to, then skips reading half a million eval rows again. The
+    stamp is the trial count per status plus the latest ``updated_at``; every eval flush
+    touches it and every finish changes a status count."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.items: dict[tuple, tuple[tuple, Any]] = {}
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def stamp(engine: Engine, name: str) -> tuple:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT t.status, COUNT(*), MAX(t.updated_at) FROM trials t JOIN sweeps s "
+                "ON s.id = t.sweep_id WHERE s.name = :n GROUP BY t.status ORDER BY t.status"),
+                {"n": name}).all()
+        return tuple((r[0], int(r[1]), str(r[2])) for r in rows)
+
+    def get(self, engine: Engine, name: str, key: tuple, build):
+        stamp = self.stamp(engine, name)
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None and hit[0] == stamp:
+                return hit[1]
+        value = build()
+        with self.lock:
+            self.items[key] = (stamp, value)
+            while len(self.items) > self.size:
+                self.items.pop(next(iter(self.items)))
+        return value
+
+
+PREPARED = _PrepCache()
+
+
+def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -> dict[str, Any]:
+    """Kaplan-Meier curves per group and the log-rank p, from the analysis layer. Running
+    trials count, censored at their last eval so far."""
+    from orchestrator.analysis import api, survival
+    from orchestrator.analysis.config import parse_config
+    from orchestrator.analysis.groups import check_params
+
+    with engine.connect() as conn:
+        sweep_id(conn, name)
+        # The spec's thresholds (escape_at, horizon, ...) hold; its groups and contrasts do
+        # not, since the page picks the grouping.
+        block = {k: v for k, v in spec_analysis(conn, name).items()
+                 if k not in ("by", "cells", "compare", "contrasts", "heatmap", "statuses",
+                              "where")}
+    cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(
+        where=where or None, statuses=["running", "completed", "diverged"])
+    key = (id(engine), name, cfg.model_dump_json())
+    prep = PREPARED.get(engine, name, key, lambda: api.prepare(engine, name, cfg))
+    if by:
+        check_params(prep.trials, [by], prep.data.params, "by")
+    cfg = cfg.with_overrides(by=[by] if by else None)
+    km = survival.km(prep.trials, cfg)
+    out: dict[str, Any] = {"by": cfg.by, "escape_at": cfg.escape_at,
+                           "groups": km.to_dict()["groups"], "logrank": None}
+    if cfg.by and len(km.groups) >= 2:
+        lr = survival.logrank(prep.trials, cfg)
+        out["logrank"] = {"p_value": lr.p_value, "test_statistic": lr.test_statistic,
+                          "kind": lr.details.get("kind")}
+    return out

@@ -1,0 +1,193 @@
+"""The dashboard in a real browser: headless Debian Chromium driven by Selenium against a
+real `orchestrator ui` process while a real sweep (Ray, training steps) writes into the same
+SQLite file or PostgreSQL schema. Skips only when no Chromium is installed."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from conftest import POSTGRES_URL, make_pg_schema_url
+from ui_support import ROOT, get_json, ui_server
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("chromium") is None,
+                                 reason="Debian's chromium is not installed")]
+
+SPEC = """
+name: watched
+description: a sweep watched while it runs
+fixed:
+  task: mqar
+  task.K: 8
+  task.eval_size: 64
+  d_model: 16
+  n_layers: 1
+  batch_size: 16
+axes:
+  arm: [gated_deltanet, armed_gdn]
+  seed: 0..1
+budget: {steps: 1000, eval_every: 50}
+resources: {cpu: 1}
+max_concurrent: 2
+"""
+N_TRIALS = 4
+SHOT = Path("/tmp/orchestrator-ui-sweep.png")
+
+
+def _driver():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+              "--window-size=1400,1800"):
+        opts.add_argument(a)
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+def _wait(fn, timeout: float, what: str, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+# Acc lines are the traces whose uid starts with "acc-"; their x arrays are the points.
+_COUNT_JS = """
+let lines = 0, points = 0, legend = new Set();
+document.querySelectorAll('#plots .facet').forEach(d => {
+  (d.data || []).forEach(t => { if (String(t.uid).startsWith('acc-')) { lines++; points += t.x.length; } });
+  d.querySelectorAll('.legend .legendtext').forEach(e => legend.add(e.textContent));
+});
+return [lines, points, Array.from(legend).sort()];
+"""
+
+
+def _watch(db_url: str, tmp_path: Path) -> None:
+    spec = tmp_path / "watched.yaml"
+    spec.write_text(SPEC)
+    log = open(tmp_path / "submit.log", "w")
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", db_url, "--quiet",
+         "--checkpoint-dir", str(tmp_path / "ck")], cwd=ROOT, stdout=log, stderr=log)
+    driver = None
+    try:
+        # The ui needs a schema to open: the submit creates it with the sweep's first write.
+        def has_sweep():
+            try:
+                from orchestrator.store.engine import make_engine
+                import sqlalchemy as sa
+
+                eng = make_engine(db_url, create_dir=False)
+                try:
+                    with eng.connect() as c:
+                        return c.execute(sa.text("SELECT COUNT(*) FROM sweeps")).scalar_one() > 0
+                finally:
+                    eng.dispose()
+            except Exception:
+                return False
+        _wait(has_sweep, 60, "the sweep to be recorded", every=0.5)
+        with ui_server(db_url) as base:
+            driver = _driver()
+            driver.get(base + "/")
+            _wait(lambda: driver.find_elements("css selector", "a.sweep-link"), 20, "sweep list")
+            driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-index.png")))
+            names = [a.text for a in driver.find_elements("css selector", "a.sweep-link")]
+            assert names == ["watched"]
+
+            driver.get(base + "/sweeps/watched")
+            first = _wait(lambda: (lambda r: r if r[0] == N_TRIALS else None)(
+                driver.execute_script(_COUNT_JS)), 60, "one line per trial")
+            # The growth below is only seen if the sweep is still writing now.
+            assert sweep.poll() is None, "the sweep ended before the page loaded; lengthen it"
+            # Points grow with no reload while the sweep runs.
+            _wait(lambda: driver.execute_script(_COUNT_JS)[1] > first[1], 90,
+                  "the plotted points to grow")
+            grown = driver.execute_script(_COUNT_JS)
+            assert sweep.wait(timeout=180) == 0, (tmp_path / "submit.log").read_text()[-2000:]
+            # Every eval row of the finished sweep ends up plotted, still without a reload.
+            code, tr = get_json(base + "/api/sweeps/watched/traces")
+            total = tr["n"]
+            final = _wait(lambda: (lambda r: r if r[1] == total else None)(driver.execute_script(_COUNT_JS)),
+                          30, f"all {total} eval points to be plotted")
+            assert grown[1] > first[1] and final[1] == total == N_TRIALS * 21
+            assert final[0] == N_TRIALS  # one line per trial
+            assert final[2] == ["armed_gdn", "gated_deltanet"]  # the colour-by-arm legend
+            rows = driver.find_elements("css selector", "#trials tbody tr")
+            assert len(rows) == N_TRIALS
+            _wait(lambda: "p =" in driver.find_element("id", "logrank").text, 30, "log-rank p")
+            driver.save_screenshot(str(SHOT))
+
+            # Facet by seed: one panel per seed, still one line per trial.
+            from selenium.webdriver.support.ui import Select
+
+            Select(driver.find_element("id", "facet")).select_by_value("seed")
+            _wait(lambda: len(driver.find_elements("css selector", "#plots .facet")) == 2, 20,
+                  "two facet panels")
+            assert driver.execute_script(_COUNT_JS)[0] == N_TRIALS
+            Select(driver.find_element("id", "facet")).select_by_value("")
+            # The table sorts by a clicked column (twice: descending).
+            def head():
+                return driver.find_element("css selector", "#trials th[data-col='final_acc']")
+            head().click()
+            head().click()
+            accs = [float(r.find_elements("css selector", "td")[-3].text)
+                    for r in driver.find_elements("css selector", "#trials tbody tr")]
+            assert accs == sorted(accs, reverse=True)
+
+            # A bad --where shows the CLI's one-line error on the page.
+            box = driver.find_element("id", "where")
+            box.send_keys("nope_param > 1")
+            driver.find_element("id", "apply").click()
+            msg = _wait(lambda: driver.find_element("id", "error").text, 20, "the where error")
+            assert msg.startswith("error: --where 'nope_param > 1': no such column: nope_param")
+            # A good one narrows the lines (facet by arm, two panels).
+            box.clear()
+            box.send_keys("arm = 'armed_gdn'")
+            driver.find_element("id", "apply").click()
+            _wait(lambda: driver.execute_script(_COUNT_JS)[0] == 2, 20, "the filtered lines")
+            assert driver.find_element("id", "error").text == ""
+
+            key = driver.find_element("css selector", "a.trial-link").text
+            driver.get(base + "/sweeps/watched/trials/" + urllib.parse.quote(key))
+            assert driver.find_element("id", "trial-key").text == key
+            n = _wait(lambda: driver.execute_script(
+                "const d = document.getElementById('trace'); return d.data && d.data[0].x.length"),
+                20, "the trial trace")
+            assert n == 21
+            driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-trial.png")))
+            driver.get(base + "/sweeps/watched/trials/ffff")
+            assert "has no trial" in driver.find_element("id", "message").text
+    finally:
+        if driver is not None:
+            driver.quit()
+        if sweep.poll() is None:
+            sweep.terminate()
+            sweep.wait(timeout=30)
+        log.close()
+
+
+def test_dashboard_watches_a_sqlite_sweep(tmp_path):
+    _watch(f"sqlite:///{tmp_path / 'watch.db'}", tmp_path)
+    assert SHOT.exists() and SHOT.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")
+def test_dashboard_watches_a_postgres_sweep(tmp_path):
+    url, drop = make_pg_schema_url()
+    try:
+        _watch(url, tmp_path)
+    finally:
+        drop()
