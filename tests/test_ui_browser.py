@@ -98,7 +98,7 @@ def _watch(db_url: str, tmp_path: Path) -> None:
                     eng.dispose()
             except Exception:
                 return False
-        _wait(has_sweep, 60, "the sweep to be recorded", every=0.5)
+        _wait(has_sweep, 180, "the sweep to be recorded", every=0.5)  # Ray start under load
         with ui_server(db_url) as base:
             driver = _driver()
             driver.get(base + "/")

@@ -76,7 +76,7 @@ _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_F
                     sqlite3.SQLITE_RECURSIVE}
 
 
-def _authorizer(action: int, arg1, arg2, dbname, source) -> int:
+def readonly_authorizer(action: int, arg1, arg2, dbname, source) -> int:
     if action in _ALLOWED_ACTIONS:
         return sqlite3.SQLITE_OK
     if action == sqlite3.SQLITE_PRAGMA and arg2 is None and (arg1 or "").lower() in READ_PRAGMAS:
@@ -120,7 +120,7 @@ class SQLite(Dialect):
             raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
         try:
-            conn.set_authorizer(_authorizer)
+            conn.set_authorizer(readonly_authorizer)
             try:
                 cur = conn.execute(body)
                 rows = cur.fetchall()

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store.engine import describe, ensure_schema, resolve_url, sqlite_path
-from orchestrator.store.readonly import _authorizer
+from orchestrator.store.dialect import readonly_authorizer
 
 # SQLAlchemy reads the isolation level on connect and Alembic the version table's
 # columns; neither pragma changes anything (the ``*_info`` ones take a table name).
@@ -44,7 +44,7 @@ def _ui_authorizer(action: int, arg1, arg2, dbname, source) -> int:
         name = (arg1 or "").lower()
         if (arg2 is None and name in _EXTRA_READ_PRAGMAS) or name in _INFO_PRAGMAS:
             return sqlite3.SQLITE_OK
-    return _authorizer(action, arg1, arg2, dbname, source)
+    return readonly_authorizer(action, arg1, arg2, dbname, source)
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
@@ -177,7 +177,7 @@ def trials(engine: Engine, name: str, where: str | None = None,
            key: str | None = None) -> TrialTable:
     from orchestrator.analysis.data import params_frame
     from orchestrator.analysis.where import filter_trial_ids
-    from orchestrator.store.repo import flatten_params
+    from orchestrator.params import flatten_params
 
     with engine.connect() as conn:
         sid = sweep_id(conn, name)
@@ -240,7 +240,7 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
             "FROM trials WHERE sweep_id = :s AND key = :k"), {"s": sid, "k": key}).first()
     if r is None:
         raise NotFound(f"sweep {name!r} has no trial {key!r}")
-    from orchestrator.store.repo import flatten_params
+    from orchestrator.params import flatten_params
 
     d = dict(r._mapping)
     d["params"] = flatten_params(_params(d["params"]))
