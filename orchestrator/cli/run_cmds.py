@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -106,13 +106,21 @@ def submit(
 
     sweep = specs.load(spec)
     if dry_run:
+        arms = [{k: r[k] for k in ("arm", "params", "state_elements", "mlp_hidden")}
+                for r in sweep.matched]
         if as_json:
-            out.print_json(json.dumps({"trials": len(sweep.trials), "axes": sweep.axes},
-                                      default=str))
+            doc: dict[str, Any] = {"trials": len(sweep.trials), "axes": sweep.axes}
+            if arms:
+                doc["arms"] = arms
+            out.print_json(json.dumps(doc, default=str))
         else:
             out.print(f"sweep {sweep.name}: {len(sweep.trials)} trials")
             for name, values in sweep.axes.items():
                 out.print(f"  {name}: {', '.join(map(str, values))}")
+            for r in arms:  # match_params: the harness size chosen per arm
+                width = "unmatched" if r["mlp_hidden"] is None else f"mlp_hidden {r['mlp_hidden']}"
+                out.print(f"  arm {r['arm']}: {r['params']:,} params, {r['state_elements']:,} "
+                          f"state elements, {width}")
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
