@@ -125,6 +125,9 @@ class Sweep:
     # match_params: one row per distinct sized model ({arm, params, state_elements, mlp_hidden, ...})
     matched: list[dict[str, Any]] = field(default_factory=list)
     sequential: Any = None  # design.sequential.SequentialSpec when the spec has the block
+    # The analysis block's event thresholds, resolved here so the runner (which never imports
+    # the analysis) tests looks with the same definitions the analysis reports.
+    thresholds: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -427,11 +430,20 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
             sequential = validate_sequential(spec.sequential, axes_union)
         except UserError as exc:
             raise SpecError(f"{label}: {exc}") from None
-    if spec.stop is not None and spec.stop.escape_at is None:
+    if spec.stop is not None and spec.pack_seeds != 1:
+        fail("stop", "needs pack_seeds: 1 (a seed pack trains its members in lockstep, so one "
+                     "member cannot stop alone)")
+    thresholds: dict[str, Any] = {}
+    if spec.sequential is not None or spec.stop is not None:
+        # Imported only here: the analysis package loads pandas and the statistics.
         from orchestrator.analysis.config import AnalysisConfig
 
-        # The trial decides from its own trace, so the threshold travels with the spec.
-        spec.stop.escape_at = AnalysisConfig.model_validate(spec.analysis or {}).escape_at
+        acfg = AnalysisConfig.model_validate(spec.analysis or {})
+        thresholds = {"lockin": acfg.lockin, "escape_at": acfg.escape_at, "metric": acfg.metric,
+                      "horizon": acfg.horizon}
+        if spec.stop is not None and spec.stop.escape_at is None:
+            # The trial decides from its own trace, so the threshold travels with the spec.
+            spec.stop.escape_at = acfg.escape_at
     return Sweep(spec=spec, path=Path(path) if path is not None else None, text=text,
                  trials=trials, axes=axes_union, matched=list(matched.values()),
-                 sequential=sequential)
+                 sequential=sequential, thresholds=thresholds)

@@ -81,6 +81,14 @@ def _finish(summary, quiet: bool) -> int:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
         err.print(f"sweep {summary.sweep}: {parts}; query it with "
                   f"`orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{summary.sweep}'\"`")
+        for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
+            st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())
+            err.print(f"look {rec.look}{' ' + st if st else ''}: n {rec.n}, z = {rec.statistic:.3f}, "
+                      f"boundary {rec.boundary:.3f}: {rec.decision}"
+                      + (f", {rec.seeds_saved} seed(s) saved" if rec.stopped else ""))
+        if getattr(summary, "skipped", 0):
+            err.print(f"{summary.skipped} trial(s) skipped (never run); see "
+                      f"`orchestrator analyze {summary.sweep} sequential`")
     if summary.failed:
         err.print(f"[red]{summary.failed} trial(s) failed[/red]: see `orchestrator status "
                   f"{summary.sweep}` and the trials.error column")
@@ -174,6 +182,11 @@ def status(
                 for r in rows:
                     table.add_row(axis, str(r["value"]), str(r["done"]), str(r["total"]))
             out.print(table)
+        sv = s.get("saved") or {}
+        if sv.get("steps"):
+            out.print(f"  compute saved: {sv['steps']:,} of {sv['of_steps']:,} training steps "
+                      f"({sv['skipped_trials']} trial(s) skipped by a sequential decision, "
+                      f"{sv['stopped_trials']} stopped after their escape)")
         for f in s.get("failed", [])[:10]:
             out.print(f"  [red]failed[/red] {f['key']}: {f['error']}")
     return 0
