@@ -149,6 +149,8 @@ KINDS: tuple[str, ...] = tuple(ANALYSES)
 
 def format_result(kind: str, res: Any) -> str:
     a = ANALYSES.get(kind)
+    if a is not None and a.reads == "sweep":
+        return a.format(res)
     if isinstance(res, list):
         return format_strata(res)
     if a is not None and isinstance(res, a.result):
