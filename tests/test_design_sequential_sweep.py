@@ -62,6 +62,11 @@ def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"{decision} at look {last_look}" in text and "seeds saved in all" in text
 
+    assert main(["report", "sequential_quick", "--db", url, "--out", str(tmp_path / "rep")]) == 0
+    text = capsys.readouterr().out
+    assert "G. design" in text and f"{decision} at look {last_look}" in text
+    assert "compute saved" in text and "skipped" in text
+
     # Resume: nothing runs, no look is re-tested.
     assert main(["resume", "sequential_quick", "--db", url, "-q"]) == 0
     assert _looks(engine) == looks

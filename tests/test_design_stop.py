@@ -89,6 +89,9 @@ def test_sweep_with_stop_rule_records_refuses_and_imputes(tmp_path, capsys):
     saved = json.loads(capsys.readouterr().out)["sweeps"][0]["saved"]
     assert saved["stopped_trials"] == 2
     assert saved["steps"] == sum(300 - r[2] for r in rows)
+    # A sweep without a sequential block has no looks to show: one line, exit 2.
+    assert main(["analyze", "stopper", "sequential", "--db", url]) == 2
+    assert "no sequential looks" in capsys.readouterr().err
     # The report says which rule it used.
     assert main(["report", "stopper", "--db", url, "--out", str(tmp_path / "rep")]) == 0
     text = capsys.readouterr().out
