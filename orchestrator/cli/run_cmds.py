@@ -125,6 +125,12 @@ def submit(
             out.print(f"sweep {sweep.name}: {len(sweep.trials)} trials")
             for name, values in sweep.axes.items():
                 out.print(f"  {name}: {', '.join(map(str, values))}")
+            if sweep.sequential is not None:
+                q = sweep.sequential
+                out.print(f"  sequential: {q.test} on {q.compare.by} {q.compare.groups[0]} vs "
+                          f"{q.compare.groups[1]}, looks {q.looks} seeds per group, alpha "
+                          f"{q.alpha:g} ({q.spending})"
+                          + (f", strata {', '.join(q.strata)} (Bonferroni)" if q.strata else ""))
             for r in arms:  # match_params: the harness size chosen per arm
                 width = "unmatched" if r["mlp_hidden"] is None else f"mlp_hidden {r['mlp_hidden']}"
                 out.print(f"  arm {r['arm']}: {r['params']:,} params, {r['state_elements']:,} "

@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.design.sequential import (FisherData, LookRecord, SequentialSpec, SurvivalData,
                                             decide_strata, strata_cells, stratum_key)
+from orchestrator.errors import UserError
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import repo
 
@@ -132,7 +133,10 @@ def drive(seq: SequentialSpec, axes: Mapping[str, Sequence[Any]], thresholds: Ma
                 ev = {g: [escape(r, thresholds) for r in rs] for g, rs in groups.items()}
                 data[key] = {g: SurvivalData(times=[t for t, _ in e], events=[bool(x) for _, x in e])
                              for g, e in ev.items()}
-        decided = decide_strata(seq, axes, k, data, prior)
+        try:
+            decided = decide_strata(seq, axes, k, data, prior)
+        except ValueError as exc:  # e.g. every seed of a group failed: nothing to test
+            raise UserError(f"sequential look {k}: {exc}") from None
         with engine.begin() as conn:
             for key, rec in decided.items():
                 repo.record_look(conn, sweep_id, _stratum_text(rec.stratum), k, rec.decision, rec.as_dict())
