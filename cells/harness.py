@@ -23,12 +23,18 @@ import torch.nn as nn
 
 
 class MLP(nn.Module):
-    """``d -> ratio*d -> d`` with GELU (biases on, as in the prototype harness)."""
+    """``d -> hidden -> d`` with GELU (biases on, as in the prototype harness).
 
-    def __init__(self, d_model: int, ratio: int) -> None:
+    ``hidden`` is ``ratio * d`` unless given: an explicit width is the lever that sizes the
+    harness per arm when a spec matches parameters across arms (``match_params``), leaving the
+    mixer and its recurrent state untouched.
+    """
+
+    def __init__(self, d_model: int, ratio: int, hidden: int | None = None) -> None:
         super().__init__()
-        self.up = nn.Linear(d_model, ratio * d_model)
-        self.down = nn.Linear(ratio * d_model, d_model)
+        width = hidden if hidden else ratio * d_model
+        self.up = nn.Linear(d_model, width)
+        self.down = nn.Linear(width, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(nn.functional.gelu(self.up(x)))
@@ -37,12 +43,13 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-norm residual layer: mixer, then (optionally) MLP."""
 
-    def __init__(self, d_model: int, mixer: nn.Module, mlp_ratio: int | None, norm: bool) -> None:
+    def __init__(self, d_model: int, mixer: nn.Module, mlp_ratio: int | None, norm: bool,
+                 mlp_hidden: int | None = None) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(d_model) if norm else nn.Identity()
         self.mixer = mixer
         self.norm2 = nn.RMSNorm(d_model) if (norm and mlp_ratio) else nn.Identity()
-        self.mlp = MLP(d_model, mlp_ratio) if mlp_ratio else None
+        self.mlp = MLP(d_model, mlp_ratio, mlp_hidden) if mlp_ratio else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.mixer(self.norm1(x))
@@ -69,12 +76,14 @@ class SequenceModel(nn.Module):
         mlp_ratio: int | None,
         norm: bool,
         max_len: int | None = None,
+        mlp_hidden: int | None = None,
     ) -> None:
         super().__init__()
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(max_len, d_model) if max_len else None
-        self.blocks = nn.ModuleList(Block(d_model, make_mixer(), mlp_ratio, norm) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, make_mixer(), mlp_ratio, norm, mlp_hidden)
+                                    for _ in range(n_layers))
         self.norm = nn.RMSNorm(d_model) if norm else nn.Identity()
         self.readout = nn.Linear(d_model, vocab_size)
 

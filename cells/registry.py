@@ -40,7 +40,9 @@ IMPL = Knob("auto", "choice", "recurrence form: auto (triton on CUDA, else chunk
 MLP = Knob(True, "bool", "pre-norm residual MLP after each mixer")
 MLP_RATIO = Knob(4, "int", "MLP hidden width as a multiple of d_model", minimum=1)
 NORM = Knob(True, "bool", "RMSNorm before each mixer/MLP and before the readout")
-HARNESS = {"mlp": MLP, "mlp_ratio": MLP_RATIO, "norm": NORM}
+MLP_HIDDEN = Knob(0, "int", "MLP hidden width; 0 = mlp_ratio * d_model (the harness-sizing lever "
+                  "of a spec's match_params)", minimum=0)
+HARNESS = {"mlp": MLP, "mlp_ratio": MLP_RATIO, "mlp_hidden": MLP_HIDDEN, "norm": NORM}
 RECURRENT = {"conv": CONV, "heads": HEADS, "bidirectional": BIDIRECTIONAL, "impl": IMPL}
 
 DECAY = Knob(True, "bool", "scalar data-dependent decay alpha_t (gated delta rule)")
@@ -120,6 +122,7 @@ MLSTM = ArmSpec("mlstm", "mlstm", "one-block mLSTM of the scaffold study, with i
     qkv_blocksize=Knob(4, "int", "block size of the block-diagonal q/k/v projections", minimum=1),
     mlp=with_default(MLP, False),
     mlp_ratio=MLP_RATIO,
+    mlp_hidden=MLP_HIDDEN,
     norm=NORM,
 ), d_model=94)
 
@@ -134,6 +137,7 @@ LINEAR_MAMBA = ArmSpec("linear_mamba", "linear_mamba", "simplified linear Mamba 
     impl=IMPL,
     mlp=with_default(MLP, False),
     mlp_ratio=MLP_RATIO,
+    mlp_hidden=MLP_HIDDEN,
     norm=with_default(NORM, False),
 ))
 
@@ -225,7 +229,7 @@ def build(arm: str, vocab_size: int, d_model: int | None = None, n_layers: int |
     cls = BlendableSequenceModel if fam.blendable(k) else SequenceModel
     max_len = fam.max_len(k)
     return cls(vocab_size, d, n, _mixer_factory(s, k, d), mlp_ratio=k["mlp_ratio"] if k["mlp"] else None,
-               norm=k["norm"], max_len=max_len)
+               norm=k["norm"], max_len=max_len, mlp_hidden=k.get("mlp_hidden") or None)
 
 
 def describe(arm: str, vocab_size: int, d_model: int | None = None, n_layers: int | None = None,

@@ -19,6 +19,7 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, ValidationError,
                       field_validator, model_validator)
 
+from orchestrator.design.matching import MatchParams
 from orchestrator.errors import UserError
 from orchestrator.keys import spec_hash, trial_key
 from orchestrator.params import NAMESPACES, TOP_LEVEL, TrialParams, resolve, split
@@ -59,6 +60,15 @@ class Budget(BaseModel):
 AxisValues = list[Any] | str
 
 
+class StopSpec(BaseModel):
+    """``stop: {after_escape_evals: N}``: end a trial N evals after its sustained escape."""
+
+    model_config = ConfigDict(extra="forbid")
+    after_escape_evals: PositiveInt
+    escape_at: float | None = Field(None, gt=0, le=1, description="accuracy that counts as escaped; "
+                                    "default: the analysis block's escape_at")
+
+
 class Block(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -86,6 +96,11 @@ class SweepSpec(BaseModel):
     checkpoint_dir: str | None = None
     pack_seeds: PositiveInt | Literal["auto"] = 1
     analysis: dict[str, Any] | None = None
+    # Designs (orchestrator/design): per-arm harness sizing, group-sequential seeds, and
+    # stopping a trial at its event. `sequential` is checked against the axes in `load`.
+    match_params: MatchParams | None = None
+    sequential: dict[str, Any] | None = None
+    stop: StopSpec | None = None
 
     @model_validator(mode="after")
     def _analysis(self) -> SweepSpec:
@@ -107,6 +122,12 @@ class Sweep:
     text: str
     trials: list[tuple[str, dict[str, Any]]]  # (key, resolved params)
     axes: dict[str, list[Any]] = field(default_factory=dict)
+    # match_params: one row per distinct sized model ({arm, params, state_elements, mlp_hidden, ...})
+    matched: list[dict[str, Any]] = field(default_factory=list)
+    sequential: Any = None  # design.sequential.SequentialSpec when the spec has the block
+    # The analysis block's event thresholds, resolved here so the runner (which never imports
+    # the analysis) tests looks with the same definitions the analysis reports.
+    thresholds: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -286,6 +307,35 @@ def _validate_trial(params: dict[str, Any], where: str, fail, built: set[str]) -
     return resolved
 
 
+def _match(params: dict[str, Any], mp: MatchParams, where: str, fail,
+           matched: dict[tuple, dict[str, Any]]) -> dict[str, Any]:
+    """Set ``model.mlp_hidden`` so this trial's model has ``mp.target`` parameters."""
+    import tasks
+
+    from orchestrator.design.matching import LEVER, solve, unmatched
+
+    try:
+        top, knobs, task_params, _ = split(resolve(params))
+    except ValidationError as exc:
+        loc, msg = _first_error(exc)
+        fail(where, f"{loc}: {msg}")
+    try:
+        vocab = tasks.build(top["task"], **task_params).vocab_size
+        if mp.arms is not None and top["arm"] not in mp.arms:
+            row = unmatched(top["arm"], vocab, top["d_model"], top["n_layers"],
+                            tuple(sorted(knobs.items())))
+            sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
+            matched.setdefault(sig, {**row, "knobs": dict(knobs)})
+            return params
+        row = solve(top["arm"], vocab, top["d_model"], top["n_layers"],
+                    tuple(sorted(knobs.items())), mp.target, mp.tolerance)
+    except (ValueError, TypeError) as exc:
+        fail(f"match_params ({where})", str(exc))
+    sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
+    matched.setdefault(sig, {**row, "knobs": dict(knobs)})
+    return {**params, f"model.{LEVER}": row[LEVER]}
+
+
 def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
     """Read, validate and expand a spec. Raises SpecError (a one-line UserError)."""
     label = str(path) if path is not None else "<spec>"
@@ -352,6 +402,7 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
     seen: set[str] = set()
     axes_union: dict[str, list[Any]] = {}
     built: set[str] = set()
+    matched: dict[tuple, dict[str, Any]] = {}
     for pre, fixed, axes, zips, excludes in designs:
         for name in ("arm", "task"):
             if name not in fixed and name not in axes:
@@ -362,6 +413,8 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
         for params in _expand_block(fixed, axes, zips, excludes, pre, fail):
             where = (f"{pre}axes ({', '.join(f'{k}={params[k]!r}' for k in axes)})"
                      if axes else f"{pre}fixed")
+            if spec.match_params is not None:
+                params = _match(params, spec.match_params, where, fail, matched)
             resolved = _validate_trial(params, where, fail, built)
             key = trial_key(resolved)
             if key not in seen:
@@ -369,5 +422,28 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
                 trials.append((key, resolved))
     if not trials:
         fail("exclude", "the design has no trials left (every combination is excluded)")
+    sequential = None
+    if spec.sequential is not None:
+        from orchestrator.design.sequential import validate_sequential
+
+        try:
+            sequential = validate_sequential(spec.sequential, axes_union)
+        except UserError as exc:
+            raise SpecError(f"{label}: {exc}") from None
+    if spec.stop is not None and spec.pack_seeds != 1:
+        fail("stop", "needs pack_seeds: 1 (a seed pack trains its members in lockstep, so one "
+                     "member cannot stop alone)")
+    thresholds: dict[str, Any] = {}
+    if spec.sequential is not None or spec.stop is not None:
+        # Imported only here: the analysis package loads pandas and the statistics.
+        from orchestrator.analysis.config import AnalysisConfig
+
+        acfg = AnalysisConfig.model_validate(spec.analysis or {})
+        thresholds = {"lockin": acfg.lockin, "escape_at": acfg.escape_at, "metric": acfg.metric,
+                      "horizon": acfg.horizon}
+        if spec.stop is not None and spec.stop.escape_at is None:
+            # The trial decides from its own trace, so the threshold travels with the spec.
+            spec.stop.escape_at = acfg.escape_at
     return Sweep(spec=spec, path=Path(path) if path is not None else None, text=text,
-                 trials=trials, axes=axes_union)
+                 trials=trials, axes=axes_union, matched=list(matched.values()),
+                 sequential=sequential, thresholds=thresholds)

@@ -16,6 +16,9 @@ class Status(str, enum.Enum):
     completed = "completed"
     failed = "failed"
     diverged = "diverged"
+    # Never run by design: a group-sequential contrast was decided before this seed's look
+    # (trials.error says "decided at look k"). Not an outcome, so the analysis leaves it out.
+    skipped = "skipped"
 
     # Keep ``f"{s}"`` and ``str(s)`` the bare value on every Python version.
     __str__ = str.__str__
@@ -26,4 +29,6 @@ ALL: tuple[Status, ...] = tuple(Status)
 # A resume leaves these alone: the trial ran to its end (diverged is an outcome, not a crash).
 FINISHED: tuple[Status, ...] = (Status.completed, Status.diverged)
 # Statuses that count as done for progress and ETA (a failed trial will not run again by itself).
-DONE: tuple[Status, ...] = (Status.completed, Status.diverged, Status.failed)
+DONE: tuple[Status, ...] = (Status.completed, Status.diverged, Status.failed, Status.skipped)
+# A resume runs none of these again.
+SETTLED: tuple[Status, ...] = FINISHED + (Status.skipped,)

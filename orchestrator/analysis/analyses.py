@@ -27,6 +27,9 @@ class Analysis:
     result: type
     format: Callable[[Any], str]
     summary: str
+    # "trials": fn(trials with events, cfg, evals); "sweep": fn(SweepData, cfg, None), for
+    # analyses of what the sweep stored beside its trials (the sequential looks).
+    reads: str = "trials"
 
 
 # ---- formatters (plain text of ``orchestrator analyze``) -------------------------------------
@@ -74,6 +77,31 @@ def format_strata(res: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def sequential_looks(data: Any) -> list[dict[str, Any]]:
+    """The stored looks of a ``sequential:`` sweep (one dict per look and stratum)."""
+    if not data.looks:
+        from orchestrator.errors import UserError
+
+        raise UserError(f"sweep {data.sweep!r} has no sequential looks (no `sequential:` "
+                         "block, or no look finished yet)")
+    return list(data.looks)
+
+
+def _sequential(data: Any, cfg: AnalysisConfig, evals: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    return sequential_looks(data)
+
+
+def format_looks(looks: list[dict[str, Any]]) -> str:
+    from orchestrator.design.sequential import LookRecord, format_records
+
+    recs = [LookRecord(**d) for d in looks]
+    saved = sum(r.seeds_saved for r in recs)
+    decided = [r for r in recs if r.stopped]
+    tail = [f"{'stratum ' + str(r.stratum) + ': ' if r.stratum else ''}{r.decision} at look "
+            f"{r.look}, {r.seeds_saved} seed(s) saved" for r in decided]
+    return "\n".join([format_records(recs)] + tail + [f"seeds saved in all: {saved}"])
+
+
 # ---- the table ------------------------------------------------------------------------------
 def hazard_rhs(cfg: AnalysisConfig) -> str:
     return cfg.formula or default_rhs([formula_name(b) for b in cfg.by])
@@ -110,6 +138,9 @@ ANALYSES: dict[str, Analysis] = {
                         "log-rank test of escape times, two groups"),
     "hazard": Analysis(_hazard, HazardResult, format_hazard,
                        "discrete-time hazard fit (person-period GLM)"),
+    "sequential": Analysis(_sequential, list, format_looks,
+                           "group-sequential looks: n per group, statistic, alpha spent, "
+                           "boundary, decision, seeds saved", reads="sweep"),
     "scaling": Analysis(_on_trials(scaling.analyze), scaling.ScalingResult,
                         scaling.ScalingResult.text, "recall scaling law: accuracy vs N*D/Nf per V"),
 }
@@ -118,6 +149,8 @@ KINDS: tuple[str, ...] = tuple(ANALYSES)
 
 def format_result(kind: str, res: Any) -> str:
     a = ANALYSES.get(kind)
+    if a is not None and a.reads == "sweep":
+        return a.format(res)
     if isinstance(res, list):
         return format_strata(res)
     if a is not None and isinstance(res, a.result):

@@ -56,6 +56,11 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
                      + ([cfg.heatmap.facet] if cfg.heatmap.facet else []), data.params,
                      "heatmap")
     trials = with_events(data.trials, data.evals, cfg)
+    if cfg.stopped_as == "solved" and "stopped_at" in trials:
+        # The stated imputation rule: a trial stopped after a sustained escape counts as solved.
+        stopped = trials["stopped_at"].notna()
+        trials.loc[stopped, "locked"] = True
+        trials.loc[stopped, "outcome"] = "solved"
     if trials.empty:
         raise UserError(f"sweep {sweep!r}: no trials with eval points match (statuses "
                         f"{', '.join(cfg.statuses)}" + (f"; --where {cfg.where!r})" if cfg.where
@@ -69,11 +74,28 @@ def fit(prep: Prepared, formula: str | None = None, link: str | None = None) -> 
     return fit_hazard(pp, formula or hazard_rhs(prep.cfg), link or prep.cfg.link)
 
 
+# Analyses of the state at the budget (lock-in, outcome classes, final accuracy): undefined
+# for trials the stop rule ended early.
+AT_BUDGET = ("lockin", "outcomes", "fisher", "permutation", "mcnemar", "scaling")
+
+
+def n_stopped(trials: pd.DataFrame) -> int:
+    return int(trials["stopped_at"].notna().sum()) if "stopped_at" in trials else 0
+
+
 def run(prep: Prepared, kind: str) -> Any:
     """One analysis of :data:`KINDS` (the rows of :data:`ANALYSES`) on a prepared sweep."""
     a = ANALYSES.get(kind)
     if a is None:
         raise UserError(f"unknown analysis {kind!r}; expected one of {', '.join(KINDS)}")
+    if kind in AT_BUDGET and prep.cfg.stopped_as is None and n_stopped(prep.trials):
+        raise UserError(
+            f"{n_stopped(prep.trials)} trial(s) were ended by the spec's stop rule after their "
+            f"escape, so their lock-in at budget and final accuracy are unknown: pass "
+            f"--stopped-as solved to count them as solved, or use km/logrank/hazard (escape "
+            f"times are unaffected)")
+    if a.reads == "sweep":
+        return a.fn(prep.data, prep.cfg, None)
     return a.fn(prep.trials, prep.cfg, prep.data.evals)
 
 

@@ -116,6 +116,9 @@ class AnalysisConfig(BaseModel):
                     "Fisher on lock-in, permutation on mean accuracy, log-rank, and exact "
                     "McNemar when the two groups share every pairing key")
     horizon: PositiveInt | None = Field(None, description="cut every trace at this step")
+    stopped_as: Literal["solved"] | None = Field(
+        None, description="trials ended by the spec's stop rule have no lock-in at budget or "
+                          "final accuracy; 'solved' imputes them as solved (locked in)")
     scaling: ScalingConfig | None = None
 
     _lists = field_validator("by", "cells", "statuses", "pair_on", mode="before")(_name_list)

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store.models import Eval, Sweep, Trial
+from orchestrator.store.models import Eval, SequentialLook, Sweep, Trial, TrialStop
 from orchestrator.params import flatten_params
 
 from .config import ALL_STATUSES, DEFAULT_STATUSES
@@ -39,6 +39,12 @@ class SweepData:
     evals: pd.DataFrame
     params: list[str]  # full dotted parameter names, in first-seen order
     aliases: dict[str, str] = field(default_factory=dict)  # alias column -> full name
+    # Designs: the stored group-sequential looks (records, in order) and the seeds skipped.
+    looks: list[dict] = field(default_factory=list)
+    skipped: int = 0
+    # Training steps not spent: skipped trials' budgets plus what the stop rule cut.
+    saved_steps: int = 0
+    budget_steps: int = 0  # every trial's full budget, for the fraction
 
     def column(self, name: str) -> str:
         """The trials column for a parameter given by full name or alias."""
@@ -151,15 +157,34 @@ def load_sweep(db: str | Engine | None, sweep: str, where: str | None = None,
             .join(Trial, Trial.id == Eval.trial_id)
             .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
             .order_by(Eval.trial_id, Eval.step)))
+        looks = [dict(r.record) for r in conn.execute(
+            sa.select(SequentialLook.record).where(SequentialLook.sweep_id == sid)
+            .order_by(SequentialLook.id))]
+        skipped = conn.execute(sa.select(sa.func.count(Trial.id)).where(
+            Trial.sweep_id == sid, Trial.status == "skipped")).scalar_one()
+        skipped_steps = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(
+            Trial.sweep_id == sid, Trial.status == "skipped")).scalar_one()
+        stop_steps = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(TrialStop.budget - TrialStop.step), 0))
+                                  .join(Trial, Trial.id == TrialStop.trial_id)
+                                  .where(Trial.sweep_id == sid)).scalar_one()
+        budget_steps = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(
+            Trial.sweep_id == sid)).scalar_one()
+        stops = dict(conn.execute(sa.select(TrialStop.trial_id, TrialStop.step)
+                                  .join(Trial, Trial.id == TrialStop.trial_id)
+                                  .where(Trial.sweep_id == sid)).all())
     trials, params, aliases = params_frame(
         [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+    # stop: the step a trial was stopped at by the spec's stop rule (NaN: ran its budget).
+    trials["stopped_at"] = [float(stops[t]) if t in stops else np.nan for t in trials["trial_id"]]
     evals = pd.DataFrame.from_records(eval_rows, columns=["trial_id", "step", "acc", "loss"])
     evals = evals.astype({"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float})
     if where and where.strip():
         keep = filter_trial_ids(trials, where)
         trials = trials[trials["trial_id"].isin(keep)].reset_index(drop=True)
         evals = evals[evals["trial_id"].isin(keep)].reset_index(drop=True)
-    return SweepData(sweep=sweep, trials=trials, evals=evals, params=params, aliases=aliases)
+    return SweepData(sweep=sweep, trials=trials, evals=evals, params=params, aliases=aliases,
+                     looks=looks, skipped=int(skipped),
+                     saved_steps=int(skipped_steps) + int(stop_steps), budget_steps=int(budget_steps))
 
 
 def load(db: str | Engine | None, sweep: str, where: str | None = None,

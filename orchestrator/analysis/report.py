@@ -276,6 +276,8 @@ class Report:
     contrasts: list[dict[str, Any]] = field(default_factory=list)
     figures: dict[str, str] = field(default_factory=dict)
     html_path: str | None = None
+    # Designs: sequential looks (format_looks text), stop-rule handling, compute saved.
+    design: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({
@@ -286,7 +288,7 @@ class Report:
             "hazard_error": self.hazard_error,
             "heatmap": self.heatmap.model_dump() if self.heatmap else None,
             "accuracy": self.accuracy, "contrasts": self.contrasts,
-            "figures": self.figures, "html": self.html_path})
+            "figures": self.figures, "html": self.html_path, "design": self.design})
 
     def text(self) -> str:
         """The tables as plain text (what ``orchestrator report`` prints)."""
@@ -350,6 +352,9 @@ class Report:
                 out.extend("  " + _contrast_line(e) for e in self.contrasts)
             else:
                 out.append("  - (no cell holds both groups of any contrast)")
+        if self.design:
+            out += ["", "G. design: sequential looks, stopped trials, compute saved"]
+            out.extend(_indent(line) for line in self.design)
         if self.html_path:
             out += ["", f"wrote {self.html_path}"]
         return "\n".join(out)
@@ -368,6 +373,36 @@ def _logrank_line(d: dict[str, Any]) -> str:
 _NO_DB = object()
 
 
+def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
+    """Section G's lines, and the prepared sweep the at-budget tables (A, D, E, F) use:
+    without ``--stopped-as`` the trials the stop rule ended are left out of those tables
+    (their state at the budget is unknown), with ``--stopped-as solved`` they count solved."""
+    from .analyses import format_looks
+    from .api import n_stopped
+
+    data, lines = prep.data, []
+    if data.looks:
+        lines.extend(format_looks(data.looks).splitlines())
+        lines.append(f"{data.skipped} trial(s) skipped (never run: contrast decided, or beyond "
+                     "the last look)")
+    budget = prep
+    stopped = n_stopped(prep.trials)
+    if stopped and prep.cfg.stopped_as is None:
+        keep = prep.trials["stopped_at"].isna()
+        budget = Prepared(data=data, trials=prep.trials[keep].reset_index(drop=True), cfg=prep.cfg)
+        lines.append(f"{stopped} trial(s) ended by the stop rule after their escape: in B, C "
+                     "(escape times unchanged); left out of A, D, E, F (lock-in at budget and "
+                     "final accuracy unknown; --stopped-as solved counts them solved)")
+    elif stopped:
+        lines.append(f"{stopped} trial(s) ended by the stop rule after their escape: counted as "
+                     "solved in A, D, F (--stopped-as solved); E shows their accuracy at the stop")
+    if data.saved_steps:
+        frac = data.saved_steps / data.budget_steps if data.budget_steps else 0.0
+        lines.append(f"compute saved: {data.saved_steps:,} of {data.budget_steps:,} training "
+                     f"steps ({frac:.0%})")
+    return lines, budget
+
+
 def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "png",
                  write: bool = True, db: Any = _NO_DB) -> Report:
     """Compute every table, draw the figures and write ``index.html`` under ``out_dir``
@@ -382,15 +417,16 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
     cfg, trials = prep.cfg, prep.trials
     if fmt not in ("png", "svg"):
         raise UserError(f"--format {fmt!r}: expected png or svg")
-    outcomes = run(prep, "outcomes")
+    design, budget = design_lines(prep)
+    outcomes = run(budget, "outcomes")
     layout = layout_table(outcomes, cfg.cells)
-    lock = run(prep, "lockin")
+    lock = run(budget, "lockin")
     groups = lock["group"].unique().tolist() if not lock.empty else []
     n_groups = len(set(groups))
     fisher = None
     logrank = None
     if cfg.by and (cfg.compare or n_groups == 2):
-        fisher = run(prep, "fisher").to_dict()
+        fisher = run(budget, "fisher").to_dict()
     if cfg.by and n_groups >= 2 and int(trials["event"].sum()) > 0:
         logrank = run(prep, "logrank").to_dict()
     lr_cells = survival.logrank_cells(trials, cfg) if cfg.by and cfg.cells else []
@@ -405,9 +441,10 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
                  layout=layout, lockin=lock, fisher=fisher, logrank=logrank,
                  logrank_cells=lr_cells, km=km.to_dict(), hazard=hz, hazard_error=hz_err,
                  heatmap=hm)
-    rep.accuracy = accuracy_table(trials, cfg)
+    rep.accuracy = accuracy_table(budget.trials, cfg)
     rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.cells)
-    rep.contrasts = contrast_tests(trials, cfg)
+    rep.contrasts = contrast_tests(budget.trials, cfg)
+    rep.design = design
     if not write:
         return rep
     out = Path(out_dir) if out_dir else DEFAULT_OUT / re.sub(r"[^\w.-]", "_", prep.data.sweep)
@@ -470,6 +507,9 @@ def render_html(rep: Report) -> str:
     if rep.contrasts:
         parts.append("<h2>Contrasts</h2><ul>" + "".join(
             f"<li>{e(_contrast_line(x))}</li>" for x in rep.contrasts) + "</ul>")
+    if rep.design:
+        parts.append("<h2>Design: sequential looks, stopped trials, compute saved</h2><pre>"
+                     + e("\n".join(rep.design)) + "</pre>")
     if rep.fisher:
         f = rep.fisher
         parts.append(f"<p>Fisher exact: two-sided p = {f['p_two_sided']:.4g}; one-sided "

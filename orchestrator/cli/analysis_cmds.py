@@ -14,7 +14,7 @@ from orchestrator.errors import UserError
 
 # The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
 # is written out here because that table imports the statistics libraries.
-_KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|scaling"
+_KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|sequential|scaling"
 
 DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/orchestrator.db)")
 WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
@@ -41,6 +41,10 @@ SEED = typer.Option(None, "--seed", help="random seed of Monte Carlo permutation
 HORIZON = typer.Option(None, "--horizon", help="cut every trace at this step first (e.g. "
                                                "'solved at step 2000' of longer runs)")
 JSON = typer.Option(False, "--json", help="print JSON")
+STOPPED_AS = typer.Option(None, "--stopped-as", help="trials the spec's stop rule ended after "
+                                                      "their escape: 'solved' counts them solved "
+                                                      "in lock-in/outcomes/final-accuracy analyses "
+                                                      "(refused otherwise)")
 
 
 def _base_config(target: str):
@@ -81,6 +85,7 @@ def analyze(
     alternative: Optional[str] = ALT, status: Optional[str] = STATUS,
     n_resamples: Optional[int] = RESAMPLES, seed: Optional[int] = SEED,
     horizon: Optional[int] = HORIZON, json_out: bool = JSON,
+    stopped_as: Optional[str] = STOPPED_AS,
 ) -> None:
     """Statistics of one sweep straight off the database.
 
@@ -100,7 +105,7 @@ def analyze(
         where=where, by=by, cells=_strata(strata, cells), compare=groups, pair_on=pair_on, metric=metric,
         lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
         formula=formula, link=link, alternative=alternative, statuses=status,
-        n_resamples=n_resamples, random_seed=seed, horizon=horizon)
+        n_resamples=n_resamples, random_seed=seed, horizon=horizon, stopped_as=stopped_as)
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
     if kind == "logrank" and _strata(strata, cells, warn=False):
         res = logrank_cells(prep.trials, prep.cfg)
@@ -130,7 +135,7 @@ def report_cmd(
     escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
     formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
     status: Optional[str] = STATUS, horizon: Optional[int] = HORIZON,
-    json_out: bool = JSON,
+    json_out: bool = JSON, stopped_as: Optional[str] = STOPPED_AS,
 ) -> None:
     """Print a sweep's tables and write an HTML report with figures.
 
@@ -144,7 +149,7 @@ def report_cmd(
     cfg = base.with_overrides(
         where=where, by=by, cells=_strata(strata, cells), compare=groups, metric=metric, lockin=lockin,
         mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,
-        link=link, statuses=status, horizon=horizon)
+        link=link, statuses=status, horizon=horizon, stopped_as=stopped_as)
     prep = api.prepare(db or storage, name, cfg)
     rep = build_report(prep, out, fmt=fmt, db=db or storage)
     if json_out:

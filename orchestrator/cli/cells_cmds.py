@@ -58,9 +58,16 @@ def cells_cmd(
     knob: Optional[list[str]] = typer.Option(
         None, "--knob", help="key=value applied to every listed arm that has that knob (repeatable)"),
     json_out: bool = typer.Option(False, "--json", help="print a JSON list of rows"),
+    spec: Optional[str] = typer.Option(
+        None, "--spec", help="list the arms of this sweep spec as its trials build them "
+                             "(with match_params: the MLP width chosen per arm)"),
 ) -> None:
     """One row per arm: parameters, recurrent state per layer, and the knobs it carries."""
     import cells
+
+    if spec is not None:
+        _spec_rows(spec, json_out)
+        return
 
     selected = _split_arms(arms, cells.ARMS) if arms else list(cells.ARMS)
     overrides = _parse_knobs(knob)
@@ -91,6 +98,40 @@ def cells_cmd(
     for row in rows:
         state = f"{row['state_elements']:,}" + (" /token" if row["state_scaling"] == "per_token" else "")
         table.add_row(row["arm"], f"{row['params']:,}", state, _format_knobs(row["knobs"]))
+    Console(width=200).print(table)
+
+
+def _spec_rows(path: str, json_out: bool) -> None:
+    from orchestrator.design.matching import unmatched
+    from orchestrator.params import split
+    from orchestrator.spec import load
+
+    sweep = load(path)
+    rows = list(sweep.matched)
+    if not rows:  # no match_params: each distinct model of the spec, as built
+        import tasks
+
+        seen: set[tuple] = set()
+        for _, params in sweep.trials:
+            top, knobs, task_params, _ = split(params)
+            vocab = tasks.build(top["task"], **task_params).vocab_size
+            sig = (top["arm"], top["d_model"], top["n_layers"], vocab, tuple(sorted(knobs.items())))
+            if sig not in seen:
+                seen.add(sig)
+                rows.append({**unmatched(*sig), "knobs": dict(knobs)})
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"arms of {path}")
+    for col in ("arm", "params", "state/layer", "mlp_hidden", "knobs"):
+        table.add_column(col, justify="left" if col in ("arm", "knobs") else "right")
+    for r in rows:
+        state = f"{r['state_elements']:,}" + (" /token" if r["state_scaling"] == "per_token" else "")
+        table.add_row(r["arm"], f"{r['params']:,}", state,
+                      "-" if r["mlp_hidden"] is None else str(r["mlp_hidden"]), _format_knobs(r["knobs"]))
     Console(width=200).print(table)
 
 

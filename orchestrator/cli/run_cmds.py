@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -103,6 +103,14 @@ def _finish(summary, quiet: bool) -> int:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
         err.print(f"sweep {summary.sweep}: {parts}; query it with "
                   f"`orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{summary.sweep}'\"`")
+        for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
+            st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())
+            err.print(f"look {rec.look}{' ' + st if st else ''}: n {rec.n}, z = {rec.statistic:.3f}, "
+                      f"boundary {rec.boundary:.3f}: {rec.decision}"
+                      + (f", {rec.seeds_saved} seed(s) saved" if rec.stopped else ""))
+        if getattr(summary, "skipped", 0):
+            err.print(f"{summary.skipped} trial(s) skipped (never run); see "
+                      f"`orchestrator analyze {summary.sweep} sequential`")
     if summary.failed:
         err.print(f"[red]{summary.failed} trial(s) failed[/red]: see `orchestrator status "
                   f"{summary.sweep}` and the trials.error column")
@@ -128,13 +136,27 @@ def submit(
 
     sweep = specs.load(spec)
     if dry_run:
+        arms = [{k: r[k] for k in ("arm", "params", "state_elements", "mlp_hidden")}
+                for r in sweep.matched]
         if as_json:
-            out.print_json(json.dumps({"trials": len(sweep.trials), "axes": sweep.axes},
-                                      default=str))
+            doc: dict[str, Any] = {"trials": len(sweep.trials), "axes": sweep.axes}
+            if arms:
+                doc["arms"] = arms
+            out.print_json(json.dumps(doc, default=str))
         else:
             out.print(f"sweep {sweep.name}: {len(sweep.trials)} trials")
             for name, values in sweep.axes.items():
                 out.print(f"  {name}: {', '.join(map(str, values))}")
+            if sweep.sequential is not None:
+                q = sweep.sequential
+                out.print(f"  sequential: {q.test} on {q.compare.by} {q.compare.groups[0]} vs "
+                          f"{q.compare.groups[1]}, looks {q.looks} seeds per group, alpha "
+                          f"{q.alpha:g} ({q.spending})"
+                          + (f", strata {', '.join(q.strata)} (Bonferroni)" if q.strata else ""))
+            for r in arms:  # match_params: the harness size chosen per arm
+                width = "unmatched" if r["mlp_hidden"] is None else f"mlp_hidden {r['mlp_hidden']}"
+                out.print(f"  arm {r['arm']}: {r['params']:,} params, {r['state_elements']:,} "
+                          f"state elements, {width}")
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
@@ -197,6 +219,11 @@ def status(
                 for r in rows:
                     table.add_row(axis, str(r["value"]), str(r["done"]), str(r["total"]))
             out.print(table)
+        sv = s.get("saved") or {}
+        if sv.get("steps"):
+            out.print(f"  compute saved: {sv['steps']:,} of {sv['of_steps']:,} training steps "
+                      f"({sv['skipped_trials']} trial(s) skipped by a sequential decision, "
+                      f"{sv['stopped_trials']} stopped after their escape)")
         for f in s.get("failed", [])[:10]:
             out.print(f"  [red]failed[/red] {f['key']}: {f['error']}")
     return 0

@@ -24,6 +24,8 @@ class RunSummary:
     already_done: int
     ran: int
     outcomes: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0  # sequential designs: seeds a decided contrast never ran
+    looks: list[Any] = field(default_factory=list)  # design.sequential.LookRecord, this run's
 
     @property
     def failed(self) -> int:
@@ -52,6 +54,9 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
             ids = repo.add_trials(conn, sid, sweep.trials)
             repo.release_unfinished(conn, sid)
             pending = {tid for tid, _, _ in repo.unfinished_trials(conn, sid)}
+        if sweep.sequential is not None:
+            return _run_sequential(sweep, sid, len(sweep.trials), engine, url, max_concurrent,
+                                   checkpoint_dir, on_start, on_event)
         to_run = [(ids[k], k, p) for k, p in sweep.trials if ids[k] in pending]
         return _run(spec, sid, to_run, len(sweep.trials), engine, url, max_concurrent,
                     checkpoint_dir, on_start, on_event)
@@ -85,6 +90,9 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
             repo.release_unfinished(conn, sid)
             todo = repo.unfinished_trials(conn, sid)
             total = repo.count_trials(conn, sid)
+        if sweep.sequential is not None:
+            return _run_sequential(sweep, sid, total, engine, url, max_concurrent,
+                                   checkpoint_dir, on_start, on_event)
         return _run(spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir,
                     on_start, on_event)
     finally:
@@ -106,7 +114,35 @@ def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]
     outcomes = run_trials(
         spec.name, to_run, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
         gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,
-        retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event)
+        retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event,
+            stop=spec.stop.model_dump() if spec.stop else None)
     counts = Counter(outcomes.values())
     return RunSummary(sweep=spec.name, db=describe(url), total=total,
                       already_done=total - len(to_run), ran=len(to_run), outcomes=dict(counts))
+
+
+def _run_sequential(sweep: Sweep, sid: int, total: int, engine, url: str,
+                    max_concurrent: int | None, checkpoint_dir: str | None,
+                    on_start, on_event) -> RunSummary:
+    """A sweep with a ``sequential:`` block runs look by look (runner/sequential.py)."""
+    from orchestrator.runner.sequential import drive
+    from orchestrator.runner.tune_runner import run_trials
+
+    spec = sweep.spec
+    root = _checkpoint_root(url, spec, checkpoint_dir)
+    with engine.connect() as conn:
+        pending = len(repo.unfinished_trials(conn, sid))
+    if on_start:
+        on_start(describe(url), total, pending)
+
+    def run(batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
+        return run_trials(
+            spec.name, batch, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
+            gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,
+            retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event,
+            stop=spec.stop.model_dump() if spec.stop else None)
+
+    res = drive(sweep.sequential, sweep.axes, sweep.thresholds, sid, engine, run)
+    return RunSummary(sweep=spec.name, db=describe(url), total=total,
+                      already_done=total - pending, ran=res.ran, outcomes=res.outcomes,
+                      skipped=res.skipped, looks=res.records)

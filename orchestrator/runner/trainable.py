@@ -51,7 +51,7 @@ def run_unit(config: dict[str, Any]) -> None:
 
 def _run_lone(member: dict[str, Any]) -> None:
     tid = member["trial_id"]
-    trainer = Trainer(member["params"])
+    trainer = Trainer(member["params"], stop=member.get("stop"))
     ckpt = Path(member["checkpoint"])
     state = checkpoints.load(ckpt)
     if state is not None:
@@ -68,7 +68,9 @@ def _run_lone(member: dict[str, Any]) -> None:
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again.
     checkpoints.save(ckpt, trainer.state_dict())
-    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error]}})
+    stop = ({"step": trainer.stopped_at, "budget": trainer.p.steps, "reason": trainer.stop_reason}
+            if trainer.stopped_at is not None else None)
+    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error, stop]}})
 
 
 def _run_pack(members: list[dict[str, Any]]) -> None:

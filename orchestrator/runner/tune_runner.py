@@ -83,15 +83,19 @@ def pack_size(pack_seeds: int | str) -> int:
 
 def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
                checkpoint_root: Path, cpu: float, gpu: float, pack_seeds: int | str,
-               max_cpu: float, max_gpu: float) -> list[dict[str, Any]]:
+               max_cpu: float, max_gpu: float,
+               stop: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Group trials into units of work: lone trials, or seed packs of trials that differ
     only in seed. A pack asks for its members' combined resources, capped at what the
     largest node has (a pack of ten 1-CPU trials on a 2-CPU machine takes both CPUs)."""
     from orchestrator.train.pack import can_pack, pack_signature
 
     def member(tid: int, key: str, params: dict[str, Any]) -> dict[str, Any]:
-        return {"trial_id": tid, "key": key, "params": params,
-                "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key))}
+        m = {"trial_id": tid, "key": key, "params": params,
+             "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key))}
+        if stop is not None:
+            m["stop"] = stop  # the spec's stop rule (lone trials only; see spec.load)
+        return m
 
     groups: dict[str, list[dict[str, Any]]] = {}
     order: list[str] = []
@@ -129,7 +133,8 @@ def _unit_resources(config: dict[str, Any]):
 def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
                engine: Engine, checkpoint_root: Path, cpu: float, gpu: float,
                max_concurrent: int | None, retries: int, pack_seeds: int | str = 1,
-               on_event: Callable[..., None] | None = None) -> dict[int, str]:
+               on_event: Callable[..., None] | None = None,
+               stop: dict[str, Any] | None = None) -> dict[int, str]:
     """Run (trial_id, key, params) trials to their end; returns trial_id -> final status."""
     from ray import tune
 
@@ -137,7 +142,7 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
         return {}
     max_cpu, max_gpu = cluster_limits()
     units = make_units(sweep, trials, checkpoint_root=checkpoint_root, cpu=cpu, gpu=gpu,
-                       pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu)
+                       pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu, stop=stop)
     if on_event is not None and pack_seeds != 1:
         packs = sum(len(u["members"]) > 1 for u in units)
         on_event("packing", None, pack_seeds=pack_seeds, size=pack_size(pack_seeds),

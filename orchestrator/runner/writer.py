@@ -103,8 +103,11 @@ class StoreWriter(tune.Callback):
         final = (trial.last_result or {}).get("final") or {}
         with self.engine.begin() as conn:
             for tid in self._tids(trial):
-                status, error = final.get(tid) or final.get(str(tid)) or (Status.completed.value, None)
+                status, error, *extra = (final.get(tid) or final.get(str(tid))
+                                         or (Status.completed.value, None))
                 repo.finish_trial(conn, tid, status, error)
+                if extra and extra[0]:  # stopped by the spec's stop rule
+                    repo.record_stop(conn, tid, **extra[0])
                 self.outcomes[tid] = status
                 self.on_event(status, trial)
 

@@ -36,7 +36,7 @@ class Trial(Base):
     __table_args__ = (
         sa.UniqueConstraint("sweep_id", "key", name="uq_trials_sweep_key"),
         sa.CheckConstraint(
-            "status IN ('pending', 'running', 'completed', 'failed', 'diverged')",
+            "status IN ('pending', 'running', 'completed', 'failed', 'diverged', 'skipped')",
             name="ck_trials_status"),
         sa.Index("ix_trials_sweep_status", "sweep_id", "status"),
     )
@@ -101,6 +101,39 @@ class Eval(Base):
     step_lr: Mapped[float | None] = mapped_column(sa.Double)
     elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
     metrics: Mapped[dict | None] = mapped_column(sa.JSON)
+
+class SequentialLook(Base):
+    """One look of one group-sequential contrast (``sequential:``): what it tested and decided.
+
+    Written once, in the same transaction that marks the decided contrast's remaining trials
+    ``skipped``; a resumed sweep reads these back and never re-tests a look it has.
+    """
+
+    __tablename__ = "sequential_looks"
+    __table_args__ = (sa.UniqueConstraint("sweep_id", "stratum", "look", name="uq_sequential_looks"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    stratum: Mapped[str] = mapped_column(sa.String(512), nullable=False)  # JSON of the strata values
+    look: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    decision: Mapped[str] = mapped_column(sa.String(16), nullable=False)
+    record: Mapped[dict] = mapped_column(sa.JSON, nullable=False)  # design.sequential.LookRecord
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+
+
+class TrialStop(Base):
+    """A trial ended early by the spec's ``stop:`` rule (status stays ``completed``)."""
+
+    __tablename__ = "trial_stops"
+
+    trial_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.Integer, nullable=False)  # the last step trained
+    budget: Mapped[int] = mapped_column(sa.Integer, nullable=False)  # the steps it would have run
+    reason: Mapped[str] = mapped_column(sa.String(200), nullable=False)
+
 
 # The views (trial_trace, trial_final) live in the migrations only: a migration freezes its
 # own copy of a view's SQL, and the models describe tables.

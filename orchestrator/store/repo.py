@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.params import flatten_params
-from orchestrator.status import FINISHED, Status
+from orchestrator.status import SETTLED, Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
+from orchestrator.store.models import Eval, SequentialLook, Sweep, Trial, TrialParam, TrialStop
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
@@ -151,10 +151,10 @@ def release_unfinished(conn: Connection, sweep: int) -> int:
 
 
 def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict]]:
-    """(id, key, params) of trials not completed and not diverged, in insertion order."""
+    """(id, key, params) of trials not completed, diverged or skipped, in insertion order."""
     return [tuple(r) for r in conn.execute(
         sa.select(Trial.id, Trial.key, Trial.params).where(
-            Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in FINISHED]))
+            Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in SETTLED]))
         .order_by(Trial.id)).all()]
 
 
@@ -176,3 +176,55 @@ def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
          .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(q)]
+
+
+# ---- designs (orchestrator/design): sequential looks, skipped seeds, early stops ----------
+
+def sweep_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict, str]]:
+    """(id, key, params, status) of every trial of the sweep, in insertion order."""
+    return [tuple(r) for r in conn.execute(
+        sa.select(Trial.id, Trial.key, Trial.params, Trial.status)
+        .where(Trial.sweep_id == sweep).order_by(Trial.id)).all()]
+
+
+def trial_outcomes(conn: Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """id -> {status, final_acc, best_acc, trace: [(step, acc), ...]} (trace in step order)."""
+    if not ids:
+        return {}
+    out = {r.id: {"status": r.status, "final_acc": r.final_acc, "best_acc": r.best_acc, "trace": []}
+           for r in conn.execute(sa.select(Trial.id, Trial.status, Trial.final_acc, Trial.best_acc)
+                                 .where(Trial.id.in_(list(ids))))}
+    for r in conn.execute(sa.select(Eval.trial_id, Eval.step, Eval.acc)
+                          .where(Eval.trial_id.in_(list(ids))).order_by(Eval.trial_id, Eval.step)):
+        out[r.trial_id]["trace"].append((r.step, r.acc))
+    return out
+
+
+def sequential_looks(conn: Connection, sweep: int) -> list[dict[str, Any]]:
+    """The stored looks of a sweep: [{stratum (JSON text), look, decision, record}] in order."""
+    return [dict(r._mapping) for r in conn.execute(
+        sa.select(SequentialLook.stratum, SequentialLook.look, SequentialLook.decision,
+                  SequentialLook.record)
+        .where(SequentialLook.sweep_id == sweep).order_by(SequentialLook.id))]
+
+
+def record_look(conn: Connection, sweep: int, stratum: str, look: int, decision: str,
+                record: Mapping[str, Any]) -> None:
+    conn.execute(sa.insert(SequentialLook).values(
+        sweep_id=sweep, stratum=stratum, look=look, decision=decision, record=dict(record)))
+
+
+def skip_trials(conn: Connection, ids: Sequence[int], reason: str) -> int:
+    """Mark never-run trials ``skipped`` with ``reason``; trials that already ran keep theirs."""
+    if not ids:
+        return 0
+    res = conn.execute(sa.update(Trial).where(
+        Trial.id.in_(list(ids)), Trial.status == Status.pending.value).values(
+        status=Status.skipped.value, error=reason, updated_at=sa.func.now()))
+    return res.rowcount or 0
+
+
+def record_stop(conn: Connection, trial_id: int, step: int, budget: int, reason: str) -> None:
+    """A trial the spec's ``stop:`` rule ended at ``step`` of ``budget`` (rewritten on a rerun)."""
+    conn.execute(sa.delete(TrialStop).where(TrialStop.trial_id == trial_id))
+    conn.execute(sa.insert(TrialStop).values(trial_id=trial_id, step=step, budget=budget, reason=reason))

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.status import ALL, DONE, Status
-from orchestrator.store.models import Eval, Sweep, Trial
+from orchestrator.store.models import Eval, Sweep, Trial, TrialStop
 
 
 def _aware(t: dt.datetime | None) -> dt.datetime | None:
@@ -70,6 +70,15 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                 eta = span * (1 - progress) / progress if span > 0 else None
             failed = [{"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
                       for r in rows if r.status == Status.failed]
+            # Designs: steps never spent (skipped seeds' budgets, what the stop rule cut).
+            skipped_steps = sum(r.steps or 0 for r in rows if r.status == Status.skipped)
+            stops = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(
+                sa.func.sum(TrialStop.budget - TrialStop.step), 0)).join(
+                Trial, Trial.id == TrialStop.trial_id).where(Trial.sweep_id == sid)).one()
+            saved = {"steps": int(skipped_steps + stops[1]), "of_steps": int(total_steps),
+                     "skipped_trials": counts.get(Status.skipped.value, 0),
+                     "stopped_trials": int(stops[0]), "stopped_steps": int(stops[1])}
             result.append({"sweep": sname, "total": len(rows), "counts": counts, "axes": axes,
-                           "progress": progress, "eta_s": eta, "failed": failed})
+                           "progress": progress, "eta_s": eta, "failed": failed,
+                           "saved": saved})
     return {"sweeps": result}

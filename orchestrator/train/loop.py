@@ -94,7 +94,8 @@ class Trainer:
     ``eval_every`` steps and at the last step; afterwards ``status`` is ``completed`` or
     ``diverged`` (non-finite loss: the trace so far is kept, ``error`` says where)."""
 
-    def __init__(self, params: Mapping[str, Any], *, device: str | torch.device | None = None):
+    def __init__(self, params: Mapping[str, Any], *, device: str | torch.device | None = None,
+                 stop: Mapping[str, Any] | None = None):
         self.params = resolve(dict(params))
         top, knobs, task_params, _tags = split(self.params)
         self.p = p = TrialParams.model_validate(top)
@@ -133,6 +134,13 @@ class Trainer:
         self._loss_n = 0
         self.status = Status.running
         self.error: str | None = None
+        # The spec's stop rule ({after_escape_evals, escape_at}): end the trial once its own
+        # trace shows an escape sustained for that many evals. Not a trial parameter: the
+        # same trial stopped or not is the same run up to the stop (identical trace prefix).
+        self.stop_after = int(stop["after_escape_evals"]) if stop else None
+        self.stop_escape_at = float(stop["escape_at"]) if stop else None
+        self.stopped_at: int | None = None
+        self.stop_reason: str | None = None
 
     # ---- schedules -------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -218,7 +226,27 @@ class Trainer:
                 and point.acc >= p.anneal_escape_at):
             self.anneal_start = point.step
         self.trace.append(point)
+        self._check_stop()
         return True
+
+    def _check_stop(self) -> None:
+        """Stop after a sustained escape: the escape eval (an eval after the first with
+        acc >= escape_at, the analysis's definition) and the ``stop_after`` evals following
+        it all stay >= escape_at. The escape step stays in the trace, so escape-time
+        statistics are exactly those of the full run."""
+        if self.stop_after is None or self.stopped_at is not None:
+            return
+        assert self.stop_escape_at is not None
+        run = 0
+        for point in reversed(self.trace[1:]):
+            if not point.acc >= self.stop_escape_at:
+                break
+            run += 1
+        if run >= self.stop_after + 1 and self.step < self.p.steps:
+            since = self.trace[-run].step
+            self.stopped_at = self.step
+            self.stop_reason = (f"escape at step {since} sustained {self.stop_after} evals "
+                                f"(acc >= {self.stop_escape_at:g})")
 
     def finish(self) -> None:
         if self.status == Status.running:
@@ -229,7 +257,7 @@ class Trainer:
         if self.step >= p.steps:
             self.finish()
         t_last = time.perf_counter()
-        while self.step < p.steps and self.status == Status.running:
+        while self.step < p.steps and self.status == Status.running and self.stopped_at is None:
             step = self.step + 1
             blend = self.read_blend_at(step)
             if blend is not None:
@@ -268,6 +296,8 @@ class Trainer:
             "loss_acc": (self._loss_sum, self._loss_n),
             "status": self.status.value,
             "error": self.error,
+            "stopped_at": self.stopped_at,
+            "stop_reason": self.stop_reason,
         }
         if self.device.type == "cuda":
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
@@ -294,6 +324,8 @@ class Trainer:
         self._loss_sum, self._loss_n = state["loss_acc"]
         self.status = Status(state.get("status", Status.running.value))
         self.error = state.get("error")
+        self.stopped_at = state.get("stopped_at")
+        self.stop_reason = state.get("stop_reason")
         blend = self.read_blend_at(self.step) if self.step else None
         if blend is not None:
             self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only

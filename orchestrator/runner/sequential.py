@@ -1,0 +1,156 @@
+"""The group-sequential driver: run a sweep's seeds look by look until each contrast is decided.
+
+``sweep.py`` hands a sweep with a ``sequential:`` block to :func:`drive` (one call site) with a
+function that runs a batch of trials. For look k the driver runs every still-open stratum's
+trials whose seed is among the axis's first ``looks[k]`` values, tests each open contrast on
+exactly those seeds (``design.sequential.decide_strata``: Lan-Demets boundaries, Bonferroni
+over strata), stores each look's record and, for a decided contrast, marks its remaining
+seeds ``skipped`` ("decided at look k") in the same transaction. A resume replays the stored
+looks instead of re-testing them, so a crash between looks neither re-tests with different
+data nor loses a decision; a look whose decision was not stored is tested on the same seeds
+(they are finished and deterministic), so it decides the same way.
+
+The events are the analysis's conventions (lock-in at budget: the final, or best, eval's
+accuracy >= ``lockin``; escape: the first eval after the first with accuracy >= ``escape_at``,
+else censored at the last eval), computed here from the stored trace with the thresholds
+the spec resolved (``Sweep.thresholds``) because the runner never imports the analysis.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.design.sequential import (FisherData, LookRecord, SequentialSpec, SurvivalData,
+                                            decide_strata, strata_cells, stratum_key)
+from orchestrator.errors import UserError
+from orchestrator.status import FINISHED, Status
+from orchestrator.store import repo
+
+SEED_AXIS = "seed"
+Batch = list[tuple[int, str, dict[str, Any]]]
+
+
+@dataclass
+class SequentialRun:
+    """What the driver did: trials run per look, outcomes, the looks decided this run."""
+
+    ran: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    records: list[LookRecord] = field(default_factory=list)
+
+
+def _stratum_text(cell: Mapping[str, Any]) -> str:
+    return json.dumps(cell, sort_keys=True, default=str)
+
+
+def _record(d: Mapping[str, Any]) -> LookRecord:
+    return LookRecord(**d)
+
+
+def lock_in(outcome: Mapping[str, Any], thresholds: Mapping[str, Any]) -> bool:
+    """Lock-in at budget, as the analysis defines it (final or best eval >= lockin)."""
+    trace = _cut(outcome["trace"], thresholds.get("horizon"))
+    accs = [a for _, a in trace if a is not None]
+    if not accs:
+        return False
+    value = max(accs) if thresholds.get("metric") == "best" else accs[-1]
+    return value >= thresholds["lockin"]
+
+
+def escape(outcome: Mapping[str, Any], thresholds: Mapping[str, Any]) -> tuple[float, bool]:
+    """(time, event): the first eval after the first with acc >= escape_at, else the last step."""
+    trace = _cut(outcome["trace"], thresholds.get("horizon"))
+    for step, acc in trace[1:]:
+        if acc is not None and acc >= thresholds["escape_at"]:
+            return float(step), True
+    return float(trace[-1][0] if trace else 0), False
+
+
+def _cut(trace: Sequence[tuple[int, float | None]], horizon: int | None) -> list:
+    return [p for p in trace if horizon is None or p[0] <= horizon]
+
+
+def drive(seq: SequentialSpec, axes: Mapping[str, Sequence[Any]], thresholds: Mapping[str, Any],
+          sweep_id: int, engine, run: Callable[[Batch], dict[int, str]],
+          on_look: Callable[[LookRecord], None] | None = None) -> SequentialRun:
+    """Run the sweep's looks; ``run(batch)`` runs trials to their end (trial_id -> status)."""
+    seeds = list(axes[SEED_AXIS])
+    index = {s: i for i, s in enumerate(seeds)}
+    g0, g1 = seq.compare.groups
+    cells = strata_cells(seq, axes)
+    out = SequentialRun()
+
+    with engine.connect() as conn:
+        trials = repo.sweep_trials(conn, sweep_id)
+        stored = repo.sequential_looks(conn, sweep_id)
+    prior: dict[tuple, list[LookRecord]] = {}
+    for row in stored:
+        cell = json.loads(row["stratum"])
+        prior.setdefault(stratum_key(seq, cell), []).append(_record(row["record"]))
+    by_stratum: dict[tuple, list[tuple[int, str, dict, str]]] = {}
+    for t in trials:
+        by_stratum.setdefault(stratum_key(seq, t[2]), []).append(t)
+
+    def is_open(key: tuple) -> bool:
+        return not any(r.stopped for r in prior.get(key, []))
+
+    for k, n_k in enumerate(seq.looks, start=1):
+        open_keys = [stratum_key(seq, c) for c in cells if is_open(stratum_key(seq, c))]
+        if not open_keys:
+            break
+        need = [key for key in open_keys if len(prior.get(key, [])) < k]
+        if not need:
+            continue  # this look is stored for every open stratum: replay, do not re-test
+        with engine.connect() as conn:
+            status = {t[0]: t[3] for t in repo.sweep_trials(conn, sweep_id)}
+        batch = [(tid, key_, params) for key in need for tid, key_, params, _ in by_stratum.get(key, [])
+                 if index[params[SEED_AXIS]] < n_k and status[tid] not in
+                 (Status.completed.value, Status.diverged.value, Status.skipped.value)]
+        if batch:
+            results = run(batch)
+            out.ran += len(batch)
+            for st in results.values():
+                out.outcomes[st] = out.outcomes.get(st, 0) + 1
+        data: dict[tuple, dict[Any, FisherData | SurvivalData]] = {}
+        with engine.connect() as conn:
+            members = {key: [t for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] < n_k]
+                       for key in need}
+            results_db = repo.trial_outcomes(conn, [t[0] for ts in members.values() for t in ts])
+        for key in need:
+            groups: dict[Any, list[Mapping[str, Any]]] = {g0: [], g1: []}
+            for tid, _, params, _ in members[key]:
+                res = results_db[tid]
+                # Failed trials are left out (the information fraction shrinks accordingly).
+                if params[seq.compare.by] in groups and res["status"] in [s.value for s in FINISHED]:
+                    groups[params[seq.compare.by]].append(res)
+            if seq.test == "fisher":
+                data[key] = {g: FisherData(n=len(rs), successes=sum(lock_in(r, thresholds) for r in rs))
+                             for g, rs in groups.items()}
+            else:
+                ev = {g: [escape(r, thresholds) for r in rs] for g, rs in groups.items()}
+                data[key] = {g: SurvivalData(times=[t for t, _ in e], events=[bool(x) for _, x in e])
+                             for g, e in ev.items()}
+        try:
+            decided = decide_strata(seq, axes, k, data, prior)
+        except ValueError as exc:  # e.g. every seed of a group failed: nothing to test
+            raise UserError(f"sequential look {k}: {exc}") from None
+        with engine.begin() as conn:
+            for key, rec in decided.items():
+                repo.record_look(conn, sweep_id, _stratum_text(rec.stratum), k, rec.decision, rec.as_dict())
+                prior.setdefault(key, []).append(rec)
+                out.records.append(rec)
+                if rec.stopped and k < len(seq.looks):
+                    rest = [t[0] for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] >= n_k]
+                    out.skipped += repo.skip_trials(conn, rest, f"decided at look {k}")
+        if on_look:
+            for rec in decided.values():
+                on_look(rec)
+    # Seeds beyond the last look are not part of the design.
+    beyond = [t[0] for t in trials if index[t[2][SEED_AXIS]] >= seq.looks[-1]]
+    if beyond:
+        with engine.begin() as conn:
+            out.skipped += repo.skip_trials(conn, beyond, "beyond the last look")
+    return out
