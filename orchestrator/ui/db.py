@@ -187,10 +187,16 @@ def trials(engine: Engine, name: str, where: str | None = None,
         meta = {r.id: r for r in conn.execute(sa.text(
             "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials "
             "WHERE sweep_id = :s"), {"s": sid}).all()}
+        stops = dict(conn.execute(sa.text(
+            "SELECT s.trial_id, s.step FROM trial_stops s JOIN trials t ON t.id = s.trial_id "
+            "WHERE t.sweep_id = :s"), {"s": sid}).all()) if where and where.strip() else {}
     params = [_params(r.params) for r in fin]
     if where and where.strip():
         frame, _names, _al = params_frame([r.trial_id for r in fin], [r.key for r in fin],
                                           [r.status for r in fin], params)
+        # The same columns the analysis filters on (analysis.data.load), so a --where reads alike.
+        frame["stopped_at"] = [float(stops[t]) if t in stops else float("nan")
+                               for t in frame["trial_id"]]
         keep = set(filter_trial_ids(frame, where))
     else:
         keep = None
