@@ -107,7 +107,7 @@ def delta_rule_chunk(
         read, chunk_decay = g * qc, g[..., -1:, :]  # g_C as (B, H, N, 1, 1)
         if factorable(g):
             # G[t, s] = g_t / g_s rides on the vectors: no C x C elementwise work.
-            k_over_g = kc * g.reciprocal()  # one reciprocal of (C, 1) and a multiply: cheaper backward than a divide
+            k_over_g = kc / g
             lower, attn = _pair_matrices(k_in, read, k_over_g)
             k_decayed = chunk_decay * k_over_g  # G[C, s] k_s
         else:

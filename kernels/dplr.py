@@ -139,9 +139,7 @@ def _pairs_factored(
     ``<x_t, kappa_s>_{D[t-1,s]}`` and ``<x_t, k_s>_{D[t-1,s]}`` (``s < t``), and the
     ``(C, Dk)`` rows ``kappa_s * D[C,s]``, ``k_s * D[C,s]``.
     """
-    # Two multiplies by one reciprocal: their backward is cheaper than two divides'.
-    inv = decay.reciprocal()
-    kap_in, k_in = kap * inv, kc * inv
+    kap_in, k_in = kap / decay, kc / decay
     read_in = decay * rc
     read_kap, read_k = (read_in @ kap_in.mT).tril(), (read_in @ k_in.mT).tril()
     # rem_kap's upper triangle is never read by the triangular solve, so it stays unmasked.
