@@ -111,10 +111,29 @@ def test_short_conv_matches_conv1d(width, bias):
         ref = causal_conv_reference(x, conv.weight, conv.bias)
         torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
         g = torch.randn_like(y)
-        got = torch.autograd.grad(y, (x, conv.weight), g)
-        want = torch.autograd.grad(ref, (x, conv.weight), g)
+        params = (x, conv.weight) if conv.bias is None else (x, conv.weight, conv.bias)
+        got = torch.autograd.grad(y, params, g)
+        want = torch.autograd.grad(ref, params, g)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_short_conv_fused_node_matches_composite_form_under_vmap():
+    """The one-node conv (plain calls) and the composite form (torch.func transforms) agree."""
+    torch.manual_seed(1)
+    conv = ShortConv(5, 4, bias=True).double()
+    x = torch.randn(3, 2, 7, 5, dtype=torch.float64)
+    params = {n: p.detach() for n, p in conv.named_parameters()}
+
+    def loss(p, xi):
+        return torch.func.functional_call(conv, p, (xi,)).square().sum()
+
+    # vmap over a leading axis takes the composite path; a plain loop takes the fused node.
+    got = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(x.shape[0]):
+        want = torch.autograd.grad(loss(dict(conv.named_parameters()), x[i]), list(conv.parameters()))
+        for name, w in zip(dict(conv.named_parameters()), want):
+            torch.testing.assert_close(got[name][i], w, rtol=1e-12, atol=1e-12)
 
 
 def test_kernel_size_one_mixes_no_time_steps():
