@@ -9,14 +9,14 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import app, bench_app
+from orchestrator.cli.app import DB_HELP, app, bench_app
 from orchestrator.errors import UserError
 
 # The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
 # is written out here because that table imports the statistics libraries.
 _KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|scaling"
 
-DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/orchestrator.db)")
+DB = typer.Option(None, "--db", help=DB_HELP)
 WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
                                            "\"vocab_size = 88 AND variant = 'ns5'\"")
 BY = typer.Option(None, "--by", help="parameter(s) forming the groups, comma-separated")

@@ -9,12 +9,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import DB_HELP, app
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
-
-DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
 
 
 class _Progress:
