@@ -43,11 +43,11 @@ HORIZON = typer.Option(None, "--horizon", help="cut every trace at this step fir
 JSON = typer.Option(False, "--json", help="print JSON")
 
 
-def _base_config(target: str):
+def _base_config(target: str, db: Optional[str]):
     from orchestrator.analysis.config import parse_config
     from orchestrator.analysis.report import resolve_target
 
-    sweep, block, storage = resolve_target(target)
+    sweep, block, storage = resolve_target(target, db)
     return sweep, parse_config(block, source=f"{target}: analysis"), storage
 
 
@@ -95,7 +95,7 @@ def analyze(
 
     if kind not in ANALYSES:
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
-    name, base, storage = _base_config(sweep)
+    name, base, storage = _base_config(sweep, db)
     cfg = base.with_overrides(
         where=where, by=by, cells=_strata(strata, cells), compare=groups, pair_on=pair_on, metric=metric,
         lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
@@ -140,7 +140,7 @@ def report_cmd(
     from orchestrator.analysis import api
     from orchestrator.analysis.report import build_report
 
-    name, base, storage = _base_config(target)
+    name, base, storage = _base_config(target, db)
     cfg = base.with_overrides(
         where=where, by=by, cells=_strata(strata, cells), compare=groups, metric=metric, lockin=lockin,
         mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,
