@@ -61,6 +61,10 @@ def cells_cmd(
     """One row per arm: parameters, recurrent state per layer, and the knobs it carries."""
     import cells
 
+    from orchestrator.plugins import load_installed
+
+    load_installed()  # plugin arms (entry points, $ORCH_PLUGINS) list like built-in ones
+
     selected = _split_arms(arms, cells.ARMS) if arms else list(cells.ARMS)
     overrides = _parse_knobs(knob)
     used = set()

@@ -40,6 +40,8 @@ def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
         return False
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                   logging_level=logging.ERROR, configure_logging=True)
+    if os.environ.get("ORCH_PLUGINS"):  # the spec's plugin modules, for every worker
+        kwargs["runtime_env"] = {"env_vars": {"ORCH_PLUGINS": os.environ["ORCH_PLUGINS"]}}
     if address:
         try:
             ray.init(address=address, **kwargs)
