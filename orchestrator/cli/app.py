@@ -8,8 +8,8 @@ file that everybody edits. Examples shown under each command's help live in
 import typer
 
 # The one sentence every --db option shows (the lookup order is resolve_url's).
-DB_HELP = ("database URL or SQLite file; without --db: $ORCH_DB, else runs/orchestrator.db "
-           "under the current directory")
+DB_HELP = ("database URL or SQLite file; without --db: the spec's storage: where a spec is "
+           "given, else $ORCH_DB, else runs/orchestrator.db under the current directory")
 
 
 def _version(value: bool) -> None:
