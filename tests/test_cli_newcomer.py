@@ -133,3 +133,42 @@ def test_db_upgrade_refuses_unknown_revision_and_foreign_tables(tmp_path, capsys
         c.execute("CREATE TABLE trials (id INTEGER PRIMARY KEY, whatever TEXT)")
     assert main(["db", "upgrade", "--db", str(odd)]) == 2
     assert "match no known revision" in capsys.readouterr().err
+
+
+def test_db_upgrade_stamps_and_refuses_on_every_backend(db_url, capsys):
+    """The same two cases through SQLAlchemy, on SQLite and (when configured) PostgreSQL."""
+    from alembic import command
+
+    from orchestrator.store.engine import (VERSION_TABLE, _alembic_config, head_revision,
+                                           make_engine)
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0001_initial")
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) "
+                             "VALUES ('s', 'x', 'h')"))
+        conn.execute(sa.text(f"DROP TABLE {VERSION_TABLE}"))
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert f"unversioned (stamped 0001_initial) -> {head_revision()}" in capsys.readouterr().out
+    with engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT name FROM sweeps")).all() == [("s",)]
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = 'zz_future'"))
+    assert main(["db", "upgrade", "--db", db_url]) == 2
+    err = capsys.readouterr().err
+    assert "'zz_future'" in err and "does not know" in err and len(err.strip().splitlines()) == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == \
+            "zz_future"
+    engine.dispose()
+
+
+def test_join_hint_names_the_fix(monkeypatch):
+    from orchestrator.runner.cluster import join_hint
+
+    msg = "Failed to connect to Ray cluster at 10.0.0.1:6379"
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert "export RAY_AUTH_MODE=token" in join_hint(msg)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert "is the head's" in join_hint(msg)
+    assert join_hint("Ray has not been started yet") == ""
