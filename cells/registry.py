@@ -164,6 +164,45 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     delta.FAMILY, dplr.FAMILY, mamba2.FAMILY, attention.FAMILY, mlstm.FAMILY, linear_mamba.FAMILY)}
 
 
+BUILTIN_ARMS: frozenset[str] = frozenset(SPECS)
+BUILTIN_FAMILIES: frozenset[str] = frozenset(FAMILIES)
+
+
+def register_cell(arm: ArmSpec, family: Family | None = None) -> ArmSpec:
+    """Add an arm from outside this package (a plugin): ``arm`` names its family, which is a
+    built-in one or ``family`` (its mixer factory and checks, see :mod:`cells.family`).
+    The arm then builds, validates its knobs, and lists like a built-in one. Registering
+    the same name again replaces a plugin's arm (a re-imported module), never a built-in."""
+    if not isinstance(arm, ArmSpec):
+        raise TypeError(f"register_cell expects an ArmSpec, got {type(arm).__name__}")
+    if family is not None:
+        if not isinstance(family, Family):
+            raise TypeError(f"register_cell: family must be a Family, got {type(family).__name__}")
+        if family.name in BUILTIN_FAMILIES:
+            raise ValueError(f"cell family {family.name!r} is built in; give the plugin's "
+                             "family its own name")
+        FAMILIES[family.name] = family
+    if arm.family not in FAMILIES:
+        raise ValueError(f"arm {arm.name!r}: unknown cell family {arm.family!r} (known: "
+                         f"{', '.join(FAMILIES)}); pass its Family to register_cell")
+    if arm.name in BUILTIN_ARMS:
+        raise ValueError(f"arm {arm.name!r} is built in; give the plugin's arm its own name")
+    SPECS[arm.name] = arm
+    _publish()
+    return arm
+
+
+def _publish() -> None:
+    # ARMS is read as ``cells.ARMS`` / ``cells.registry.ARMS`` at call time: rebind both.
+    import sys
+
+    global ARMS
+    ARMS = tuple(SPECS)
+    pkg = sys.modules.get("cells")
+    if pkg is not None:
+        pkg.ARMS = ARMS  # type: ignore[attr-defined]
+
+
 # ---- public API ---------------------------------------------------------------------------
 def spec(arm: str) -> ArmSpec:
     """The registered arm, or ValueError naming the known ones."""

@@ -101,6 +101,8 @@ class SweepSpec(BaseModel):
     match_params: MatchParams | None = None
     sequential: dict[str, Any] | None = None
     stop: StopSpec | None = None
+    # Modules registering the sweep's own cells/tasks (orchestrator.plugins).
+    plugins: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _analysis(self) -> SweepSpec:
@@ -368,6 +370,9 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
         where, msg = _first_error(exc)
         fail(where, msg)
 
+    from orchestrator import plugins
+
+    plugins.ensure(spec.plugins, f"{label}: plugins")
     base_fixed = {k: v for k, v in spec.budget.model_dump().items() if v is not None}
     for name, value in spec.fixed.items():
         _check_name(name, f"fixed.{name}", fail)

@@ -16,8 +16,8 @@ layout and token ranges.
 """
 from tasks.base import IGNORE, Task
 from tasks.curriculum import Curriculum, GatedGap, RampGap, UniformGap
-from tasks.registry import NAMES, REGISTRY, build, params, validate
+from tasks.registry import NAMES, REGISTRY, build, params, register_task, validate
 from tasks.seeding import train_generator
 
 __all__ = ["IGNORE", "NAMES", "REGISTRY", "Curriculum", "GatedGap", "RampGap", "Task",
-           "UniformGap", "build", "params", "train_generator", "validate"]
+           "UniformGap", "build", "params", "register_task", "train_generator", "validate"]

@@ -14,6 +14,30 @@ from tasks.scaling import ARScaling, MQARScaling
 REGISTRY: dict[str, type[Task]] = {cls.name: cls for cls in (
     MQAR, Haystack, Collision, S5, MADRecall, ARScaling, MQARScaling)}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
+BUILTIN: frozenset[str] = frozenset(REGISTRY)
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Add a task class from outside this package (a plugin; usable as a class decorator).
+    It needs a unique ``name`` and a pydantic ``Config`` (see :mod:`tasks.base`); it then
+    validates, builds and lists like a built-in task. Re-registering a plugin's name
+    replaces it (a re-imported module), never a built-in."""
+    import sys
+
+    global NAMES
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise TypeError(f"register_task expects a tasks.Task subclass, got {cls!r}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"task class {cls.__name__} has no name")
+    if name in BUILTIN and REGISTRY[name] is not cls:
+        raise ValueError(f"task {name!r} is built in; give the plugin's task its own name")
+    REGISTRY[name] = cls
+    NAMES = tuple(REGISTRY)
+    pkg = sys.modules.get("tasks")
+    if pkg is not None:
+        pkg.NAMES = NAMES  # type: ignore[attr-defined]
+    return cls
 
 
 def task_class(name: str) -> type[Task]:

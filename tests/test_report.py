@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from orchestrator import analysis as oa
@@ -85,7 +84,7 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
     out_dir = tmp_path / "rep"
     text = _report(capsys, "report", spec, "--db", db_url, "--out", out_dir)
     lines = text.splitlines()
-    a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @median escape step")
+    a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
     assert lines[a + 1].split() == ["lr=0.001", "lr=0.003", "lr=0.01"]
     assert lines[a + 2].split() == ["vocab_size", "group"]
     rows = lines[a + 3:a + 9]
@@ -94,8 +93,15 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
         for lr in LRS:
             fates = [fate(variant, lr, vocab, s) for s in SEEDS]
             counts = [sum(f[0] == o for f in fates) for o in ("solved", "mid", "flat", "dead")]
-            esc = [f[1] for f in fates if f[1] is not None]
-            med = f"{np.median(esc):g}" if esc else "-"
+            # The Kaplan-Meier median (lifelines; collapse and the budget censor): the first
+            # step where the curve is at or below one half.
+            from lifelines import KaplanMeierFitter
+
+            kmf = KaplanMeierFitter().fit([f[1] or f[2] or GRID[-1] for f in fates],
+                                          [f[1] is not None for f in fates])
+            sf = kmf.survival_function_.iloc[:, 0]
+            hit = sf.index[sf.to_numpy() <= 0.5 + 1e-9]
+            med = f"{hit[0]:g}" if len(hit) else "-"
             want += ["/".join(map(str, counts)), f"({len(fates)})", f"@{med}"]
         assert rows[i].split()[-9:] == want, (vocab, variant, rows[i])
     b = lines.index("B. log-rank on escape times by variant (collapse censors)")

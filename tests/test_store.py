@@ -84,8 +84,13 @@ def test_old_schema_is_refused_with_upgrade_hint(db_url):
     engine = make_engine(db_url)
     with engine.begin() as conn:
         conn.execute(sa.text(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL)"))
-        conn.execute(sa.text(f"INSERT INTO {VERSION_TABLE} VALUES ('0000_older')"))
+        conn.execute(sa.text(f"INSERT INTO {VERSION_TABLE} VALUES ('0001_initial')"))
     with pytest.raises(UserError, match="run `orchestrator db upgrade"):
+        ensure_schema(engine, db_url)
+    # A revision this code does not know is not "older": upgrading would not help.
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0000_unknown'"))
+    with pytest.raises(UserError, match="does not know"):
         ensure_schema(engine, db_url)
 
 

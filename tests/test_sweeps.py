@@ -241,8 +241,8 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
     text = _cli(capsys, "report", SWEEPS / "basin_map.yaml", "--db", db, "--out", out_dir)
     lines = text.splitlines()
     assert lines[0].startswith("sweep basin_map: 144 trials")
-    # A: rows vocab x variant, columns lr, solved/mid/flat/dead (n) @median escape.
-    a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @median escape step")
+    # A: rows vocab x variant, columns lr, solved/mid/flat/dead (n) @KM median escape.
+    a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
     assert lines[a + 1].split() == ["lr=0.001", "lr=0.003", "lr=0.01"]
     assert lines[a + 2].split() == ["vocab_size", "group"]
     trials = [p for _, p in sweep.trials]
@@ -252,8 +252,15 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
             fates = [_fate(p) for p in trials if p["lr"] == lr and p["task.vocab_size"] == vocab
                      and p["tag.variant"] == variant]
             counts = [sum(f[0] == o for f in fates) for o in ("solved", "mid", "flat", "dead")]
-            esc = [f[1] for f in fates if f[1] is not None]
-            med = f"{np.median(esc):g}" if esc else "-"
+            # The Kaplan-Meier median (lifelines; collapse and the budget censor): the first
+            # step where the curve is at or below one half.
+            from lifelines import KaplanMeierFitter
+
+            kmf = KaplanMeierFitter().fit([f[1] or f[2] or EVAL_STEPS[-1] for f in fates],
+                                          [f[1] is not None for f in fates])
+            sf = kmf.survival_function_.iloc[:, 0]
+            hit = sf.index[sf.to_numpy() <= 0.5 + 1e-9]
+            med = f"{hit[0]:g}" if len(hit) else "-"
             want += ["/".join(map(str, counts)), f"({len(fates)})", f"@{med}"]
         assert lines[a + 3 + i].split()[-9:] == want, (vocab, variant, lines[a + 3 + i])
     # B: log-rank ns5 vs baseline pooled and in each of the nine cells.

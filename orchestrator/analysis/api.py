@@ -27,6 +27,7 @@ from .events import with_events
 from .groups import check_params
 from .hazard import HazardResult, fit_hazard
 from .person_period import person_period
+from .results import TableResult
 
 Db = str | Engine | None
 
@@ -99,9 +100,15 @@ def run(prep: Prepared, kind: str) -> Any:
     return a.fn(prep.trials, prep.cfg, prep.data.evals)
 
 
+def result(kind: str, res: Any) -> Any:
+    """``res`` with ``.summary`` and ``.to_dict()``: table-shaped results are wrapped in a
+    :class:`TableResult` (the report and the CLI use :func:`run`'s bare frames)."""
+    return TableResult(kind, res) if isinstance(res, pd.DataFrame) else res
+
+
 def _one(kind: str):
     def f(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: Any):
-        return run(prepare(db, sweep, cfg, **overrides), kind)
+        return result(kind, run(prepare(db, sweep, cfg, **overrides), kind))
 
     f.__name__ = kind
     f.__doc__ = f"``{kind}`` of a sweep; see :func:`run` and :class:`AnalysisConfig`."

@@ -18,13 +18,14 @@ from .config import AnalysisConfig, HeatmapConfig
 from .groups import format_value, labels, ordered
 
 MAX_TRACE_PANELS = 36
+DPI = 150  # raster figures; SVG is resolution-free
 OUTCOME_COLOURS = {"solved": "tab:green", "mid": "tab:orange", "flat": "tab:gray",
                    "dead": "tab:red"}
 
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return path
 
 
@@ -59,7 +60,8 @@ def traces_figure(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig
     labs = labels(trials, panel_by)
     ncol = min(4, max(1, len(groups)))
     nrow = max(1, math.ceil(len(groups) / ncol))
-    fig = Figure(figsize=(3.0 * ncol, 2.1 * nrow + 0.5))
+    # At least 6.4 in wide, so the title and the legend fit over a single panel.
+    fig = Figure(figsize=(max(6.4, 3.0 * ncol), 2.1 * nrow + 0.9))
     axes = fig.subplots(nrow, ncol, sharex=True, sharey=True, squeeze=False).ravel()
     starts = np.flatnonzero(np.r_[True, evals["trial_id"].to_numpy()[1:]
                                   != evals["trial_id"].to_numpy()[:-1]])
@@ -90,13 +92,21 @@ def traces_figure(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig
         last = axes[max(i for i in range(c, len(groups), ncol))]
         last.xaxis.set_tick_params(labelbottom=True)
         last.set_xlabel("step", fontsize=8)
-    height = 2.1 * nrow + 0.5
-    fig.suptitle("Per-seed accuracy traces (green solved, orange mid, grey flat, red dead)",
+    height = 2.1 * nrow + 0.9
+    fig.suptitle("Per-seed accuracy traces, one line per trial, coloured by outcome",
                  fontsize=9, y=1 - 0.12 / height)
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.45 / height, top=1 - 0.6 / height,
+    from matplotlib.lines import Line2D
+
+    present = [o for o in OUTCOME_COLOURS if (trials["outcome"] == o).any()] or list(OUTCOME_COLOURS)
+    handles = [Line2D([], [], color=OUTCOME_COLOURS[o], label=o) for o in present]
+    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.6,
+                          label=f"escape at {cfg.escape_at:g}"))
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7,
+               frameon=False, bbox_to_anchor=(0.5, 1 - 0.32 / height))
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.45 / height, top=1 - 0.85 / height,
                         hspace=0.5, wspace=0.12)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return path
 
 

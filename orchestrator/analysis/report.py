@@ -5,7 +5,7 @@ are read; nothing else of the spec is interpreted here). The report holds:
 
 A. outcome classes per cell, laid out as the scaffold study's cell table: rows are the
    ``cells`` parameters but the last, times the ``by`` groups; columns are the values of the
-   last ``cells`` parameter; an entry is ``solved/mid/flat/dead (n) @median escape step``;
+   last ``cells`` parameter; an entry is ``solved/mid/flat/dead (n) @KM median escape step``;
 B. log-rank tests between the ``by`` groups, pooled and within each cell;
 C. the discrete-time hazard fit (``formula``, ``link``);
 D. lock-in rates per cell and group (with Fisher exact when there are two groups);
@@ -42,9 +42,14 @@ from .results import jsonable
 DEFAULT_OUT = Path("runs") / "reports"
 
 
-def resolve_target(target: str) -> tuple[str, dict[str, Any] | None, str | None]:
+_NO_DB = object()  # "no database given" (None is the default database)
+
+
+def resolve_target(target: str, db: Any = _NO_DB) -> tuple[str, dict[str, Any] | None,
+                                                           str | None]:
     """``(sweep name, analysis block or None, spec storage or None)`` of a sweep name or a
-    path to a spec YAML."""
+    path to a spec YAML. Given ``db``, a sweep name's block is the one stored with the
+    sweep's spec, so ``report NAME`` keeps the design ``report spec.yaml`` would use."""
     p = Path(target)
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         import yaml
@@ -68,6 +73,13 @@ def resolve_target(target: str) -> tuple[str, dict[str, Any] | None, str | None]
             raise UserError(f"{target}: 'analysis' must be a mapping")
         storage = spec.get("storage") if isinstance(spec.get("storage"), str) else None
         return spec["name"], block, storage
+    if db is not _NO_DB:
+        from .data import open_engine
+        from .stored import stored_spec
+
+        spec = stored_spec(open_engine(db), target)
+        block = spec.get("analysis") if spec else None
+        return target, block if isinstance(block, dict) else None, None
     return target, None, None
 
 
@@ -278,6 +290,7 @@ class Report:
     html_path: str | None = None
     # Designs: sequential looks (format_looks text), stop-rule handling, compute saved.
     design: list[str] = field(default_factory=list)
+    unfinished: str | None = None  # the warning line of a sweep still running (or stopped)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({
@@ -288,18 +301,20 @@ class Report:
             "hazard_error": self.hazard_error,
             "heatmap": self.heatmap.model_dump() if self.heatmap else None,
             "accuracy": self.accuracy, "contrasts": self.contrasts,
-            "figures": self.figures, "html": self.html_path, "design": self.design})
+            "figures": self.figures, "html": self.html_path, "design": self.design,
+            "unfinished": self.unfinished})
 
     def text(self) -> str:
         """The tables as plain text (what ``orchestrator report`` prints)."""
         c = self.cfg
-        out = [f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
+        out = ([f"WARNING: {self.unfinished}"] if self.unfinished else []) + [
+               f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
                + (f", where {c.where}" if c.where else "")
                + (f", traces cut at step {c.horizon}" if c.horizon else ""),
                f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
                f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
                f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}", ""]
-        out.append("A. cell outcomes: solved/mid/flat/dead (n) @median escape step")
+        out.append("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
         out.append(_indent(self.layout.to_string()) if not self.layout.empty else "  (none)")
         out.append("")
         out.append(f"B. log-rank on escape times by {'/'.join(c.by) or '(no --by)'}"
@@ -370,7 +385,6 @@ def _logrank_line(d: dict[str, Any]) -> str:
             f"p = {d['p_value']:.4g}")
 
 
-_NO_DB = object()
 
 
 def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
@@ -445,6 +459,11 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
     rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.cells)
     rep.contrasts = contrast_tests(budget.trials, cfg)
     rep.design = design
+    if db is not _NO_DB:
+        from .data import open_engine
+        from .stored import progress
+
+        rep.unfinished = progress(open_engine(db), prep.data.sweep).warning()
     if not write:
         return rep
     out = Path(out_dir) if out_dir else DEFAULT_OUT / re.sub(r"[^\w.-]", "_", prep.data.sweep)
@@ -469,6 +488,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom:
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f3f3f3; } p.note { color: #555; font-size: 0.9em; }
+p.warning { background: #fff3cd; border: 1px solid #e0c060; padding: 0.5em; }
 figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: 0.6em; font-size: 0.85em; }
 """
@@ -492,13 +512,15 @@ def render_html(rep: Report) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(rep.sweep)} report"
              f"</title><style>{_CSS}</style></head><body>",
              f"<h1>Sweep <code>{e(rep.sweep)}</code></h1>",
+             (f"<p class='warning'><strong>Warning:</strong> {e(rep.unfinished)}</p>"
+              if rep.unfinished else ""),
              f"<p class='note'>{rep.n_trials} trials (status {e(', '.join(c.statuses))})"
              + (f", where <code>{e(c.where)}</code>" if c.where else "") +
              f". Escape: first eval after the first with accuracy &ge; {c.escape_at:g}. "
              f"Collapse: accuracy &lt; {c.collapse_below:g} from some eval to the end "
              f"(censors escape, a competing risk). Solved / lock-in: {e(c.metric)} accuracy "
              f"&ge; {c.lockin:g}; mid: final accuracy &ge; {c.mid_at:g}.</p>"]
-    parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @median escape step</h2>")
+    parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @KM median escape step</h2>")
     parts.append(_table(rep.layout) if not rep.layout.empty else "<p>(none)</p>")
     parts.append("<h2>Lock-in rates</h2>" + _table(rep.lockin, index=False))
     parts.append("<h2>Final accuracy: mean [min, max]</h2>"
@@ -554,7 +576,7 @@ def write_report(db, target: str, out_dir: str | Path | None = None, fmt: str = 
     TARGET is a spec path), then ``cfg``/``overrides`` over it."""
     from .api import prepare
 
-    sweep, block, storage = resolve_target(target)
+    sweep, block, storage = resolve_target(target, db)
     base = cfg or parse_config(block, source=f"{target}: analysis")
     if db is None and storage:
         db = storage

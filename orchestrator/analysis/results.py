@@ -46,3 +46,34 @@ class TestResult:
         return jsonable({"test": self.test, "p_value": self.p_value,
                          "test_statistic": self.test_statistic, "groups": self.groups,
                          **self.details})
+
+
+class TableResult:
+    """A table-shaped analysis (``lockin``, ``outcomes``): ``.summary`` is the table,
+    ``.to_dict()`` its rows; indexing and DataFrame attributes reach the table, so code that
+    used the bare frame keeps working."""
+
+    def __init__(self, analysis: str, table: pd.DataFrame):
+        self.analysis = analysis
+        self.table = table
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        return self.table
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable({"analysis": self.analysis, "rows": self.table})
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.table[key]
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "table":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.table, name)
+
+    def __repr__(self) -> str:
+        return f"{self.analysis}:\n{self.table.to_string(index=False)}"

@@ -22,9 +22,21 @@ def _cp_interval(k: int, n: int) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def _median(values) -> float:
-    v = np.asarray([x for x in values if x == x], dtype=float)
-    return float(np.median(v)) if v.size else float("nan")
+def km_median_escape(time, event) -> float:
+    """The median escape step, the one definition every table and figure uses: the
+    Kaplan-Meier median, i.e. the first eval step at which the product-limit estimate of
+    "not yet escaped" is at or below 0.5 (trials that never escape count as censored at
+    their last step). NaN when fewer than half escape. It is always an eval step (the
+    plain median of the escaped trials' steps could fall between two evals)."""
+    t = np.asarray(time, dtype=float)
+    e = np.asarray(event, dtype=bool)
+    s = 1.0
+    for step in np.unique(t[e]):
+        at_risk = int((t >= step).sum())
+        s *= 1.0 - int(((t == step) & e).sum()) / at_risk
+        if s <= 0.5 + 1e-9:
+            return float(step)
+    return float("nan")
 
 
 def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig,
@@ -49,8 +61,8 @@ def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig,
 def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig,
                   cells: Sequence[str] | None = None) -> pd.DataFrame:
     """Per cell and group: counts of solved / mid / flat / dead, ``n``, the escapes and
-    collapses, and the median escape step of the trials that escaped (as the scaffold
-    study's cell table reports it)."""
+    collapses, and the Kaplan-Meier median escape step (:func:`km_median_escape`, the same
+    figure the KM table shows)."""
     cells = list(cfg.cells if cells is None else cells)
     rows = []
     for cell, sub in cell_iter(trials, cells):
@@ -61,7 +73,7 @@ def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig,
             rows.append({**cell, "group": g, **{o: int(counts.get(o, 0)) for o in OUTCOMES},
                          "n": int(len(part)), "escapes": int(part["event"].sum()),
                          "collapses": int(part["collapse_step"].notna().sum()),
-                         "median_escape": _median(part["escape_step"])})
+                         "median_escape": km_median_escape(part["time"], part["event"])})
     return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses",
                                        "median_escape"])
 

@@ -6,12 +6,14 @@ import pkgutil
 import sys
 
 from orchestrator.cli.app import app
+from orchestrator.cli.help import polish
 from orchestrator.errors import UserError
 
 # Every ``*_cmds`` module in this package registers its commands on import (one module per
 # command family: run_cmds, cells_cmds, tasks_cmds, analysis_cmds, ...).
 for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.endswith("_cmds")):
     importlib.import_module(f"orchestrator.cli.{_mod}")
+polish(app)  # examples and shared option texts on every command (orchestrator.cli.help)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,14 +9,14 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import app, bench_app
+from orchestrator.cli.app import DB_HELP, app, bench_app
 from orchestrator.errors import UserError
 
 # The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
 # is written out here because that table imports the statistics libraries.
 _KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|sequential|scaling"
 
-DB = typer.Option(None, "--db", help="database URL or SQLite path (default runs/orchestrator.db)")
+DB = typer.Option(None, "--db", help=DB_HELP)
 WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
                                            "\"vocab_size = 88 AND variant = 'ns5'\"")
 BY = typer.Option(None, "--by", help="parameter(s) forming the groups, comma-separated")
@@ -47,11 +47,11 @@ STOPPED_AS = typer.Option(None, "--stopped-as", help="trials the spec's stop rul
                                                       "(refused otherwise)")
 
 
-def _base_config(target: str):
+def _base_config(target: str, db: Optional[str]):
     from orchestrator.analysis.config import parse_config
     from orchestrator.analysis.report import resolve_target
 
-    sweep, block, storage = resolve_target(target)
+    sweep, block, storage = resolve_target(target, db)
     return sweep, parse_config(block, source=f"{target}: analysis"), storage
 
 
@@ -100,7 +100,7 @@ def analyze(
 
     if kind not in ANALYSES:
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
-    name, base, storage = _base_config(sweep)
+    name, base, storage = _base_config(sweep, db)
     cfg = base.with_overrides(
         where=where, by=by, cells=_strata(strata, cells), compare=groups, pair_on=pair_on, metric=metric,
         lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
@@ -145,7 +145,7 @@ def report_cmd(
     from orchestrator.analysis import api
     from orchestrator.analysis.report import build_report
 
-    name, base, storage = _base_config(target)
+    name, base, storage = _base_config(target, db)
     cfg = base.with_overrides(
         where=where, by=by, cells=_strata(strata, cells), compare=groups, metric=metric, lockin=lockin,
         mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,

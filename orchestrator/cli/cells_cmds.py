@@ -65,6 +65,9 @@ def cells_cmd(
     """One row per arm: parameters, recurrent state per layer, and the knobs it carries."""
     import cells
 
+    from orchestrator.plugins import load_installed
+
+    load_installed()  # plugin arms (entry points, $ORCH_PLUGINS) list like built-in ones
     if spec is not None:
         _spec_rows(spec, json_out)
         return
@@ -138,11 +141,11 @@ def _spec_rows(path: str, json_out: bool) -> None:
 @bench_app.command("cells")
 def bench_cells_cmd(
     arms: Optional[list[str]] = typer.Option(None, "--arms", "--arm", help="arms to time (repeat or comma-separate)"),
-    seq_len: int = typer.Option(256, "--seq-len", min=1),
-    d_model: int = typer.Option(32, "--d-model", min=1),
-    n_layers: int = typer.Option(1, "--n-layers", min=1),
-    batch: int = typer.Option(8, "--batch", min=1),
-    vocab_size: int = typer.Option(91, "--vocab-size", min=2),
+    seq_len: int = typer.Option(256, "--seq-len", min=1, help="tokens per sequence"),
+    d_model: int = typer.Option(32, "--d-model", min=1, help="model width"),
+    n_layers: int = typer.Option(1, "--n-layers", min=1, help="layers"),
+    batch: int = typer.Option(8, "--batch", min=1, help="sequences per batch"),
+    vocab_size: int = typer.Option(91, "--vocab-size", min=2, help="vocabulary size"),
     repeats: int = typer.Option(5, "--repeats", min=1, help="interleaved timed rounds (median taken)"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, or cuda:N"),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's)"),

@@ -5,13 +5,12 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import db_app
+from orchestrator.cli.app import DB_HELP, db_app
 
 
 @db_app.command("upgrade")
-def upgrade(db: Optional[str] = typer.Option(None, "--db", help="database URL or SQLite path")
-            ) -> int:
-    """Create or migrate the schema to the newest revision."""
+def upgrade(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> int:
+    """Create or migrate the schema to the newest revision (stamps an unversioned one first)."""
     from orchestrator.store.engine import describe, make_engine, resolve_url, upgrade as up
 
     url = resolve_url(db)

@@ -9,13 +9,11 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from orchestrator.cli.app import app
+from orchestrator.cli.app import DB_HELP, app
 from orchestrator.errors import UserError
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
-
-DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
 
 
 class _Progress:

@@ -33,6 +33,10 @@ def tasks_main(
     if ctx.invoked_subcommand is not None:
         return
     import tasks
+
+    from orchestrator.plugins import load_installed
+
+    load_installed()  # plugin tasks (entry points, $ORCH_PLUGINS) list like built-in ones
     from tasks.config import describe_field, field_names
     from tasks.published import PUBLISHED
 

@@ -40,6 +40,9 @@ def _row(tid: int, point) -> dict[str, Any]:
 
 
 def run_unit(config: dict[str, Any]) -> None:
+    from orchestrator.plugins import load_installed
+
+    load_installed()  # the sweep's plugin cells/tasks, before anything is built
     unit = config["unit"]
     torch.set_num_threads(int(unit.get("threads") or 1))
     members = unit["members"]

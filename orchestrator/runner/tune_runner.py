@@ -40,12 +40,18 @@ def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
         return False
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                   logging_level=logging.ERROR, configure_logging=True)
+    if os.environ.get("ORCH_PLUGINS"):  # the spec's plugin modules, for every worker
+        kwargs["runtime_env"] = {"env_vars": {"ORCH_PLUGINS": os.environ["ORCH_PLUGINS"]}}
     if address:
         try:
             ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise UserError(f"--address {address}: cannot join the Ray cluster: "
-                            f"{str(exc).splitlines()[0]}") from None
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
+            from orchestrator.runner.cluster import join_hint
+
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            hint = join_hint(str(exc))
+            raise UserError(f"--address {address}: cannot join the Ray cluster: {first}"
+                            + (f"; {hint}" if hint else "")) from None
     else:
         ray.init(num_cpus=num_cpus, **kwargs)
     return True

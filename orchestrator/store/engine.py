@@ -39,6 +39,17 @@ def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     return url
 
 
+def url_source(db: str | None, spec_storage: str | None = None) -> str:
+    """Where :func:`resolve_url` found the database, for messages."""
+    if db:
+        return "from --db"
+    if spec_storage:
+        return "from the spec's storage:"
+    if os.environ.get("ORCH_DB"):
+        return "from $ORCH_DB"
+    return f"the default {DEFAULT_DB_PATH} under {Path.cwd()}: no --db given, $ORCH_DB not set"
+
+
 def make_engine(url: str, *, create_dir: bool = True) -> Engine:
     """Engine for reading and writing. Creates the SQLite file's directory when asked."""
     return dialect.for_url(url).make_engine(url, create_dir=create_dir)
@@ -63,9 +74,65 @@ def current_revision(engine: Engine) -> str | None:
         return ctx.get_current_revision()
 
 
+def revisions() -> list[str]:
+    """Every known schema revision, oldest first (the chain ends at :func:`head_revision`)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS_DIR))
+    return [r.revision for r in reversed(list(ScriptDirectory.from_config(cfg).walk_revisions()))]
+
+
+def _columns(engine: Engine) -> dict[str, set[str]]:
+    insp = sa.inspect(engine)
+    return {t: {c["name"] for c in insp.get_columns(t)} for t in insp.get_table_names()
+            if t != VERSION_TABLE}
+
+
+def _schema_at(revision: str) -> dict[str, set[str]]:
+    """The tables and columns a fresh database has at ``revision`` (built in memory)."""
+    ref = sa.create_engine("sqlite://")
+    with ref.begin() as conn:
+        command.upgrade(_alembic_config(conn), revision)
+    return _columns(ref)
+
+
+def matching_revision(engine: Engine) -> str | None:
+    """The newest revision whose tables and columns an unversioned database has exactly
+    (tables that no revision creates, e.g. another tool's, are ignored)."""
+    have = _columns(engine)
+    for rev in reversed(revisions()):
+        want = _schema_at(rev)
+        if all(have.get(t) == cols for t, cols in want.items()):
+            return rev
+    return None
+
+
+def _unknown_revision(url: str, current: str) -> UserError:
+    known = revisions()
+    return UserError(f"database {describe(url)} is at schema revision {current!r}, which this "
+                     f"orchestrator does not know (it knows {known[0]} .. {known[-1]}): it was "
+                     "written by a newer orchestrator; upgrade the orchestrator, not the database")
+
+
 def upgrade(engine: Engine) -> tuple[str | None, str]:
-    """Bring the schema to head. Returns (revision before, revision after)."""
+    """Bring the schema to head. Returns (revision before, revision after).
+
+    A database with orchestrator tables but no version stamp (made before versioning, or by
+    hand) is stamped with the revision its tables match, then upgraded; one that matches no
+    revision, or carries a revision this code does not know, is refused with one line and
+    left untouched."""
+    url = engine.url.render_as_string(hide_password=True)
     before = current_revision(engine)
+    if before is not None and before not in revisions():
+        raise _unknown_revision(url, before)
+    if before is None and set(sa.inspect(engine).get_table_names()) & {"sweeps", "trials", "evals"}:
+        rev = matching_revision(engine)
+        if rev is None:
+            raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
+                            "version, and its tables match no known revision: not touched "
+                            "(export what you need and start a new database)")
+        with engine.begin() as conn:
+            command.stamp(_alembic_config(conn), rev)
+        before = f"unversioned (stamped {rev})"
     with engine.begin() as conn:
         command.upgrade(_alembic_config(conn), "head")
     return before, head_revision()
@@ -90,6 +157,8 @@ def ensure_schema(engine: Engine, url: str, *, auto_create: bool = True) -> None
             upgrade(engine)
             return
         raise UserError(f"database {describe(url)} is empty: run `orchestrator db upgrade`")
+    if current not in revisions():
+        raise _unknown_revision(url, current)
     raise UserError(f"database {describe(url)} is at schema revision {current}, this "
                     f"orchestrator needs {head}: run `orchestrator db upgrade --db "
                     f"{describe(url)}`")
@@ -102,7 +171,9 @@ def open_store_engine(db: str | None, spec_storage: str | None = None, *,
     if not auto_create:
         path = dialect.for_url(url).missing(url)
         if path is not None:
-            raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
+            raise UserError(f"no database at {path} ({url_source(db, spec_storage)}); run a "
+                            "sweep first, or point at one with --db PATH|URL or "
+                            "ORCH_DB=PATH|URL")
     engine = make_engine(url)
     ensure_schema(engine, url, auto_create=auto_create)
     return engine, url

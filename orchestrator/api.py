@@ -1,0 +1,146 @@
+"""The Python API: one entry point per thing a notebook or script does.
+
+::
+
+    from orchestrator import submit, resume, load, analyze, connect
+
+    run = submit("sweeps/quickstart.yaml", db="runs/demo.db")   # a path, YAML text or a dict
+    run.name, run.db, run.outcomes                              # sweep name, DB URL, counts
+    trials, evals = load(run.db, run.name)                      # SQL column names, one per param
+    analyze(run.db, run.name, "fisher").p_value                 # the stored analysis: block applies
+    engine = connect(run.db)                                    # a SQLAlchemy engine, for SQL
+
+Everything is imported lazily (``import orchestrator`` stays light). Errors in what was
+given (a bad spec, an unknown sweep, a missing database) are :class:`orchestrator.errors.
+UserError` with a one-line message, the same the CLI prints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from orchestrator.errors import UserError
+
+
+@dataclass
+class SweepRun:
+    """What :func:`submit` / :func:`resume` return."""
+
+    name: str
+    db: str  # the database URL, as :func:`load` / :func:`analyze` / :func:`connect` take it
+    total: int
+    ran: int
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        return self.outcomes.get("failed", 0)
+
+    def load(self):
+        return load(self.db, self.name)
+
+    def analyze(self, kind: str, **overrides: Any) -> Any:
+        return analyze(self.db, self.name, kind, **overrides)
+
+
+def _spec(spec: str | Path | dict[str, Any]):
+    """A spec given as a path, YAML text or a mapping, loaded and validated."""
+    from orchestrator import spec as specs
+
+    if isinstance(spec, dict):
+        import yaml
+
+        return specs.load("<dict>", text=yaml.safe_dump(spec, sort_keys=False))
+    if isinstance(spec, Path):
+        return specs.load(spec)
+    if not isinstance(spec, str):
+        raise UserError(f"spec: expected a path, YAML text or a dict, got {type(spec).__name__}")
+    # YAML text has a newline or a colon; a path has neither the first (and is usually a file).
+    if "\n" not in spec and (Path(spec).is_file() or spec.endswith((".yaml", ".yml"))):
+        return specs.load(spec)
+    return specs.load("<text>", text=spec)
+
+
+def _run(summary, url: str) -> SweepRun:
+    return SweepRun(name=summary.sweep, db=url, total=summary.total, ran=summary.ran,
+                    outcomes=dict(summary.outcomes))
+
+
+def submit(spec: str | Path | dict[str, Any], *, db: str | None = None,
+           address: str | None = None, max_concurrent: int | None = None,
+           checkpoint_dir: str | None = None) -> SweepRun:
+    """Record the sweep and run its unfinished trials on Ray (``orchestrator submit``).
+
+    ``db``: a URL or SQLite path; default the spec's ``storage:``, else ``$ORCH_DB``, else
+    ``runs/orchestrator.db``. ``address``: join a running Ray cluster."""
+    from orchestrator.runner.sweep import submit as run_submit
+    from orchestrator.store.engine import resolve_url
+
+    sweep = _spec(spec)
+    return _run(run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent,
+                           checkpoint_dir=checkpoint_dir), resolve_url(db, sweep.spec.storage))
+
+
+def resume(sweep: str, *, db: str | None = None, address: str | None = None,
+           max_concurrent: int | None = None, checkpoint_dir: str | None = None) -> SweepRun:
+    """Run what a recorded sweep has not finished (``orchestrator resume``)."""
+    from orchestrator.runner.sweep import resume as run_resume
+    from orchestrator.store.engine import resolve_url
+
+    return _run(run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent,
+                           checkpoint_dir=checkpoint_dir), resolve_url(db))
+
+
+def connect(db: str | Engine | None = None) -> Engine:
+    """A SQLAlchemy engine on an existing result database (never creates one)."""
+    if isinstance(db, Engine):
+        return db
+    from orchestrator.store.engine import open_store_engine
+
+    return open_store_engine(db, auto_create=False)[0]
+
+
+def load(db: str | Engine | None, sweep: str):
+    """``trials, evals = load(db, sweep)``: every trial (any status) and eval point.
+
+    ``trials``: ``trial_id, key, status, attempts, host, node_id, ..., final_acc, best_acc,
+    error`` and one column per parameter under its dotted name (``arm``, ``lr``, ``task.K``).
+    ``evals``: ``trial_id, step, acc, loss, train_loss, step_lr, elapsed_s`` and one
+    ``metrics.<name>`` column per recorded metric. The returned object also carries
+    ``.spec_text`` and ``.params``."""
+    from orchestrator.store.frames import read_sweep
+
+    return read_sweep(connect(db), sweep)
+
+
+def analyze(db: str | Engine | None, sweep: str, kind: str, **overrides: Any) -> Any:
+    """One analysis (``lockin``, ``outcomes``, ``fisher``, ``permutation``, ``mcnemar``,
+    ``km``, ``logrank``, ``hazard``, ``scaling``) with the sweep's stored ``analysis:``
+    block as the base config and ``overrides`` (AnalysisConfig fields) over it. The result
+    has ``.summary`` (a DataFrame) and ``.to_dict()``."""
+    from orchestrator.analysis import api
+    from orchestrator.analysis.config import parse_config
+    from orchestrator.analysis.stored import stored_spec
+
+    engine = connect(db)
+    spec = stored_spec(engine, sweep)
+    block = spec.get("analysis") if spec else None
+    cfg = parse_config(block if isinstance(block, dict) else None, source=f"{sweep}: analysis")
+    return api.result(kind, api.run(api.prepare(engine, sweep, cfg, **overrides), kind))
+
+
+def register_cell(*args: Any, **kwargs: Any) -> Any:
+    """Register a cell arm (see :func:`cells.registry.register_cell`)."""
+    from cells.registry import register_cell as reg
+
+    return reg(*args, **kwargs)
+
+
+def register_task(*args: Any, **kwargs: Any) -> Any:
+    """Register a task class (see :func:`tasks.registry.register_task`)."""
+    from tasks.registry import register_task as reg
+
+    return reg(*args, **kwargs)

@@ -1,0 +1,125 @@
+"""A real two-node Ray cluster on this machine, as the README's recipe builds it: ``ray start
+--head`` and a second ``ray start --address`` (separate raylets, free ports, token
+authentication with a token file), a driver that lacks the token refused in one line that
+names the fix, then a sweep on PostgreSQL whose trials ran on both nodes. The test stops
+both nodes by their process ids (each started in a session of its own)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from conftest import POSTGRES_URL, make_pg_schema_url
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")]
+
+RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; "
+       "sys.argv[0] = 'ray'; main()"]
+ORCH = [sys.executable, "-m", "orchestrator.cli"]
+SPEC = """name: two_nodes
+fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: gated_deltanet}
+axes: {seed: [0, 1, 2, 3]}
+budget: {steps: 30, eval_every: 10}
+resources: {cpu: 1}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    # A session of its own: the node's gcs_server, raylet and workers are its process group.
+    return subprocess.Popen(
+        RAY + ["start", "--block", "--num-cpus=1", "--disable-usage-stats",
+               f"--dashboard-agent-listen-port={free_port()}",
+               f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+               *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+    try:  # whatever of the node's group outlived `ray start`
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for_nodes(address: str, env: dict[str, str], n: int, timeout: float = 60) -> None:
+    code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, "
+            "logging_level='ERROR'); print(sum(x['Alive'] for x in ray.nodes()))")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run([sys.executable, "-c", code, address], env=env,
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
+            return
+        time.sleep(2)
+    raise AssertionError(f"the cluster did not reach {n} nodes")
+
+
+def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
+    tmp = Path(tempfile.mkdtemp(prefix="orc", dir="/tmp"))  # short: Ray's socket paths
+    token = tmp / "token"
+    token.write_text(uuid.uuid4().hex)
+    auth = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    auth.pop("RAY_ADDRESS", None)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    url, drop = make_pg_schema_url()
+    nodes = []
+    try:
+        nodes.append(_node(["--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                            "--include-dashboard=false", f"--temp-dir={tmp / 'ray'}"],
+                           auth, tmp / "head.log"))
+        time.sleep(3)
+        nodes.append(_node([f"--address={address}"], auth, tmp / "node.log"))
+        _wait_for_nodes(address, auth, 2)
+        spec = tmp / "two_nodes.yaml"
+        spec.write_text(SPEC)
+
+        # A driver without the token: refused in one line naming the fix, nothing written.
+        bare = {**auth, "RAY_AUTH_MODE": "disabled"}
+        bare.pop("RAY_AUTH_TOKEN_PATH")
+        r = subprocess.run(ORCH + ["submit", str(spec), "--address", address, "--db", url,
+                                   "--quiet"], env=bare, capture_output=True, text=True,
+                           timeout=180)
+        assert r.returncode == 2, r.stderr[-2000:]
+        err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert len(err) == 1 and "cannot join the Ray cluster" in err[0]
+        assert "RAY_AUTH_MODE=token" in err[0] and "auth_token" in err[0]
+
+        r = subprocess.run(ORCH + ["submit", str(spec), "--address", address, "--db", url,
+                                   "--quiet"], env=auth, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        engine = sa.create_engine(url)
+        with engine.connect() as c:
+            rows = c.execute(sa.text("SELECT status, node_id FROM trials")).all()
+        engine.dispose()
+        assert [s for s, _ in rows] == ["completed"] * 4
+        assert len({n for _, n in rows}) == 2, rows  # both raylets ran trials
+    finally:
+        for p in reversed(nodes):
+            _stop(p)
+        drop()
+        shutil.rmtree(tmp, ignore_errors=True)
