@@ -191,7 +191,9 @@ def bench_analysis(
         path = keep_db if keep_db else Path(tmp) / "bench.db"
         if path.exists():
             raise UserError(f"--keep-db {path}: file exists; pass a new path")
-        url = f"sqlite:///{path.resolve()}"
+        from orchestrator.store.engine import sqlite_url
+
+        url = sqlite_url(path)
         build_s = build_db(url, trials, evals)
         res = time_hazard(url)
         res.build_s = build_s

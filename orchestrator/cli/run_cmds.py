@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.cli.app import app
 
@@ -27,7 +28,7 @@ class _Progress:
 
     def start(self, db: str, total: int, todo: int) -> None:
         if not self.quiet:
-            err.print(f"database: {db}")
+            err.print(f"database: {escape(db)}")
             err.print(f"trials: {total} in sweep, {total - todo} already finished, {todo} to run")
         if self.quiet or todo == 0:
             return
@@ -157,17 +158,20 @@ def status(
         counts = " ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
         prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
-        out.print(f"[bold]{s['sweep']}[/bold]: {s['total']} trials: {counts}{prog}{eta}")
+        # Stored values (names, parameter values, errors) are shown as stored, never as markup.
+        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: "
+                  f"{escape(counts)}{prog}{eta}")
         if s["axes"]:
             table = Table(show_header=True, header_style="bold")
             for col in ("axis", "value", "done", "total"):
                 table.add_column(col)
             for axis, rows in s["axes"].items():
                 for r in rows:
-                    table.add_row(axis, str(r["value"]), str(r["done"]), str(r["total"]))
+                    table.add_row(escape(str(axis)), escape(str(r["value"])), str(r["done"]),
+                                  str(r["total"]))
             out.print(table)
         for f in s.get("failed", [])[:10]:
-            out.print(f"  [red]failed[/red] {f['key']}: {f['error']}")
+            out.print(f"  [red]failed[/red] {escape(str(f['key']))}: {escape(str(f['error']))}")
     return 0
 
 
@@ -184,7 +188,8 @@ def list_sweeps(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
         out.print_json(json.dumps(rows, default=str))
         return 0
     for r in rows:
-        out.print(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed\t{r['created_at']}")
+        out.print(escape(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed\t"
+                         f"{r['created_at']}"))
     return 0
 
 
@@ -194,12 +199,18 @@ def sql(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout"),
     as_json: bool = typer.Option(False, "--json", help="JSON list of row objects"),
+    timeout: float = typer.Option(60.0, "--timeout", help="cancel the query after this many "
+                                                          "seconds"),
 ) -> int:
-    """Read-only SQL on the result database (writes are refused, the DB is untouched)."""
+    """Read-only SQL on the result database (writes are refused, the DB is untouched).
+
+    The statement is sent exactly as written; the connection is read-only (SQLite mode=ro
+    and an authorizer, PostgreSQL a READ ONLY transaction; point --db at a read-only role,
+    see `orchestrator db create-reader`)."""
     from orchestrator.store.engine import resolve_url
     from orchestrator.store.readonly import readonly_query
 
-    cols, rows = readonly_query(resolve_url(db), query)
+    cols, rows = readonly_query(resolve_url(db), query, timeout_s=timeout)
     if as_csv:
         w = csv.writer(sys.stdout)
         w.writerow(cols)
@@ -209,9 +220,9 @@ def sql(
     else:
         from rich.table import Table
 
-        table = Table(*cols, show_header=True, header_style="bold")
+        table = Table(*(escape(str(c)) for c in cols), show_header=True, header_style="bold")
         for r in rows:
-            table.add_row(*("" if v is None else str(v) for v in r))
+            table.add_row(*("" if v is None else escape(str(v)) for v in r))
         out.print(table)
         err.print(f"{len(rows)} row(s)")
     return 0

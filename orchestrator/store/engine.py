@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store import dialect
-from orchestrator.store.dialect import describe, sqlite_path  # noqa: F401  (re-exported)
+from orchestrator.store.dialect import describe, sqlite_path, sqlite_url  # noqa: F401  (re-exported)
 
 DEFAULT_DB_PATH = Path("runs") / "orchestrator.db"
 VERSION_TABLE = "orchestrator_alembic_version"
@@ -30,7 +30,7 @@ def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     ``postgresql://`` is routed to psycopg 3."""
     url = db or spec_storage or os.environ.get("ORCH_DB") or str(DEFAULT_DB_PATH)
     if "://" not in url:
-        return f"sqlite:///{Path(url).expanduser().resolve()}"
+        return sqlite_url(url)
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if not url.startswith(("sqlite", "postgresql")):
