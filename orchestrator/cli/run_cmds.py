@@ -101,19 +101,23 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    max_trials: int = typer.Option(100_000, "--max-trials", min=1,
+                                   help="refuse a design with more trials than this"),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
     from orchestrator import spec as specs
 
-    sweep = specs.load(spec)
+    sweep = specs.load(spec, max_trials=max_trials)
+    for w in sweep.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if dry_run:
         if as_json:
-            out.print_json(json.dumps({"trials": len(sweep.trials), "axes": sweep.axes},
-                                      default=str))
+            print(json.dumps({"trials": len(sweep.trials), "axes": sweep.axes}, default=str,
+                             allow_nan=False))
         else:
-            out.print(f"sweep {sweep.name}: {len(sweep.trials)} trials")
+            out.print(f"sweep {escape(sweep.name)}: {len(sweep.trials)} trials")
             for name, values in sweep.axes.items():
-                out.print(f"  {name}: {', '.join(map(str, values))}")
+                out.print(escape(f"  {name}: {', '.join(map(str, values))}"))
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
