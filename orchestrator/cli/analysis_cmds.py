@@ -167,8 +167,9 @@ def import_cmd(
     if json_out:
         _print_json(res)
     else:
-        print(f"imported {res['trials']} trials ({res['new_trials']} new, {res['evals']} eval "
-              f"rows) from {res['file']} into sweep {res['sweep']}")
+        div = f", {res['diverged']} diverged" if res.get("diverged") else ""
+        print(f"imported {res['trials']} trials ({res['new_trials']} new{div}, {res['evals']} "
+              f"eval rows) from {res['file']} into sweep {res['sweep']}")
 
 
 @bench_app.command("analysis")
