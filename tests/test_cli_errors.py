@@ -79,6 +79,8 @@ def test_debug_shows_the_traceback(boom, monkeypatch):
     ["resume", "x", "--db", "postgresql://127.0.0.1:1/nope"],
     ["ls", "--db", "postgresql://127.0.0.1:1/nope"],
     ["status", "--db", "mysql://h/db"],
+    ["db", "upgrade", "--db", "postgresql://127.0.0.1:1/nope"],
+    ["db", "upgrade", "--db", "/proc/orch-cannot-write-here.db"],
 ])
 def test_unreachable_databases_are_one_line(argv, capsys):
     code = main(argv)

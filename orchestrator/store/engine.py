@@ -65,9 +65,13 @@ def current_revision(engine: Engine) -> str | None:
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Bring the schema to head. Returns (revision before, revision after)."""
-    before = current_revision(engine)
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "head")
+    try:
+        before = current_revision(engine)
+        with engine.begin() as conn:
+            command.upgrade(_alembic_config(conn), "head")
+    except sa.exc.OperationalError as exc:  # an unwritable path, a server that is not there
+        raise UserError(f"cannot open database {describe(str(engine.url))}: "
+                        f"{str(exc.orig).strip().splitlines()[0]}") from None
     return before, head_revision()
 
 
