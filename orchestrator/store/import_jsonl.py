@@ -117,7 +117,7 @@ class ImportRecord(BaseModel):
             if isinstance(obj, dict):
                 stack.extend((x, depth + 1) for x in obj.values())
             elif isinstance(obj, list):
-                raise ValueError("a parameter value is a list (one value per parameter)")
+                stack.extend((x, depth + 1) for x in obj)
             elif isinstance(obj, float) and not math.isfinite(obj):
                 raise ValueError(f"a parameter value is {obj!r} (not a finite number)")
         return v
