@@ -106,7 +106,7 @@ _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_F
                     sqlite3.SQLITE_RECURSIVE}
 
 
-def _authorizer(action: int, arg1, arg2, dbname, source) -> int:
+def readonly_authorizer(action: int, arg1, arg2, dbname, source) -> int:
     if action in _ALLOWED_ACTIONS:
         return sqlite3.SQLITE_OK
     if action == sqlite3.SQLITE_PRAGMA:
@@ -173,7 +173,7 @@ class SQLite(Dialect):
             return 1 if timed_out else 0
 
         try:
-            conn.set_authorizer(_authorizer)
+            conn.set_authorizer(readonly_authorizer)
             conn.set_progress_handler(_progress, 10_000)
             try:
                 cur = conn.execute(body)
