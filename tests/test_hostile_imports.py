@@ -53,7 +53,7 @@ def test_bad_import_leaves_an_existing_database_byte_identical(tmp_path, capsys)
     engine.dispose()  # checkpoints the WAL into the file
 
     def digest():
-        return [hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+        return [hashlib.sha256(p.read_bytes() if p.exists() else b"").hexdigest()
                 for p in (db, db.with_name("x.db-wal"))]
 
     before = digest()

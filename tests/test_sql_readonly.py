@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from orchestrator.cli import main
 from orchestrator.store.dialect import sqlite_path
+from orchestrator.store.engine import open_store_engine
 from orchestrator.store.import_jsonl import write_records
 
 COMMON_WRITES = [
@@ -91,13 +92,16 @@ def _fill(url: str) -> None:
     recs = [{"params": {"arm": "mlstm", "seed": s, "task": "mad_recall"},
              "trace": [{"step": t, "acc": 0.1 * s, "loss": 1.0} for t in (1, 2, 3)]}
             for s in range(3)]
-    write_records(url, "w", recs, source="t")
+    engine, _ = open_store_engine(url)
+    write_records(engine, "w", recs, source="t")
+    engine.dispose()  # closes the writer (a late close would checkpoint the WAL mid-test)
 
 
 def _fingerprint(url: str) -> object:
     path = sqlite_path(url)
     if path is not None:
-        return tuple(hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+        # (an empty -wal file is no content: a reader of a WAL database may create one)
+        return tuple(hashlib.sha256(p.read_bytes() if p.exists() else b"").hexdigest()
                      for p in (path, path.with_name(path.name + "-wal")))
     eng = sa.create_engine(url)
     try:
