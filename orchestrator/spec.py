@@ -10,6 +10,9 @@ before anything is written to a database.
 from __future__ import annotations
 
 import itertools
+import math
+import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,13 @@ class Resources(BaseModel):
 
     cpu: float = Field(1.0, gt=0, description="CPUs per trial (also torch threads, rounded down)")
     gpu: float = Field(0.0, ge=0, description="GPU fraction per trial; 0.25 = four share a GPU")
+
+    @field_validator("cpu", "gpu")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("expected a finite number")
+        return v
 
     @field_validator("gpu")
     @classmethod
@@ -104,6 +114,13 @@ class SweepSpec(BaseModel):
     # Modules registering the sweep's own cells/tasks (orchestrator.plugins).
     plugins: list[str] = Field(default_factory=list)
 
+    @field_validator("storage")
+    @classmethod
+    def _storage_scheme(cls, v: str | None) -> str | None:
+        if v is not None and "://" in v and not re.match(r"(sqlite|postgresql|postgres)(\+\w+)?://", v):
+            raise ValueError("expected a file path, sqlite:///PATH or postgresql://HOST/DB")
+        return v
+
     @model_validator(mode="after")
     def _analysis(self) -> SweepSpec:
         if self.analysis is not None:
@@ -130,6 +147,9 @@ class Sweep:
     # The analysis block's event thresholds, resolved here so the runner (which never imports
     # the analysis) tests looks with the same definitions the analysis reports.
     thresholds: dict[str, Any] = field(default_factory=dict)
+    # Things worth saying that do not stop the sweep (an exclude matching nothing, a
+    # password in the spec); the CLI prints them on stderr.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -155,7 +175,7 @@ def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
     where = _loc(loc)
     if prefix:
         where = f"{prefix}.{where}" if loc else prefix
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
@@ -163,6 +183,123 @@ def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
     if "input" in err and err["type"] not in ("extra_forbidden", "missing"):
         msg += f", got {err['input']!r}"
     return where, msg
+
+
+# ---- bounds -------------------------------------------------------------------------------
+
+DEFAULT_MAX_TRIALS = 100_000
+MAX_SPEC_BYTES = 1 << 20  # a spec is a page of YAML; 1 MiB is far past any real one
+MAX_DEPTH = 32  # a spec is a few levels deep (blocks -> axes -> values)
+MAX_NODES = 1_000_000  # values after alias expansion ("billion laughs" stops here)
+# Typed columns of the store (trials.seed, steps, eval_every, batch_size, ...) are 32-bit
+# INTEGER on PostgreSQL: a larger value would pass here and fail at the first write.
+MAX_INT_FIELD = 2**31 - 1
+MAX_KNOB_INT = 2**63 - 1  # anything in params is stored as JSON and a DOUBLE in trial_params
+# A trial's memory: weights, gradients and two Adam moments in fp32 = 16 bytes a parameter.
+BYTES_PER_PARAM = 16
+
+
+def _node_memory_bytes() -> int:
+    """Physical memory of this machine: the bound for one trial (``$ORCH_NODE_MEMORY_BYTES``
+    overrides it, e.g. for the largest node of a cluster submitted to from a laptop)."""
+    env = os.environ.get("ORCH_NODE_MEMORY_BYTES")
+    if env and env.isdigit():
+        return int(env)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB" if n < 1e12 else f"{n / 1e12:.3g} TB"
+
+
+def _shape(raw: Any) -> None:
+    """Depth and size of the loaded YAML, walked iteratively (aliases count every time they
+    are used, so an alias bomb is refused here and not expanded later)."""
+    stack: list[tuple[Any, int]] = [(raw, 1)]
+    nodes = 0
+    while stack:
+        obj, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ValueError(f"more than {MAX_NODES:,} values (an alias expanding "
+                             "too far?)")
+        if depth > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(obj, dict):
+            stack.extend((v, depth + 1) for v in obj.values())
+            stack.extend((k, depth + 1) for k in obj if isinstance(k, (tuple, list, dict)))
+        elif isinstance(obj, (list, tuple)):
+            stack.extend((v, depth + 1) for v in obj)
+
+
+_PASSWORD_IN_URL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)([^\s@'\"]+)(@)")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` URL as ``***``."""
+    return _PASSWORD_IN_URL.sub(lambda m: m.group(1) + "***" + m.group(3), text)
+
+
+def _scalar_check(name: str, value: Any, where: str, fail) -> None:
+    """What a value must be whatever its parameter: finite, a bounded integer, a scalar."""
+    if isinstance(value, float) and not math.isfinite(value):
+        fail(where, f"expected a finite number, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_KNOB_INT:
+        fail(where, f"integer out of range (|value| <= 2**63-1), got {value!r}")
+    if isinstance(value, (dict, list)):
+        kind = "a mapping" if isinstance(value, dict) else "a list"
+        hint = " (axes go under `axes:`)" if isinstance(value, list) else ""
+        fail(where, f"expected a single value, got {kind}{hint}")
+
+
+def _typed_check(name: str, value: Any, where: str, fail) -> None:
+    """Booleans are not numbers, and the typed integer columns hold 32 bits."""
+    kinds = _FIELD_KINDS.get(name)
+    if not kinds:
+        return
+    if isinstance(value, bool) and bool not in kinds and kinds & {int, float}:
+        fail(where, f"expected a number, got {value!r}")
+    if int in kinds and isinstance(value, int) and value > MAX_INT_FIELD:
+        fail(where, f"must be at most 2**31-1 = {MAX_INT_FIELD}, got {value!r}")
+
+
+def _base_types(ann: Any) -> set[type]:
+    """The plain types inside an annotation (``PositiveInt | None`` -> {int, NoneType})."""
+    import typing
+
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) is typing.Literal:
+        return {type(a) for a in args}
+    if not args:
+        return {ann} if isinstance(ann, type) else set()
+    out: set[type] = set()
+    for a in args:
+        out |= _base_types(a)
+    return out
+
+
+_FIELD_KINDS = {n: _base_types(f.annotation) for n, f in TrialParams.model_fields.items()}
+
+
+def _memory_check(params: Mapping[str, Any], where: str, fail, node_memory: int) -> None:
+    """Refuse a model whose estimated training memory exceeds the largest node's memory,
+    before anything is built (a bad d_model would otherwise allocate terabytes)."""
+    d = params.get("d_model") or 0
+    n = params.get("n_layers") or 0
+    if not isinstance(d, int) or not isinstance(n, int) or d <= 0:
+        return
+    vocab = params.get("task.vocab_size") or 1000
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 1000
+    # ~16 d^2 weights per layer (mixer projections and the MLP) plus the embeddings.
+    n_params = max(n, 1) * 16 * d * d + 2 * vocab * d
+    need = n_params * BYTES_PER_PARAM
+    if need > node_memory:
+        fail(where, f"d_model={d}, n_layers={n}: about {_gb(need)} per trial "
+                    f"({n_params:.3g} parameters x {BYTES_PER_PARAM} bytes), more than the "
+                    f"largest node's {_gb(node_memory)} of memory")
 
 
 # ---- parameter names and values ----------------------------------------------------------
@@ -186,6 +323,8 @@ def _check_name(name: Any, where: str, fail) -> None:
 
 
 def _check_value(name: str, value: Any, where: str, fail) -> Any:
+    _scalar_check(name, value, where, fail)
+    _typed_check(name, value, where, fail)
     if name in _FIELD_ADAPTERS:
         try:
             return _FIELD_ADAPTERS[name].validate_python(value)
@@ -199,27 +338,37 @@ def _check_value(name: str, value: Any, where: str, fail) -> Any:
     return value
 
 
-def _parse_axis(name: str, values: Any, where: str, fail) -> list[Any]:
+def _parse_axis(name: str, values: Any, where: str, fail,
+                max_values: int = DEFAULT_MAX_TRIALS) -> list[Any]:
     if isinstance(values, str):
         lo, sep, hi = values.partition("..")
         if not sep:
             fail(where, f"expected a list of values or a range like 0..9, got {values!r}")
         try:
+            if len(lo.strip()) > 20 or len(hi.strip()) > 20:
+                raise ValueError
             lo_i, hi_i = int(lo), int(hi)
         except ValueError:
             fail(where, f"a range must be two integers like 0..9, got {values!r}")
         if hi_i < lo_i:
             fail(where, f"empty range {values!r} (the end is below the start)")
+        # Counted before it is materialised: `0..999999999` is a number, not a list.
+        if hi_i - lo_i + 1 > max_values:
+            fail(where, f"range {values!r} has {hi_i - lo_i + 1:,} values, above the limit of "
+                        f"{max_values:,} trials (--max-trials to raise it)")
         values = list(range(lo_i, hi_i + 1))
     if not isinstance(values, list):
         fail(where, f"expected a list of values or a range like 0..9, got {values!r}")
     if not values:
         fail(where, "empty axis (give at least one value)")
     seen: list[Any] = []
+    distinct: set[tuple[type, Any]] = set()  # a set: a 100,000-value range is checked in linear time
     for i, v in enumerate(values):
         v = _check_value(name, v, f"{where}[{i}]", fail)
-        if any(v == s and type(v) is type(s) for s in seen):
+        mark = (type(v), v)
+        if mark in distinct:
             fail(f"{where}[{i}]", f"value {v!r} appears twice in the axis")
+        distinct.add(mark)
         seen.append(v)
     return seen
 
@@ -227,7 +376,8 @@ def _parse_axis(name: str, values: Any, where: str, fail) -> list[Any]:
 # ---- expansion ----------------------------------------------------------------------------
 
 def _expand_block(fixed: dict[str, Any], axes: dict[str, list[Any]], zips: list[list[str]],
-                  excludes: list[dict[str, Any]], where: str, fail) -> list[dict[str, Any]]:
+                  excludes: list[dict[str, Any]], where: str, fail,
+                  warnings: list[str] | None = None) -> list[dict[str, Any]]:
     zipped: dict[str, list[str]] = {}
     for gi, group in enumerate(zips):
         if len(group) < 2:
@@ -258,14 +408,34 @@ def _expand_block(fixed: dict[str, Any], axes: dict[str, list[Any]], zips: list[
             if k not in axes and k not in fixed:
                 fail(f"{where}exclude[{ei}].{k}", f"{k!r} is not a parameter of this design")
     out = []
+    used = [0] * len(excludes)
     for combo in itertools.product(*factors):
         params = dict(fixed)
         for part in combo:
             params.update(part)
-        if any(_matches(params, ex) for ex in excludes):
+        hit = [i for i, ex in enumerate(excludes) if _matches(params, ex)]
+        for i in hit:
+            used[i] += 1
+        if hit:
             continue
         out.append(params)
+    if warnings is not None:
+        for ei, n in enumerate(used):
+            if n == 0:
+                warnings.append(f"{where}exclude[{ei}] {excludes[ei]!r} matches no combination "
+                                "(a misspelt value?)")
     return out
+
+
+def _design_size(axes: Mapping[str, list[Any]], zips: list[list[str]]) -> int:
+    """Combinations of one design, from the axis lengths alone (a zip group counts once),
+    before any combination exists."""
+    zipped = {n for g in zips if isinstance(g, list) for n in g if n in axes}
+    size = math.prod(len(v) for n, v in axes.items() if n not in zipped)
+    for g in zips:
+        lengths = [len(axes[n]) for n in g if n in axes] if isinstance(g, list) else []
+        size *= max(lengths, default=1)
+    return size
 
 
 def _matches(params: Mapping[str, Any], ex: Mapping[str, Any]) -> bool:
@@ -338,8 +508,12 @@ def _match(params: dict[str, Any], mp: MatchParams, where: str, fail,
     return {**params, f"model.{LEVER}": row[LEVER]}
 
 
-def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
-    """Read, validate and expand a spec. Raises SpecError (a one-line UserError)."""
+def load(path: str | Path | None = None, *, text: str | None = None,
+         max_trials: int = DEFAULT_MAX_TRIALS, node_memory: int | None = None) -> Sweep:
+    """Read, validate and expand a spec. Raises SpecError (a one-line UserError).
+
+    ``max_trials`` caps the design (counted from the axis sizes before anything is
+    expanded); ``node_memory`` (bytes, default this machine's) bounds a trial's model."""
     label = str(path) if path is not None else "<spec>"
 
     def fail(where: str, msg: str):
@@ -347,13 +521,30 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
 
     if text is None:
         try:
-            text = Path(path).read_text()
+            p = Path(path)  # type: ignore[arg-type]
+            if p.is_file() and p.stat().st_size > MAX_SPEC_BYTES:
+                raise SpecError(f"{label}: {p.stat().st_size:,} bytes, above the "
+                                f"{MAX_SPEC_BYTES:,}-byte limit of a spec")
+            text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise SpecError(f"{label}: no such file") from None
+        except IsADirectoryError:
+            raise SpecError(f"{label}: is a folder, not a spec file") from None
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"{label}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except OSError as exc:
-            raise SpecError(f"{label}: cannot read: {exc.strerror}") from None
+            raise SpecError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise SpecError(f"{label}: above the {MAX_SPEC_BYTES:,}-byte limit of a spec")
+    if "\x00" in text:
+        raise SpecError(f"{label}: contains a NUL byte (not a text file?)")
     try:
         raw = load_strict(text)
+        _shape(raw)
+    except RecursionError:
+        raise SpecError(f"{label}: nested too deeply (more than {MAX_DEPTH} levels)") from None
+    except ValueError as exc:
+        raise SpecError(f"{label}: {exc}") from None
     except DuplicateKeyError as exc:
         line = exc.mark.line + 1 if exc.mark else "?"
         raise SpecError(f"{label}: line {line}: duplicate key {exc.key!r}") from None
@@ -374,6 +565,9 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
 
     plugins.ensure(spec.plugins, f"{label}: plugins")
     base_fixed = {k: v for k, v in spec.budget.model_dump().items() if v is not None}
+    for name, value in raw.get("budget", {}).items() if isinstance(raw.get("budget"), dict) else ():
+        # the budget model coerces (true -> 1): check what was written
+        _check_value(name, value, f"budget.{name}", fail)
     for name, value in spec.fixed.items():
         _check_name(name, f"fixed.{name}", fail)
         base_fixed[name] = _check_value(name, value, f"fixed.{name}", fail)
@@ -382,7 +576,7 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
         _check_name(name, f"axes.{name}", fail)
         if name in spec.fixed:
             fail(f"axes.{name}", f"duplicate axis: {name!r} is also under fixed")
-        base_axes[name] = _parse_axis(name, values, f"axes.{name}", fail)
+        base_axes[name] = _parse_axis(name, values, f"axes.{name}", fail, max_trials)
 
     designs: list[tuple[str, dict, dict, list, list]] = []
     if not spec.blocks:
@@ -400,7 +594,7 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
         for name, values in block.axes.items():
             _check_name(name, f"{pre}axes.{name}", fail)
             fixed.pop(name, None)
-            axes[name] = _parse_axis(name, values, f"{pre}axes.{name}", fail)
+            axes[name] = _parse_axis(name, values, f"{pre}axes.{name}", fail, max_trials)
         designs.append((pre, fixed, axes, spec.zip + block.zip, spec.exclude + block.exclude))
 
     trials: list[tuple[str, dict[str, Any]]] = []
@@ -408,6 +602,13 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
     axes_union: dict[str, list[Any]] = {}
     built: set[str] = set()
     matched: dict[tuple, dict[str, Any]] = {}
+    warnings: list[str] = []
+    memory = node_memory if node_memory is not None else _node_memory_bytes()
+    total = sum(_design_size(axes, zips) for _, _, axes, zips, _ in designs)
+    if total > max_trials:
+        fail("axes" if not spec.blocks else "blocks",
+             f"the design has {total:,} combinations (before exclude), above the limit of "
+             f"{max_trials:,} trials (--max-trials to raise it)")
     for pre, fixed, axes, zips, excludes in designs:
         for name in ("arm", "task"):
             if name not in fixed and name not in axes:
@@ -415,12 +616,16 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
         for name, values in axes.items():
             union = axes_union.setdefault(name, [])
             union.extend(v for v in values if v not in union)
-        for params in _expand_block(fixed, axes, zips, excludes, pre, fail):
+        for params in _expand_block(fixed, axes, zips, excludes, pre, fail, warnings):
             where = (f"{pre}axes ({', '.join(f'{k}={params[k]!r}' for k in axes)})"
                      if axes else f"{pre}fixed")
             if spec.match_params is not None:
                 params = _match(params, spec.match_params, where, fail, matched)
+            _memory_check(params, where, fail, memory)
             resolved = _validate_trial(params, where, fail, built)
+            if resolved.get("eval_every", 0) > resolved.get("steps", 0):
+                fail(where, f"eval_every ({resolved['eval_every']}) is above steps "
+                            f"({resolved['steps']}): the trial would never be evaluated")
             key = trial_key(resolved)
             if key not in seen:
                 seen.add(key)
@@ -449,6 +654,11 @@ def load(path: str | Path | None = None, *, text: str | None = None) -> Sweep:
         if spec.stop is not None and spec.stop.escape_at is None:
             # The trial decides from its own trace, so the threshold travels with the spec.
             spec.stop.escape_at = acfg.escape_at
-    return Sweep(spec=spec, path=Path(path) if path is not None else None, text=text,
+    # The spec text is stored with the sweep: a password in a URL never reaches the database.
+    stored = redact(text)
+    if stored != text:
+        warnings.append("the spec holds a password in a URL; it is stored as *** — put it in "
+                        "PGPASSFILE (~/.pgpass) or the environment (PGPASSWORD, $ORCH_DB) instead")
+    return Sweep(spec=spec, path=Path(path) if path is not None else None, text=stored,
                  trials=trials, axes=axes_union, matched=list(matched.values()),
-                 sequential=sequential, thresholds=thresholds)
+                 sequential=sequential, thresholds=thresholds, warnings=warnings)

@@ -1,5 +1,6 @@
 """YAML loading that refuses what PyYAML silently accepts: duplicate keys (the last one would
-win and an axis would vanish) and YAML 1.1's reading of ``1e-3`` as a string."""
+win and an axis would vanish) and YAML 1.1's reading of ``1e-3`` as a string. Merge keys
+(``<<``) work as YAML defines them: merged keys are defaults, written keys override them."""
 from __future__ import annotations
 
 import re
@@ -32,13 +33,19 @@ _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT,
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
-    loader.flatten_mapping(node)
+    # Only keys written in this mapping can be duplicates: keys a merge (`<<: *base`) brings
+    # in are defaults that a written key overrides, as YAML defines merge keys.
+    written = [k for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"]
     seen: set[Any] = set()
-    for key_node, _ in node.value:
+    for key_node in written:
         key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise DuplicateKeyError(key, key_node.start_mark, "")
-        seen.add(key)
+        try:
+            if key in seen:
+                raise DuplicateKeyError(key, key_node.start_mark, "")
+            seen.add(key)
+        except TypeError:  # an unhashable key (a list or mapping): the constructor says so
+            break
+    loader.flatten_mapping(node)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 

@@ -102,22 +102,23 @@ def test_malformed_lines_are_reported_by_number_and_nothing_is_imported(db_url, 
         assert conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one() == 0
 
 
-def test_import_into_an_existing_sweep_keeps_its_spec(db_url, tmp_path, capsys):
+def test_import_never_writes_into_a_submitted_sweep(db_url, tmp_path, capsys):
     engine, _ = open_store_engine(db_url)
     with engine.begin() as conn:
         upsert_sweep(conn, "basin", "name: basin\n", "abc")
     f = _write(tmp_path / "more.jsonl", [_line(10), _line(11)])
     code, _, err = _run(capsys, "import", str(f), "--sweep", "basin", "--db", db_url)
-    assert code == 0, err
+    assert code == 2 and "created by `orchestrator submit`" in err
+    assert len(err.strip().splitlines()) == 1
     with engine.connect() as conn:
         spec, h = conn.execute(sa.text(
             "SELECT spec_text, spec_hash FROM sweeps WHERE name = 'basin'")).one()
         n = conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one()
-    assert (spec, h, n) == ("name: basin\n", "abc", 2)
+    assert (spec, h, n) == ("name: basin\n", "abc", 0)
 
 
 @pytest.mark.parametrize("bad", ['{"params": {"a": 1}, "trace": [{"step": 1.5, "acc": 0.1}]}',
-                                 '{"params": {"a": 1}, "trace": [{"step": 1, "acc": NaN}]}',
+                                 '{"params": {"a": 1}, "trace": [{"step": 1, "acc": "0.5"}]}',
                                  '{"params": {}, "trace": [{"step": 1, "acc": 0.1}]}',
                                  '{"params": {"a": 1}, "trace": []}'])
 def test_each_malformed_shape_is_rejected(tmp_path, bad):

@@ -172,8 +172,9 @@ def import_cmd(
     if json_out:
         _print_json(res)
     else:
-        print(f"imported {res['trials']} trials ({res['new_trials']} new, {res['evals']} eval "
-              f"rows) from {res['file']} into sweep {res['sweep']}")
+        div = f", {res['diverged']} diverged" if res.get("diverged") else ""
+        print(f"imported {res['trials']} trials ({res['new_trials']} new{div}, {res['evals']} "
+              f"eval rows) from {res['file']} into sweep {res['sweep']}")
 
 
 @bench_app.command("analysis")
@@ -196,7 +197,9 @@ def bench_analysis(
         path = keep_db if keep_db else Path(tmp) / "bench.db"
         if path.exists():
             raise UserError(f"--keep-db {path}: file exists; pass a new path")
-        url = f"sqlite:///{path.resolve()}"
+        from orchestrator.store.engine import sqlite_url
+
+        url = sqlite_url(path)
         build_s = build_db(url, trials, evals)
         res = time_hazard(url)
         res.build_s = build_s

@@ -1,6 +1,7 @@
-"""orchestrator db upgrade."""
+"""orchestrator db upgrade | create-reader."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -16,4 +17,29 @@ def upgrade(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> int
     url = resolve_url(db)
     before, after = up(make_engine(url))
     print(f"{describe(url)}: schema {before or 'empty'} -> {after}")
+    return 0
+
+
+@db_app.command("create-reader")
+def create_reader(
+    role: str = typer.Argument(..., help="name of the new read-only PostgreSQL role"),
+    db: Optional[str] = typer.Option(None, "--db", help="postgresql:// URL of a role allowed "
+                                                        "to create roles"),
+    password_env: Optional[str] = typer.Option(
+        None, "--password-env", help="environment variable holding the new role's password "
+                                     "(never given on the command line)"),
+    timeout: float = typer.Option(60.0, "--timeout", help="the role's statement_timeout, s"),
+) -> int:
+    """Make a login role that can only read the result tables (for `sql`, `ui`, notebooks)."""
+    from orchestrator.errors import UserError
+    from orchestrator.store.engine import resolve_url
+    from orchestrator.store.readonly import create_reader as make
+
+    password = None
+    if password_env is not None:
+        password = os.environ.get(password_env)
+        if not password:
+            raise UserError(f"--password-env {password_env}: the variable is not set")
+    for st in make(resolve_url(db), role, password=password, timeout_s=timeout):
+        print(st + ";")
     return 0

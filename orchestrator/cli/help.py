@@ -40,6 +40,9 @@ EXAMPLES: dict[str, list[str]] = {
     "tasks selftest": ["orchestrator tasks selftest"],
     "db": ["orchestrator db upgrade --db runs/orchestrator.db"],
     "db upgrade": ["orchestrator db upgrade", "orchestrator db upgrade --db postgresql://HOST/DB"],
+    "db create-reader": ["orchestrator db create-reader orch_reader --db postgresql://ADMIN@HOST/DB",
+                         "ORCH_READER_PW=... orchestrator db create-reader orch_reader "
+                         "--password-env ORCH_READER_PW --db postgresql://ADMIN@HOST/DB"],
     "bench": ["orchestrator bench cells --arms deltanet --seq-len 128"],
     "bench analysis": ["orchestrator bench analysis --trials 2000"],
     "bench store": ["orchestrator bench store --rows 20000 --sweep-trials 0"],

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.cli.app import DB_HELP, app
 from orchestrator.errors import UserError
@@ -30,7 +31,7 @@ class _Progress:
         if not self.quiet:
             from orchestrator.cli.ui_cmds import ui_command
 
-            err.print(f"database: {db}")
+            err.print(f"database: {escape(db)}")
             err.print(f"trials: {total} in sweep, {total - todo} already finished, {todo} to run")
             err.print(f"watch it live: {ui_command(db)}", soft_wrap=True)  # copy-pasteable
         if self.quiet or todo == 0:
@@ -128,11 +129,15 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    max_trials: int = typer.Option(100_000, "--max-trials", min=1,
+                                   help="refuse a design with more trials than this"),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
     from orchestrator import spec as specs
 
-    sweep = specs.load(spec)
+    sweep = specs.load(spec, max_trials=max_trials)
+    for w in sweep.warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if dry_run:
         arms = [{k: r[k] for k in ("arm", "params", "state_elements", "mlp_hidden")}
                 for r in sweep.matched]
@@ -140,21 +145,22 @@ def submit(
             doc: dict[str, Any] = {"trials": len(sweep.trials), "axes": sweep.axes}
             if arms:
                 doc["arms"] = arms
-            out.print_json(json.dumps(doc, default=str))
+            print(json.dumps(doc, default=str, allow_nan=False))
         else:
-            out.print(f"sweep {sweep.name}: {len(sweep.trials)} trials")
+            out.print(f"sweep {escape(sweep.name)}: {len(sweep.trials)} trials")
             for name, values in sweep.axes.items():
-                out.print(f"  {name}: {', '.join(map(str, values))}")
+                out.print(escape(f"  {name}: {', '.join(map(str, values))}"))
             if sweep.sequential is not None:
                 q = sweep.sequential
-                out.print(f"  sequential: {q.test} on {q.compare.by} {q.compare.groups[0]} vs "
-                          f"{q.compare.groups[1]}, looks {q.looks} seeds per group, alpha "
-                          f"{q.alpha:g} ({q.spending})"
-                          + (f", strata {', '.join(q.strata)} (Bonferroni)" if q.strata else ""))
+                out.print(escape(
+                    f"  sequential: {q.test} on {q.compare.by} {q.compare.groups[0]} vs "
+                    f"{q.compare.groups[1]}, looks {q.looks} seeds per group, alpha "
+                    f"{q.alpha:g} ({q.spending})"
+                    + (f", strata {', '.join(q.strata)} (Bonferroni)" if q.strata else "")))
             for r in arms:  # match_params: the harness size chosen per arm
                 width = "unmatched" if r["mlp_hidden"] is None else f"mlp_hidden {r['mlp_hidden']}"
-                out.print(f"  arm {r['arm']}: {r['params']:,} params, {r['state_elements']:,} "
-                          f"state elements, {width}")
+                out.print(escape(f"  arm {r['arm']}: {r['params']:,} params, "
+                                 f"{r['state_elements']:,} state elements, {width}"))
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
@@ -208,14 +214,17 @@ def status(
         counts = " ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
         prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
-        out.print(f"[bold]{s['sweep']}[/bold]: {s['total']} trials: {counts}{prog}{eta}")
+        # Stored values (names, parameter values, errors) are shown as stored, never as markup.
+        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: "
+                  f"{escape(counts)}{prog}{eta}")
         if s["axes"]:
             table = Table(show_header=True, header_style="bold")
             for col in ("axis", "value", "done", "total"):
                 table.add_column(col)
             for axis, rows in s["axes"].items():
                 for r in rows:
-                    table.add_row(axis, str(r["value"]), str(r["done"]), str(r["total"]))
+                    table.add_row(escape(str(axis)), escape(str(r["value"])), str(r["done"]),
+                                  str(r["total"]))
             out.print(table)
         sv = s.get("saved") or {}
         if sv.get("steps"):
@@ -223,7 +232,7 @@ def status(
                       f"({sv['skipped_trials']} trial(s) skipped by a sequential decision, "
                       f"{sv['stopped_trials']} stopped after their escape)")
         for f in s.get("failed", [])[:10]:
-            out.print(f"  [red]failed[/red] {f['key']}: {f['error']}")
+            out.print(f"  [red]failed[/red] {escape(str(f['key']))}: {escape(str(f['error']))}")
     return 0
 
 
@@ -240,7 +249,8 @@ def list_sweeps(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
         out.print_json(json.dumps(rows, default=str))
         return 0
     for r in rows:
-        out.print(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed\t{r['created_at']}")
+        out.print(escape(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed\t"
+                         f"{r['created_at']}"))
     return 0
 
 
@@ -250,12 +260,18 @@ def sql(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout"),
     as_json: bool = typer.Option(False, "--json", help="JSON list of row objects"),
+    timeout: float = typer.Option(60.0, "--timeout", help="cancel the query after this many "
+                                                          "seconds"),
 ) -> int:
-    """Read-only SQL on the result database (writes are refused, the DB is untouched)."""
+    """Read-only SQL on the result database (writes are refused, the DB is untouched).
+
+    The statement is sent exactly as written; the connection is read-only (SQLite mode=ro
+    and an authorizer, PostgreSQL a READ ONLY transaction; point --db at a read-only role,
+    see `orchestrator db create-reader`)."""
     from orchestrator.store.engine import resolve_url
     from orchestrator.store.readonly import readonly_query
 
-    cols, rows = readonly_query(resolve_url(db), query)
+    cols, rows = readonly_query(resolve_url(db), query, timeout_s=timeout)
     if as_csv:
         w = csv.writer(sys.stdout)
         w.writerow(cols)
@@ -265,9 +281,9 @@ def sql(
     else:
         from rich.table import Table
 
-        table = Table(*cols, show_header=True, header_style="bold")
+        table = Table(*(escape(str(c)) for c in cols), show_header=True, header_style="bold")
         for r in rows:
-            table.add_row(*("" if v is None else str(v) for v in r))
+            table.add_row(*("" if v is None else escape(str(v)) for v in r))
         out.print(table)
         err.print(f"{len(rows)} row(s)")
     return 0

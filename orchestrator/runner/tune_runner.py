@@ -43,18 +43,63 @@ def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
     if os.environ.get("ORCH_PLUGINS"):  # the spec's plugin modules, for every worker
         kwargs["runtime_env"] = {"env_vars": {"ORCH_PLUGINS": os.environ["ORCH_PLUGINS"]}}
     if address:
+        _join_bounded(ray, address, kwargs)
+    else:
+        # "local": always a fresh embedded Ray, never the cluster a stale
+        # ray_current_cluster file (or $RAY_ADDRESS) names; joining a dead one retries forever.
+        ray.init(address="local", num_cpus=num_cpus, **kwargs)
+    return True
+
+
+def _join_bounded(ray, address: str, kwargs: dict[str, Any]) -> None:
+    """``ray.init(address=...)`` that fails with one line within ``$ORCH_RAY_JOIN_TIMEOUT_S``
+    (default 60 s) when the cluster does not answer (Ray itself retries a dead GCS for
+    minutes)."""
+    import socket
+    import threading
+
+    from ray._private.services import canonicalize_bootstrap_address
+
+    timeout = float(os.environ.get("ORCH_RAY_JOIN_TIMEOUT_S", "60"))
+
+    def fail(why: str) -> UserError:
+        return UserError(f"--address {address}: cannot join the Ray cluster: {why}")
+
+    if not address.startswith("ray://"):
+        try:
+            target = canonicalize_bootstrap_address(address)
+        except (ConnectionError, ValueError) as exc:
+            raise fail(str(exc).splitlines()[0]) from None
+        if target:
+            host, _, port = target.rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=min(timeout, 10)).close()
+            except (OSError, ValueError) as exc:
+                why = getattr(exc, "strerror", None) or exc
+                raise fail(f"nothing answers at {target} ({why})") from None
+    box: dict[str, BaseException] = {}
+
+    def join() -> None:
         try:
             ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
-            from orchestrator.runner.cluster import join_hint
+        except BaseException as exc:  # handed to the caller's thread
+            box["exc"] = exc
 
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            hint = join_hint(str(exc))
-            raise UserError(f"--address {address}: cannot join the Ray cluster: {first}"
-                            + (f"; {hint}" if hint else "")) from None
-    else:
-        ray.init(num_cpus=num_cpus, **kwargs)
-    return True
+    t = threading.Thread(target=join, name="ray-join", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise fail(f"no answer within {timeout:g} s (ORCH_RAY_JOIN_TIMEOUT_S to change)")
+    exc = box.get("exc")
+    if isinstance(exc, (ConnectionError, RuntimeError, ValueError, TimeoutError,
+                        ray.exceptions.RayError)):
+        from orchestrator.runner.cluster import join_hint
+
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = join_hint(str(exc))
+        raise fail(first + (f"; {hint}" if hint else "")) from None
+    if exc is not None:
+        raise exc
 
 
 def check_resources(cpu: float, gpu: float) -> None:

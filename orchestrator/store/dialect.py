@@ -8,9 +8,11 @@ backend-neutral. A new backend is a subclass here plus its entry in :data:`DIALE
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -27,9 +29,23 @@ READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_
                 "freelist_count", "encoding"}
 
 
+DEFAULT_QUERY_TIMEOUT_S = 60.0
+
+
 def describe(url: str) -> str:
-    """URL safe to print (password hidden)."""
+    """URL safe to print (password hidden; a SQLite file as its plain path)."""
+    path = sqlite_path(url)
+    if path is not None:
+        return str(path)
     return sa.engine.make_url(url).render_as_string(hide_password=True)
+
+
+def sqlite_url(path: str | Path) -> str:
+    """The SQLAlchemy URL of a SQLite file. The path is percent-encoded, so ``#``, ``?``,
+    ``%``, spaces and non-ASCII survive the URL parser (which decodes it once, in
+    :func:`sqlite_path`); every command reaches the file through this and
+    :func:`sqlite_connect`."""
+    return "sqlite:///" + quote(str(Path(path).expanduser().resolve()), safe="/")
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -38,6 +54,15 @@ def sqlite_path(url: str) -> Path | None:
     if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
         return None
     return Path(u.database)
+
+
+def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = 30.0
+                   ) -> sqlite3.Connection:
+    """The one way a SQLite file is opened: a ``file:`` URI with the path percent-encoded
+    (a bare ``#`` or ``?`` would end the path), ``mode=ro`` for readers (the file is never
+    created or written) and ``rwc`` for the store."""
+    uri = f"file:{quote(str(path), safe='/')}?mode={'ro' if readonly else 'rwc'}"
+    return sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
 
 
 class Dialect:
@@ -57,7 +82,10 @@ class Dialect:
         inside the caller's transaction, at the driver's best speed."""
         raise NotImplementedError
 
-    def readonly_query(self, url: str, body: str) -> Rows:
+    def readonly_query(self, url: str, body: str, *,
+                       timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
+        """Run ``body`` exactly as given, read-only by the connection itself, cancelled
+        after ``timeout_s`` seconds."""
         raise NotImplementedError
 
 
@@ -72,6 +100,8 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+_TABLE_ARG_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
+                      "foreign_key_list"}
 _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                     sqlite3.SQLITE_RECURSIVE}
 
@@ -79,8 +109,11 @@ _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_F
 def readonly_authorizer(action: int, arg1, arg2, dbname, source) -> int:
     if action in _ALLOWED_ACTIONS:
         return sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_PRAGMA and arg2 is None and (arg1 or "").lower() in READ_PRAGMAS:
-        return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA:
+        name = (arg1 or "").lower()
+        # An argument sets a value, except for the pragmas whose argument names a table.
+        if name in READ_PRAGMAS and (arg2 is None or name in _TABLE_ARG_PRAGMAS):
+            return sqlite3.SQLITE_OK
     return sqlite3.SQLITE_DENY
 
 
@@ -92,9 +125,16 @@ class SQLite(Dialect):
 
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         path = sqlite_path(url)
-        if path is not None and create_dir:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        engine = sa.create_engine(url, connect_args={"timeout": 30})
+        if path is None:  # in-memory
+            engine = sa.create_engine(url, connect_args={"timeout": 30})
+        else:
+            if create_dir:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise UserError(f"cannot create the folder of database {path}: "
+                                    f"{exc.strerror or exc}") from None
+            engine = sa.create_engine(url, creator=lambda: sqlite_connect(path))
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
 
@@ -113,18 +153,39 @@ class SQLite(Dialect):
         finally:
             cur.close()
 
-    def readonly_query(self, url: str, body: str) -> Rows:
-        # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs.
+    def readonly_query(self, url: str, body: str, *,
+                       timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
+        # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs; a
+        # progress handler interrupts a query past its deadline.
         path = sqlite_path(url)
-        if path is None or not path.exists():
+        if path is None or not path.is_file():
             raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            conn = sqlite_connect(path, readonly=True)
+        except sqlite3.Error as exc:
+            raise UserError(f"cannot open database {path}: {exc}") from None
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+
+        def _progress() -> int:
+            nonlocal timed_out
+            timed_out = time.monotonic() > deadline
+            return 1 if timed_out else 0
+
         try:
             conn.set_authorizer(readonly_authorizer)
+            conn.set_progress_handler(_progress, 10_000)
             try:
                 cur = conn.execute(body)
                 rows = cur.fetchall()
+            except sqlite3.Warning as exc:  # e.g. "You can only execute one statement"
+                raise UserError(f"query refused: {exc}") from None
             except sqlite3.DatabaseError as exc:
+                if timed_out:
+                    raise UserError(f"query cancelled after the {timeout_s:g} s timeout "
+                                    "(--timeout to change)") from None
+                if "not authorized" in str(exc) or "readonly" in str(exc):
+                    raise UserError(f"refused: `orchestrator sql` is read-only ({exc})") from None
                 raise UserError(f"query failed: {exc}") from None
             cols = [d[0] for d in cur.description or ()]
             return cols, rows
@@ -157,12 +218,17 @@ class PostgreSQL(Dialect):
                         f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}")
             cur.execute(f"TRUNCATE {stage}")
 
-    def readonly_query(self, url: str, body: str) -> Rows:
-        # A READ ONLY transaction, and the extended query protocol refuses stacked statements.
+    def readonly_query(self, url: str, body: str, *,
+                       timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
+        # A READ ONLY transaction with a statement_timeout, and the extended query protocol
+        # refuses stacked statements.
         engine = self.make_engine(url)
         try:
             with engine.connect() as conn:
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {int(timeout_s * 1000)}")
+                # Take the snapshot now: after it, `SET TRANSACTION READ WRITE` is an error.
+                conn.exec_driver_sql("SELECT 1")
                 raw = conn.connection.driver_connection
                 assert raw is not None  # a checked-out connection always has one
                 try:
@@ -173,7 +239,18 @@ class PostgreSQL(Dialect):
                 except Exception as exc:
                     raw.rollback()
                     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    if getattr(exc, "sqlstate", None) == "57014":  # query_canceled
+                        raise UserError(f"query cancelled after the {timeout_s:g} s timeout "
+                                        "(--timeout to change)") from None
+                    if getattr(exc, "sqlstate", None) in ("25006", "42501"):
+                        raise UserError(f"refused: `orchestrator sql` is read-only ({msg})") from None
                     raise UserError(f"query failed: {msg}") from None
+                # COMMIT/ROLLBACK as the statement would end the read-only transaction.
+                import psycopg
+
+                if raw.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                    raise UserError("refused: transaction control is not allowed in "
+                                    "`orchestrator sql` (it is read-only)")
                 conn.rollback()
                 return cols, [tuple(r) for r in rows]
         except sa.exc.OperationalError as exc:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store import dialect
-from orchestrator.store.dialect import describe, sqlite_path  # noqa: F401  (re-exported)
+from orchestrator.store.dialect import describe, sqlite_path, sqlite_url  # noqa: F401  (re-exported)
 
 DEFAULT_DB_PATH = Path("runs") / "orchestrator.db"
 VERSION_TABLE = "orchestrator_alembic_version"
@@ -30,7 +30,7 @@ def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     ``postgresql://`` is routed to psycopg 3."""
     url = db or spec_storage or os.environ.get("ORCH_DB") or str(DEFAULT_DB_PATH)
     if "://" not in url:
-        return f"sqlite:///{Path(url).expanduser().resolve()}"
+        return sqlite_url(url)
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if not url.startswith(("sqlite", "postgresql")):
@@ -121,20 +121,24 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
     revision, or carries a revision this code does not know, is refused with one line and
     left untouched."""
     url = engine.url.render_as_string(hide_password=True)
-    before = current_revision(engine)
-    if before is not None and before not in revisions():
-        raise _unknown_revision(url, before)
-    if before is None and set(sa.inspect(engine).get_table_names()) & {"sweeps", "trials", "evals"}:
-        rev = matching_revision(engine)
-        if rev is None:
-            raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
-                            "version, and its tables match no known revision: not touched "
-                            "(export what you need and start a new database)")
+    try:
+        before = current_revision(engine)
+        if before is not None and before not in revisions():
+            raise _unknown_revision(url, before)
+        if before is None and set(sa.inspect(engine).get_table_names()) & {"sweeps", "trials", "evals"}:
+            rev = matching_revision(engine)
+            if rev is None:
+                raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
+                                "version, and its tables match no known revision: not touched "
+                                "(export what you need and start a new database)")
+            with engine.begin() as conn:
+                command.stamp(_alembic_config(conn), rev)
+            before = f"unversioned (stamped {rev})"
         with engine.begin() as conn:
-            command.stamp(_alembic_config(conn), rev)
-        before = f"unversioned (stamped {rev})"
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "head")
+            command.upgrade(_alembic_config(conn), "head")
+    except sa.exc.OperationalError as exc:  # an unwritable path, a server that is not there
+        raise UserError(f"cannot open database {describe(url)}: "
+                        f"{str(exc.orig).strip().splitlines()[0]}") from None
     return before, head_revision()
 
 

@@ -10,7 +10,14 @@ One JSON object per line::
 ``status`` (completed, diverged or failed; default completed) and ``error`` (text) are
 optional. Each trace point needs an int ``step`` and an ``acc`` in [0, 1]; ``loss``,
 ``train_loss``, ``lr`` and ``elapsed_s`` fill their columns and any other key goes into
-the row's ``metrics``.
+the row's ``metrics``. Numbers are JSON numbers (a string is not one); ``NaN``,
+``Infinity``, ``-Infinity`` (as Python's json writes them) and a literal that overflows
+(``1e400``, read as the infinity it is) are accepted in ``acc``/``loss``/``train_loss``, and
+``null`` in ``acc`` (no result) or a loss (not recorded): a run whose trace goes non-finite
+(a NaN/inf loss, a NaN/inf/null acc) is stored as ``diverged``, as the training loop stores
+its own, with the finite points as its evals. Integers beyond 64 bits are refused.
+Imports never write into a sweep that ``submit`` created (its trials are real runs); the
+sweep name follows the rule of spec names.
 Every line is validated before anything is written, and the whole file is written in one
 transaction: a malformed file imports nothing. Re-importing a file is idempotent (trial
 keys come from the parameters, eval rows are upserts).
@@ -19,11 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+import math
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictStr, ValidationError,
+                      field_validator, model_validator)
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
@@ -31,17 +41,24 @@ from orchestrator.keys import trial_key  # the same identity the runner gives it
 
 EVAL_FIELDS = ("loss", "train_loss", "elapsed_s")
 MAX_REPORTED = 5
+# The same rule as spec names: a sweep name becomes a folder name (reports, checkpoints).
+SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+IMPORTED_PREFIX = "# imported from "
+MAX_INT = 2**63 - 1
+MAX_STEP = 2**31 - 1  # evals.step is a 32-bit INTEGER on PostgreSQL
+MAX_PARAM_DEPTH = 8
 
 
 class TracePoint(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    step: int = Field(ge=0)
-    acc: float = Field(ge=0.0, le=1.0)
-    loss: float | None = None
-    train_loss: float | None = None
-    lr: float | None = None
-    elapsed_s: float | None = None
+    step: int = Field(ge=0, le=MAX_STEP)
+    # None / NaN / +-inf mark a diverged run (see ImportRecord); a finite acc is in [0, 1].
+    acc: StrictFloat | None
+    loss: StrictFloat | None = None
+    train_loss: StrictFloat | None = None
+    lr: StrictFloat | None = None
+    elapsed_s: StrictFloat | None = None
 
     @field_validator("step", mode="before")
     @classmethod
@@ -50,6 +67,28 @@ class TracePoint(BaseModel):
                 or isinstance(v, str):
             raise ValueError("step must be an integer")
         return v
+
+    @field_validator("acc")
+    @classmethod
+    def _unit(cls, v: float | None) -> float | None:
+        if v is not None and math.isfinite(v) and not 0.0 <= v <= 1.0:
+            raise ValueError(f"acc must be in [0, 1], got {v!r}")
+        return v
+
+    @field_validator("lr", "elapsed_s")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(f"expected a finite number, got {v!r}")
+        return v
+
+    @property
+    def finite(self) -> bool:
+        """Whether the run was still finite here: acc a number, no NaN/inf loss (a null loss
+        is a loss that was not recorded; a null acc is a point without a result)."""
+        if self.acc is None or not math.isfinite(self.acc):
+            return False
+        return all(v is None or math.isfinite(v) for v in (self.loss, self.train_loss))
 
     def row(self, trial_id: int) -> dict[str, Any]:
         extra = dict(self.model_extra or {})
@@ -65,7 +104,23 @@ class ImportRecord(BaseModel):
     params: dict[str, Any] = Field(min_length=1)
     trace: list[TracePoint] = Field(min_length=1)
     status: Literal["completed", "diverged", "failed"] = "completed"
-    error: str | None = None
+    error: StrictStr | None = None
+
+    @field_validator("params")
+    @classmethod
+    def _scalar_params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        stack: list[tuple[Any, int]] = [(v, 0)]
+        while stack:
+            obj, depth = stack.pop()
+            if depth > MAX_PARAM_DEPTH:
+                raise ValueError(f"params nested deeper than {MAX_PARAM_DEPTH} levels")
+            if isinstance(obj, dict):
+                stack.extend((x, depth + 1) for x in obj.values())
+            elif isinstance(obj, list):
+                stack.extend((x, depth + 1) for x in obj)
+            elif isinstance(obj, float) and not math.isfinite(obj):
+                raise ValueError(f"a parameter value is {obj!r} (not a finite number)")
+        return v
 
     @model_validator(mode="after")
     def _unique_steps(self) -> ImportRecord:
@@ -76,9 +131,37 @@ class ImportRecord(BaseModel):
             seen.add(p.step)
         return self
 
+    @property
+    def diverged(self) -> bool:
+        return any(not p.finite for p in self.trace)
 
-def _reject_constants(token: str):
-    raise ValueError(f"{token} is not a JSON number")
+    @property
+    def stored_status(self) -> str:
+        """A run whose trace went non-finite is diverged, as the training loop records it."""
+        return "diverged" if self.status == "completed" and self.diverged else self.status
+
+    @property
+    def finite_points(self) -> list[TracePoint]:
+        return [p for p in self.trace if p.finite]
+
+
+def _constant(token: str) -> float:
+    # NaN, Infinity and -Infinity, as Python's json.dumps writes a diverged loss.
+    return float(token.replace("Infinity", "inf"))
+
+
+def _int(token: str) -> int:
+    v = int(token)
+    if abs(v) > MAX_INT:
+        raise ValueError(f"integer {token[:24]}{'...' if len(token) > 24 else ''} is beyond "
+                         "64 bits")
+    return v
+
+
+def check_sweep_name(sweep: str) -> None:
+    if not isinstance(sweep, str) or not SWEEP_NAME.match(sweep):
+        raise UserError(f"--sweep {sweep!r}: a sweep name is letters, digits, '_', '.', '-' "
+                        "(starting with a letter or digit, at most 200), as in specs")
 
 
 def _describe(exc: ValidationError) -> str:
@@ -103,7 +186,10 @@ def parse_file(path: Path) -> list[tuple[int, ImportRecord]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, parse_constant=_reject_constants)
+            obj = json.loads(line, parse_constant=_constant, parse_int=_int)
+        except RecursionError:
+            errors.append(f"line {lineno}: nested too deeply")
+            continue
         except (json.JSONDecodeError, ValueError) as exc:
             errors.append(f"line {lineno}: invalid JSON ({getattr(exc, 'msg', exc)})")
             continue
@@ -139,8 +225,7 @@ def write_records(db: str | Engine | None, sweep: str,
     from orchestrator.store.engine import open_store_engine
     from orchestrator.store.models import Trial
 
-    if not sweep.strip():
-        raise UserError("--sweep must name a sweep")
+    check_sweep_name(sweep)
     linenos = list(linenos) if linenos is not None else list(range(1, len(records) + 1))
     keyed: list[tuple[str, dict[str, Any], ImportRecord]] = []
     seen: dict[str, int] = {}
@@ -160,24 +245,30 @@ def write_records(db: str | Engine | None, sweep: str,
     digest = hashlib.sha256(json.dumps([p for _, p, _ in keyed], sort_keys=True,
                                        default=str).encode()).hexdigest()
     with engine.begin() as conn:
-        sid = repo.sweep_id(conn, sweep)
-        if sid is None:
-            sid = repo.upsert_sweep(conn, sweep, f"# imported from {source}\n", digest)
+        found = repo.find_sweep(conn, sweep)
+        if found is None:
+            sid = repo.upsert_sweep(conn, sweep, f"{IMPORTED_PREFIX}{source}\n", digest)
+        elif not found[1].startswith(IMPORTED_PREFIX):
+            # Its trials are real runs of `submit`: an import must never rewrite them.
+            raise UserError(f"sweep {sweep!r} was created by `orchestrator submit`; import "
+                            "into a new sweep name (nothing imported)")
+        else:
+            sid = found[0]
         before = set(conn.execute(sa.select(Trial.key).where(Trial.sweep_id == sid)).scalars())
         ids = repo.add_trials(conn, sid, [(k, p) for k, p, _ in keyed])
-        rows = [pt.row(ids[k]) for k, _, rec in keyed for pt in rec.trace]
+        rows = [pt.row(ids[k]) for k, _, rec in keyed for pt in rec.finite_points]
         n_rows = repo.upsert_evals(conn, rows)
         for k, _, rec in keyed:
-            repo.finish_trial(conn, ids[k], rec.status, error=rec.error)
+            repo.finish_trial(conn, ids[k], rec.stored_status, error=rec.error)
     return {"sweep": sweep, "trials": len(keyed),
-            "new_trials": sum(1 for k, _, _ in keyed if k not in before), "evals": n_rows}
+            "new_trials": sum(1 for k, _, _ in keyed if k not in before), "evals": n_rows,
+            "diverged": sum(1 for _, _, rec in keyed if rec.stored_status == "diverged")}
 
 
 def import_jsonl(db: str | Engine | None, path: str | Path, sweep: str) -> dict[str, Any]:
     """Import ``path`` into ``sweep`` (see :func:`write_records`)."""
     path = Path(path)
-    if not sweep.strip():
-        raise UserError("--sweep must name a sweep")
+    check_sweep_name(sweep)
     parsed = parse_file(path)
     res = write_records(db, sweep, [r for _, r in parsed], source=path.name,
                         linenos=[n for n, _ in parsed])

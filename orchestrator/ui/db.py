@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store.engine import describe, ensure_schema, resolve_url, sqlite_path
-from orchestrator.store.dialect import readonly_authorizer
+from orchestrator.store.dialect import readonly_authorizer, sqlite_connect
 
 # SQLAlchemy reads the isolation level on connect and Alembic the version table's
 # columns; neither pragma changes anything (the ``*_info`` ones take a table name).
@@ -65,8 +65,7 @@ def readonly_engine(db: str | None) -> tuple[Engine, str]:
             raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
 
         def connect() -> sqlite3.Connection:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30,
-                                   check_same_thread=False)
+            conn = sqlite_connect(path, readonly=True)  # the store's one way to open a file
             conn.set_authorizer(_ui_authorizer)
             return conn
 
