@@ -33,7 +33,10 @@ DEFAULT_QUERY_TIMEOUT_S = 60.0
 
 
 def describe(url: str) -> str:
-    """URL safe to print (password hidden; a SQLite file as its plain path)."""
+    """URL safe to print (password hidden; a SQLite file as its plain path). Idempotent: a
+    plain path (what this returns for SQLite) is returned as it is."""
+    if "://" not in url:
+        return url
     path = sqlite_path(url)
     if path is not None:
         return str(path)
