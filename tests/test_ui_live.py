@@ -72,5 +72,5 @@ def test_submit_prints_the_ui_command(tmp_path, capsys):
     assert main(["submit", str(spec), "--db", str(db), "--checkpoint-dir",
                  str(tmp_path / "ck")]) == 0
     err = capsys.readouterr().err
-    assert f"watch it live: orchestrator ui --db sqlite:///{db}" in err
+    assert f"watch it live: orchestrator ui --db {db}" in err
     assert "40/40 steps" in err
