@@ -68,15 +68,35 @@ class _Progress:
 
 def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     """Run a submit/resume with the progress bar, then print the outcome."""
+    from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
+
     progress = _Progress(quiet)
+    name = target if isinstance(target, str) else target.name
     try:
-        summary = run(target, on_start=progress.start, on_event=progress.event, **kwargs)
+        summary = run(target, on_start=progress.start, on_event=progress.event,
+                      note=lambda msg: err.print(msg), **kwargs)
+    except KeyboardInterrupt:
+        # A second Ctrl-C while the trials were stopping.
+        progress.stop()
+        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}")
+        return EXIT_INTERRUPTED
     finally:
         progress.stop()
     return _finish(summary, quiet)
 
 
+def _resume_hint(name: str, db: str | None) -> str:
+    return f"continue with `orchestrator resume {name}" + (f" --db {db}`" if db else "`")
+
+
 def _finish(summary, quiet: bool) -> int:
+    if summary.stopped is not None:
+        from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
+
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
+        err.print(f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
+                  f"{_resume_hint(summary.sweep, summary.db_arg)}")
+        return EXIT_INTERRUPTED
     if not quiet:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
         err.print(f"sweep {summary.sweep}: {parts}; query it with "
@@ -100,12 +120,22 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    takeover: bool = typer.Option(
+        False, "--takeover", help="run even if another driver holds the sweep's lease"),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
     from orchestrator import spec as specs
 
     sweep = specs.load(spec)
     if dry_run:
+        if address is None:
+            # No cluster to ask: a `device: cuda` trial on a machine without CUDA fails in
+            # its worker every time, so the dry run says so now.
+            import torch
+
+            from orchestrator.runner.sweep import check_devices
+
+            check_devices(sweep.trials, float(torch.cuda.device_count()), "this machine")
         if as_json:
             out.print_json(json.dumps({"trials": len(sweep.trials), "axes": sweep.axes},
                                       default=str))
@@ -117,7 +147,8 @@ def submit(
     from orchestrator.runner.sweep import submit as run_submit
 
     return _run_with_progress(run_submit, sweep, quiet, db=db, address=address,
-                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
+                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
+                              takeover=takeover)
 
 
 @app.command()
@@ -128,12 +159,16 @@ def resume(
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    takeover: bool = typer.Option(
+        False, "--takeover", help="run even if another driver holds the sweep's lease"),
 ) -> int:
-    """Run what a sweep has not finished; running trials continue from their checkpoints."""
+    """Run what a sweep has not finished; running, stale and interrupted trials continue
+    from their checkpoints."""
     from orchestrator.runner.sweep import resume as run_resume
 
     return _run_with_progress(run_resume, sweep, quiet, db=db, address=address,
-                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
+                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
+                              takeover=takeover)
 
 
 @app.command()
@@ -158,6 +193,11 @@ def status(
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
         prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
         out.print(f"[bold]{s['sweep']}[/bold]: {s['total']} trials: {counts}{prog}{eta}")
+        if s.get("driver"):
+            out.print(f"  run by {s['driver']}")
+        if s["counts"].get("stale"):
+            out.print(f"  {s['counts']['stale']} stale trial(s): their driver stopped "
+                      f"heartbeating; `orchestrator resume {s['sweep']}` re-runs them")
         if s["axes"]:
             table = Table(show_header=True, header_style="bold")
             for col in ("axis", "value", "done", "total"):
@@ -184,7 +224,8 @@ def list_sweeps(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
         out.print_json(json.dumps(rows, default=str))
         return 0
     for r in rows:
-        out.print(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed\t{r['created_at']}")
+        stale = f", {r['stale']} stale" if r.get("stale") else ""
+        out.print(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed{stale}\t{r['created_at']}")
     return 0
 
 

@@ -1,5 +1,10 @@
 """Submit and resume: spec -> store rows -> Ray Tune -> store. The CLI is a thin shell over
-these functions."""
+these functions.
+
+A run holds the sweep's lease for its whole life (runner/lifecycle.py): rows are written
+only after the lease is claimed, so a second driver on the same sweep refuses before it
+touches anything.
+"""
 from __future__ import annotations
 
 from collections import Counter
@@ -10,10 +15,12 @@ from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
+from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
 from orchestrator.store import repo
 from orchestrator.store.engine import describe, open_store_engine
+from orchestrator.store.outage import DatabaseUnavailable
 
 
 @dataclass
@@ -24,10 +31,17 @@ class RunSummary:
     already_done: int
     ran: int
     outcomes: dict[str, int] = field(default_factory=dict)
+    # Why the run stopped early (SIGINT, SIGTERM, a cancel, a lost lease); None: it ran out.
+    stopped: str | None = None
+    db_arg: str | None = None
 
     @property
     def failed(self) -> int:
         return self.outcomes.get(Status.failed.value, 0)
+
+    @property
+    def interrupted(self) -> int:
+        return self.outcomes.get(Status.interrupted.value, 0)
 
 
 def _checkpoint_root(url: str, spec: SweepSpec, override: str | None) -> Path:
@@ -35,26 +49,51 @@ def _checkpoint_root(url: str, spec: SweepSpec, override: str | None) -> Path:
     return Path(chosen).expanduser().resolve() if chosen else checkpoints.default_root(url)
 
 
+def check_devices(trials: list[tuple[str, dict[str, Any]]], gpus: float, where: str) -> None:
+    """A trial asking for ``device: cuda`` where there is no GPU fails at once, every
+    time: refuse it before anything is written (``where``: "this machine" or "the cluster")."""
+    cuda = [k for k, p in trials if str(p.get("device", "")).startswith("cuda")]
+    if cuda and gpus <= 0:
+        raise UserError(f"{len(cuda)} trial(s) ask for device: cuda but {where} has no GPU "
+                        "(use device: cpu or auto)")
+
+
+def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | None:
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 10:
+        if isinstance(cur, DatabaseUnavailable):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None
+
+
 def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
            max_concurrent: int | None = None, checkpoint_dir: str | None = None,
+           takeover: bool = False,
            on_start: Callable[[str, int, int], None] | None = None,
-           on_event: Callable[..., None] | None = None) -> RunSummary:
+           on_event: Callable[..., None] | None = None,
+           note: Callable[[str], None] | None = None) -> RunSummary:
     """Record the sweep and its trials, then run every trial that is not finished."""
-    from orchestrator.runner.tune_runner import check_resources, init_ray
+    from orchestrator.runner.tune_runner import check_resources, cluster_limits, init_ray
 
     spec = sweep.spec
     started = init_ray(address)
     try:
         check_resources(spec.resources.cpu, spec.resources.gpu)
+        check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
         engine, url = open_store_engine(db, spec.storage)
-        with engine.begin() as conn:
-            sid = repo.upsert_sweep(conn, spec.name, sweep.text, sweep.hash)
-            ids = repo.add_trials(conn, sid, sweep.trials)
-            repo.release_unfinished(conn, sid)
-            pending = {tid for tid, _, _ in repo.unfinished_trials(conn, sid)}
-        to_run = [(ids[k], k, p) for k, p in sweep.trials if ids[k] in pending]
-        return _run(spec, sid, to_run, len(sweep.trials), engine, url, max_concurrent,
-                    checkpoint_dir, on_start, on_event)
+        sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
+        with DriverSession(engine, sid, spec.name, takeover=takeover, note=note) as session:
+            with engine.begin() as conn:
+                repo.upsert_sweep(conn, spec.name, sweep.text, sweep.hash)
+                ids = repo.add_trials(conn, sid, sweep.trials)
+                repo.release_unfinished(conn, sid)
+                pending = {tid for tid, _, _ in repo.unfinished_trials(conn, sid)}
+            to_run = [(ids[k], k, p) for k, p in sweep.trials if ids[k] in pending]
+            return _run(spec, sid, to_run, len(sweep.trials), engine, url, max_concurrent,
+                        checkpoint_dir, on_start, on_event, session, db)
     finally:
         if started:
             import ray
@@ -64,10 +103,13 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
 
 def resume(name: str, *, db: str | None = None, address: str | None = None,
            max_concurrent: int | None = None, checkpoint_dir: str | None = None,
+           takeover: bool = False,
            on_start: Callable[[str, int, int], None] | None = None,
-           on_event: Callable[..., None] | None = None) -> RunSummary:
-    """Run every trial of a recorded sweep that is not completed (running ones resume from
-    their checkpoints). The spec is the one stored with the sweep."""
+           on_event: Callable[..., None] | None = None,
+           note: Callable[[str], None] | None = None) -> RunSummary:
+    """Run every trial of a recorded sweep that is not completed (running, stale and
+    interrupted ones resume from their checkpoints). The spec is the one stored with the
+    sweep."""
     from orchestrator.runner.tune_runner import check_resources, init_ray
 
     engine, url = open_store_engine(db, auto_create=False)
@@ -81,12 +123,13 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
     started = init_ray(address)
     try:
         check_resources(spec.resources.cpu, spec.resources.gpu)
-        with engine.begin() as conn:
-            repo.release_unfinished(conn, sid)
-            todo = repo.unfinished_trials(conn, sid)
-            total = repo.count_trials(conn, sid)
-        return _run(spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir,
-                    on_start, on_event)
+        with DriverSession(engine, sid, spec.name, takeover=takeover, note=note) as session:
+            with engine.begin() as conn:
+                repo.release_unfinished(conn, sid)
+                todo = repo.unfinished_trials(conn, sid)
+                total = repo.count_trials(conn, sid)
+            return _run(spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir,
+                        on_start, on_event, session, db)
     finally:
         if started:
             import ray
@@ -96,16 +139,30 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
 
 def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]], total: int,
          engine, url: str, max_concurrent: int | None, checkpoint_dir: str | None,
-         on_start, on_event) -> RunSummary:
+         on_start, on_event, session: DriverSession, db: str | None) -> RunSummary:
     from orchestrator.runner.tune_runner import run_trials
 
     root = _checkpoint_root(url, spec, checkpoint_dir)
     if on_start:
         on_start(describe(url), total, len(to_run))
-    outcomes = run_trials(
-        spec.name, to_run, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
-        gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,
-        retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event)
+    try:
+        outcomes = run_trials(
+            spec.name, to_run, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
+            gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,
+            retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event,
+            session=session)
+    except Exception as exc:
+        outage = _unwrap_outage(exc)
+        if outage is None:
+            raise
+        session.stop("database unreachable")
+        raise outage from None
     counts = Counter(outcomes.values())
+    if session.stop_reason is not None:
+        # Trials Tune never started stay pending; say how many.
+        left = len(to_run) - sum(counts.values())
+        if left > 0:
+            counts["not started"] = left
     return RunSummary(sweep=spec.name, db=describe(url), total=total,
-                      already_done=total - len(to_run), ran=len(to_run), outcomes=dict(counts))
+                      already_done=total - len(to_run), ran=len(to_run), outcomes=dict(counts),
+                      stopped=session.stop_reason, db_arg=db)

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.params import flatten_params
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Eval, Sweep, Trial, TrialParam
+from orchestrator.store.models import Eval, Sweep, Trial, TrialError, TrialParam
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
@@ -51,6 +51,24 @@ def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) ->
     conn.execute(sa.update(Sweep).where(Sweep.id == row.id).values(
         spec_text=spec_text, spec_hash=spec_hash, updated_at=sa.func.now()))
     return row.id
+
+
+def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> int:
+    """The sweep's id, creating the row (with this spec) when it is new. Two drivers racing
+    to create the same sweep both get the one row (the name is unique)."""
+    for _ in range(2):
+        with engine.connect() as conn:
+            sid = sweep_id(conn, name)
+        if sid is not None:
+            return sid
+        try:
+            with engine.begin() as conn:
+                return conn.execute(sa.insert(Sweep).values(
+                    name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
+                ).scalar_one()
+        except sa.exc.IntegrityError:
+            continue  # the other driver created it first
+    raise RuntimeError(f"sweep {name!r}: cannot create or find its row")
 
 
 def sweep_id(conn: Connection, name: str) -> int | None:
@@ -107,7 +125,8 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
 def mark_running(conn: Connection, trial_id: int) -> None:
     conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
         status=Status.running.value, attempts=Trial.attempts + 1, error=None,
-        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now()))
+        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now(),
+        heartbeat_at=sa.func.now()))
 
 
 def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: str | None,
@@ -119,7 +138,8 @@ def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: st
 def touch(conn: Connection, trial_ids: Iterable[int]) -> None:
     ids = list(trial_ids)
     if ids:
-        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(updated_at=sa.func.now()))
+        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(
+            updated_at=sa.func.now(), heartbeat_at=sa.func.now()))
 
 
 def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
@@ -141,20 +161,38 @@ def record_error(conn: Connection, trial_id: int, error: str) -> None:
         error=error, updated_at=sa.func.now()))
 
 
+def interrupt_trial(conn: Connection, trial_id: int) -> None:
+    """A trial stopped before its end (a cancel): it resumes from its checkpoint later."""
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
+        status=Status.interrupted.value, updated_at=sa.func.now()))
+
+
+def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str,
+                    traceback: str | None) -> None:
+    """Keep one failed attempt's full story (``kind``: config or runtime)."""
+    attempt = conn.execute(sa.select(Trial.attempts).where(Trial.id == trial_id)).scalar_one_or_none()
+    conn.execute(sa.insert(TrialError).values(trial_id=trial_id, attempt=attempt, kind=kind,
+                                              error=error, traceback=traceback))
+
+
 def release_unfinished(conn: Connection, sweep: int) -> int:
-    """Trials left 'running' by a driver that died go back to 'pending' (they resume from
-    their checkpoints); failed trials get a fresh chance too. Returns how many."""
+    """Trials left 'running' by a driver that died, interrupted ones, and failed ones go back
+    to 'pending' (they resume from their checkpoints). Only the lease holder calls this, so a
+    'running' trial here has no live driver. Returns how many."""
     res = conn.execute(sa.update(Trial).where(
-        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value))).values(
+        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value,
+                                                   Status.interrupted.value))).values(
         status=Status.pending.value, updated_at=sa.func.now()))
     return res.rowcount or 0
 
 
 def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict]]:
-    """(id, key, params) of trials not completed and not diverged, in insertion order."""
+    """(id, key, params) of trials to run: not completed, not diverged, not superseded; in
+    insertion order."""
+    skip = [s.value for s in FINISHED] + [Status.superseded.value]
     return [tuple(r) for r in conn.execute(
         sa.select(Trial.id, Trial.key, Trial.params).where(
-            Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in FINISHED]))
+            Trial.sweep_id == sweep, Trial.status.notin_(skip))
         .order_by(Trial.id)).all()]
 
 
@@ -164,15 +202,34 @@ def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
     return (row.id, row.spec_text) if row is not None else None
 
 
+def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
+    """Delete a sweep and everything under it (trials, params, evals, errors) in the
+    caller's transaction; returns the row counts removed. The deletes are explicit rather
+    than left to ON DELETE CASCADE, so a SQLite connection opened without foreign keys
+    cannot leave orphans either."""
+    tids = sa.select(Trial.id).where(Trial.sweep_id == sweep).scalar_subquery()
+    counts = {}
+    for name, model in (("evals", Eval), ("trial_params", TrialParam),
+                        ("trial_errors", TrialError)):
+        counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
+    counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
+    conn.execute(sa.delete(Sweep).where(Sweep.id == sweep))
+    return counts
+
+
 def count_trials(conn: Connection, sweep: int) -> int:
     return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)
                         ).scalar_one()
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
-    q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
-                   sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"))
-         .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
-         .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
+    """Each sweep's trial counts: completed, and stale (running with no live heartbeat)."""
+    from orchestrator.store.lease import stale_condition
+
     with engine.connect() as conn:
+        q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
+                       sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"),
+                       sa.func.sum(sa.case((stale_condition(conn), 1), else_=0)).label("stale"))
+             .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
+             .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
         return [dict(r._mapping) for r in conn.execute(q)]
