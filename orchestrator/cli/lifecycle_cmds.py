@@ -48,7 +48,7 @@ def cancel(
         else:
             n = lease.interrupt_running(conn, sid)
             msg = f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
-    err.print(msg)
+    err.print(msg, soft_wrap=True)
     return 0
 
 

@@ -74,11 +74,12 @@ def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     name = target if isinstance(target, str) else target.name
     try:
         summary = run(target, on_start=progress.start, on_event=progress.event,
-                      note=lambda msg: err.print(msg), **kwargs)
+                      note=lambda msg: err.print(msg, soft_wrap=True), **kwargs)
     except KeyboardInterrupt:
         # A second Ctrl-C while the trials were stopping.
         progress.stop()
-        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}")
+        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}",
+                  soft_wrap=True)
         return EXIT_INTERRUPTED
     finally:
         progress.stop()
@@ -95,7 +96,7 @@ def _finish(summary, quiet: bool) -> int:
 
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
         err.print(f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
-                  f"{_resume_hint(summary.sweep, summary.db_arg)}")
+                  f"{_resume_hint(summary.sweep, summary.db_arg)}", soft_wrap=True)
         return EXIT_INTERRUPTED
     if not quiet:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -102,28 +101,25 @@ class DriverSession:
             elif cancel:
                 self.stop("cancel requested (`orchestrator cancel`)")
 
+    def interrupt_running(self, conn) -> int:
+        """Mark the sweep's running trials interrupted (unless the lease went to another
+        driver, who owns them now)."""
+        if self.stop_reason is not None and self.stop_reason.startswith("lease lost"):
+            return 0
+        return lease.interrupt_running(conn, self.sid)
+
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
-        lost = self.stop_reason is not None and self.stop_reason.startswith("lease lost")
         try:
             with self.engine.begin() as conn:
-                if not lost:  # the new holder owns the trials now
-                    if self.stop_reason is not None or exc[0] is not None:
-                        lease.interrupt_running(conn, self.sid)
-                    lease.release(conn, self.sid, self.owner)
+                if self.stop_reason is not None or exc[0] is not None:
+                    self.interrupt_running(conn)
+                lease.release(conn, self.sid, self.owner)
         except Exception:
             # Database gone: the lease expires by itself, the trials show as stale.
             pass
 
-
-def wait_until(pred: Callable[[], bool], timeout: float, period: float = 0.2) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(period)
-    return pred()

@@ -30,7 +30,7 @@ class RunSummary:
     total: int
     already_done: int
     ran: int
-    outcomes: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=dict)  # status -> trials
     # Why the run stopped early (SIGINT, SIGTERM, a cancel, a lost lease); None: it ran out.
     stopped: str | None = None
     db_arg: str | None = None
@@ -159,10 +159,11 @@ def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]
         raise outage from None
     counts = Counter(outcomes.values())
     if session.stop_reason is not None:
-        # Trials Tune never started stay pending; say how many.
-        left = len(to_run) - sum(counts.values())
-        if left > 0:
-            counts["not started"] = left
+        # Tune may end before telling the writer about every stopped trial: the database
+        # (after marking what is still running as interrupted) has the true tally.
+        with engine.begin() as conn:
+            session.interrupt_running(conn)
+            counts = Counter(repo.statuses(conn, [tid for tid, _, _ in to_run]))
     return RunSummary(sweep=spec.name, db=describe(url), total=total,
                       already_done=total - len(to_run), ran=len(to_run), outcomes=dict(counts),
                       stopped=session.stop_reason, db_arg=db)

@@ -217,6 +217,13 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
     return counts
 
 
+def statuses(conn: Connection, trial_ids: Sequence[int]) -> list[str]:
+    """The stored status of each given trial (order not kept)."""
+    if not trial_ids:
+        return []
+    return list(conn.execute(sa.select(Trial.status).where(Trial.id.in_(list(trial_ids)))).scalars())
+
+
 def count_trials(conn: Connection, sweep: int) -> int:
     return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)
                         ).scalar_one()
