@@ -52,7 +52,10 @@ retries: 2
 """
 N_EVALS = 6 * 13
 CLI = [sys.executable, "-m", "orchestrator.cli"]
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "ORCH_LEASE_TTL_S": "6"}
+# RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
+# (or engineer) left running on this machine.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local",
+       "ORCH_LEASE_TTL_S": "6"}
 COLS = "t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics"
 
 

@@ -42,7 +42,10 @@ max_concurrent: 2
 retries: 2
 """
 CLI = [sys.executable, "-m", "orchestrator.cli"]
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "ORCH_LEASE_TTL_S": "4"}
+# RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
+# (or engineer) left running on this machine.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local",
+       "ORCH_LEASE_TTL_S": "4"}
 
 
 def _q(url: str, q: str):
@@ -148,7 +151,8 @@ def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backen
     url, drop = _backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
-        spec.write_text(SPEC.replace("steps: 240", "steps: 40"))
+        # The full budget: the winner must still hold the sweep when the loser asks.
+        spec.write_text(SPEC)
         a = _submit(spec, url, tmp_path / "ck")
         b = _submit(spec, url, tmp_path / "ck")
         _, err_a = a.communicate(timeout=600)
@@ -160,17 +164,18 @@ def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backen
         assert len(lines) == 1 and "is being run by driver" in lines[0] and "pid" in lines[0]
         assert _q(url, "SELECT status, attempts, COUNT(*) FROM trials GROUP BY status, attempts"
                   ) == [("completed", 1, 6)]
-        assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 3
+        assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 13
     finally:
         drop()
 
 
-def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys):
+def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, monkeypatch):
     """A trial whose setup fails (here: an unreadable checkpoint) fails on its first
     attempt although retries is 2; the others complete."""
     from orchestrator import spec as specs
     from orchestrator.runner import checkpoints
 
+    monkeypatch.setenv("RAY_ADDRESS", "local")
     text = SPEC.replace("seed: 0..2", "seed: 0..0").replace("steps: 240", "steps: 40")
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
@@ -195,9 +200,10 @@ def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys):
     assert "failed 1" in capsys.readouterr().out
 
 
-def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys):
+def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, monkeypatch):
     import torch
 
+    monkeypatch.setenv("RAY_ADDRESS", "local")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     spec = tmp_path / "spec.yaml"
