@@ -128,7 +128,8 @@ def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, refere
             while p.poll() is None and time.time() < deadline and _eval_count(url) < target:
                 time.sleep(0.05)
             if p.poll() is not None:  # finished before the moment came
-                log.append(("finished", p.returncode))
+                assert p.returncode == 0, p.communicate()[1]
+                log.append(("finished", 0))
                 break
             steps = _q(url, "SELECT MAX(step) FROM evals", default=[(None,)])[0][0]
             os.killpg(p.pid, signal.SIGKILL)

@@ -214,3 +214,43 @@ def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, mon
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 2 and all("device: cuda" in ln and "no GPU" in ln for ln in err)
     assert not db.exists()
+
+
+def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatch):
+    """Re-submitting with another budget: refused (exit 2, one line naming the change,
+    nothing written) without --amend; with it the old trials are kept as superseded,
+    never run, listed by status and left out of analysis."""
+    from orchestrator.analysis.data import load_sweep
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    small = SPEC.replace("seed: 0..2", "seed: 0..0").replace("steps: 240", "steps: 40")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(small)
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    args = ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(args) == 0
+
+    def snapshot():
+        return (_q(url, "SELECT key, status, steps, spec_version FROM trials ORDER BY key"),
+                _q(url, "SELECT COUNT(*) FROM evals"),
+                _q(url, "SELECT spec_text FROM sweeps"),
+                _q(url, "SELECT version, spec_hash FROM sweep_specs"))
+
+    before = snapshot()
+    spec.write_text(small.replace("steps: 40", "steps: 20"))
+    capsys.readouterr()
+    assert main(args) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "another design: 2 trial(s) added, 2 superseded (steps: 40 -> 20)" in err[0]
+    assert "--amend" in err[0]
+    assert snapshot() == before
+    assert main(args + ["--amend"]) == 0
+    rows = _q(url, "SELECT steps, status, spec_version, COUNT(*) FROM trials "
+                   "GROUP BY steps, status, spec_version ORDER BY steps")
+    assert [tuple(r) for r in rows] == [(20, "completed", 2, 2), (40, "superseded", 1, 2)]
+    assert len(_q(url, "SELECT version FROM sweep_specs")) == 2
+    capsys.readouterr()
+    assert main(["status", "life", "--db", url]) == 0
+    assert "superseded 2" in capsys.readouterr().out
+    data = load_sweep(make_engine(url), "life")
+    assert sorted(data.trials["steps"]) == [20, 20]

@@ -65,6 +65,11 @@ def test_lifecycle_migration_keeps_data(db_url):
     assert main(["db", "upgrade", "--db", db_url]) == 0
     assert current_revision(engine) == head_revision() == "0003_lifecycle"
     assert snapshot() == before
+    with engine.connect() as conn:
+        # The stored spec became version 1, the creator of the existing trials.
+        assert conn.execute(sa.text("SELECT sweep_id, version, spec_text, spec_hash "
+                                    "FROM sweep_specs")).all() == [(1, 1, "t", "h")]
+        assert conn.execute(sa.text("SELECT DISTINCT spec_version FROM trials")).all() == [(1,)]
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE trials SET status = 'interrupted' WHERE key = 'a'"))
         conn.execute(sa.text("INSERT INTO trial_errors (trial_id, kind, error) VALUES (1, 'config', 'x')"))
@@ -187,14 +192,16 @@ def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsy
     _fill(engine, "kept")
     with engine.begin() as conn:
         repo.add_trial_error(conn, ids["k0"], "runtime", "E: x", "Traceback...")
+        repo.record_spec_version(conn, sid, "name: gone", "h1")
+        repo.record_spec_version(conn, sid, "name: gone\n# v2", "h2")
 
     def counts():
         with engine.connect() as conn:
             return tuple(conn.execute(sa.text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
-                         for t in ("sweeps", "trials", "trial_params", "evals", "trial_errors"))
+                         for t in ("sweeps", "trials", "trial_params", "evals", "trial_errors", "sweep_specs"))
 
     full = counts()
-    assert full == (2, 6, 42, 24, 1)
+    assert full == (2, 6, 42, 24, 1, 2)
     # Unknown sweep, no --yes (stdin is not a terminal), leased: one line, exit 2, no change.
     assert main(["delete", "nope", "--db", db_url, "--yes"]) == 2
     assert main(["delete", "gone", "--db", db_url]) == 2
@@ -207,7 +214,41 @@ def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsy
     with engine.begin() as conn:
         lease.release(conn, sid, "live-driver")
     assert main(["delete", "gone", "--db", db_url, "--yes"]) == 0
-    assert counts() == (1, 3, 21, 12, 0)
+    assert counts() == (1, 3, 21, 12, 0, 0)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT name FROM sweeps")).scalar_one() == "kept"
+    engine.dispose()
+
+
+def test_design_diff_supersedes_and_revives(db_url):
+    """A re-submitted spec's trials against the stored ones: added, dropped (superseded:
+    kept, never run again) and brought back; spec versions numbered, one per distinct text."""
+    engine, _ = open_store_engine(db_url)
+    old = [(f"k{i}", {"arm": "a", "task": "mqar", "seed": i, "steps": 200}) for i in range(3)]
+    new = [(f"n{i}", {"arm": "a", "task": "mqar", "seed": i, "steps": 100}) for i in range(3)]
+    with engine.begin() as conn:
+        sid = repo.upsert_sweep(conn, "d", "v1", "h1")
+        assert repo.design_diff(conn, sid, old).first
+        assert repo.record_spec_version(conn, sid, "v1", "h1") == 1
+        repo.add_trials(conn, sid, old, spec_version=1)
+        assert not repo.design_diff(conn, sid, old).changed
+        assert repo.record_spec_version(conn, sid, "v1", "h1") == 1  # same text: same version
+        diff = repo.design_diff(conn, sid, new)
+        assert diff.changed and sorted(diff.added) == ["n0", "n1", "n2"]
+        assert sorted(diff.superseded) == ["k0", "k1", "k2"]
+        assert diff.changes == ["steps: 200 -> 100"]
+        assert diff.describe() == "3 trial(s) added, 3 superseded (steps: 200 -> 100)"
+        assert repo.record_spec_version(conn, sid, "v2", "h2") == 2
+        repo.apply_design(conn, sid, diff)
+        repo.add_trials(conn, sid, new, spec_version=2)
+        todo = {k for _, k, _ in repo.unfinished_trials(conn, sid)}
+        assert todo == {"n0", "n1", "n2"}  # superseded trials are never run
+        back = repo.design_diff(conn, sid, old)
+        assert sorted(back.revived) == ["k0", "k1", "k2"] and sorted(back.superseded) == ["n0", "n1", "n2"]
+        repo.apply_design(conn, sid, back)
+        rows = dict(conn.execute(sa.text("SELECT key, status FROM trials")).all())
+        versions = dict(conn.execute(sa.text("SELECT key, spec_version FROM trials")).all())
+    assert rows == {"k0": "pending", "k1": "pending", "k2": "pending",
+                    "n0": "superseded", "n1": "superseded", "n2": "superseded"}
+    assert versions == {"k0": 1, "k1": 1, "k2": 1, "n0": 2, "n1": 2, "n2": 2}
     engine.dispose()

@@ -1,9 +1,11 @@
 """Sweep lifecycle: a lease on each sweep (owner, host, pid, expiry on the database clock),
-a cancel request, a heartbeat per trial, a table of full error tracebacks, and two more
-trial statuses (``interrupted``, ``superseded``) in the status check.
+a cancel request, a heartbeat per trial, a table of full error tracebacks, the versions of
+each sweep's spec (and the version that created each trial), and two more trial statuses
+(``interrupted``, ``superseded``) in the status check.
 
-Existing rows keep their values: every new column is nullable, and widening the check
-admits every status that was valid before.
+Existing rows keep their values: every new column is nullable, widening the check admits
+every status that was valid before, and each existing sweep's stored spec becomes its
+version 1, which is recorded as the creator of its existing trials.
 
 Revision ID: 0003_lifecycle
 Revises: 0002_step_lr
@@ -72,9 +74,29 @@ def upgrade() -> None:
                   server_default=sa.func.now()),
     )
     op.create_index("ix_trial_errors_trial", "trial_errors", ["trial_id"])
+    op.create_table(
+        "sweep_specs",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("sweep_id", sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"),
+                  nullable=False),
+        sa.Column("version", sa.Integer, nullable=False),
+        sa.Column("spec_text", sa.Text, nullable=False),
+        sa.Column("spec_hash", sa.String(64), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
+                  server_default=sa.func.now()),
+        sa.UniqueConstraint("sweep_id", "version", name="uq_sweep_specs_version"),
+    )
+    with op.batch_alter_table("trials", recreate="never") as b:
+        b.add_column(sa.Column("spec_version", sa.Integer))
+    op.execute("INSERT INTO sweep_specs (sweep_id, version, spec_text, spec_hash, created_at) "
+               "SELECT id, 1, spec_text, spec_hash, created_at FROM sweeps")
+    op.execute("UPDATE trials SET spec_version = 1")
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("trials", recreate="never") as b:
+        b.drop_column("spec_version")
+    op.drop_table("sweep_specs")
     op.drop_index("ix_trial_errors_trial", table_name="trial_errors")
     op.drop_table("trial_errors")
     # Statuses the old check does not know go back to what a 0002 resume makes of them.

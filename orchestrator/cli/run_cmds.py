@@ -123,6 +123,9 @@ def submit(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
     takeover: bool = typer.Option(
         False, "--takeover", help="run even if another driver holds the sweep's lease"),
+    amend: bool = typer.Option(
+        False, "--amend", "--yes", help="apply a changed design to an existing sweep "
+        "(trials it no longer has become superseded)"),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
     from orchestrator import spec as specs
@@ -149,7 +152,7 @@ def submit(
 
     return _run_with_progress(run_submit, sweep, quiet, db=db, address=address,
                               max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
-                              takeover=takeover)
+                              takeover=takeover, amend=amend)
 
 
 @app.command()

@@ -58,6 +58,12 @@ def check_devices(trials: list[tuple[str, dict[str, Any]]], gpus: float, where: 
                         "(use device: cpu or auto)")
 
 
+def _check_design(diff: repo.DesignDiff, name: str, amend: bool) -> None:
+    if diff.changed and not amend:
+        raise UserError(f"sweep {name!r} exists with another design: {diff.describe()}; "
+                        "pass --amend (or --yes) to apply it (nothing was written)")
+
+
 def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | None:
     seen = 0
     cur: BaseException | None = exc
@@ -71,11 +77,15 @@ def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | None:
 
 def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
            max_concurrent: int | None = None, checkpoint_dir: str | None = None,
-           takeover: bool = False,
+           takeover: bool = False, amend: bool = False,
            on_start: Callable[[str, int, int], None] | None = None,
            on_event: Callable[..., None] | None = None,
            note: Callable[[str], None] | None = None) -> RunSummary:
-    """Record the sweep and its trials, then run every trial that is not finished."""
+    """Record the sweep and its trials, then run every trial that is not finished.
+
+    Re-submitting a sweep whose design changed (trials added or dropped) needs ``amend``:
+    without it nothing is written and a UserError names the difference. With it the
+    dropped trials become ``superseded`` and the spec is kept as a new version."""
     from orchestrator.runner.tune_runner import check_resources, cluster_limits, init_ray
 
     spec = sweep.spec
@@ -84,13 +94,23 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
         check_resources(spec.resources.cpu, spec.resources.gpu)
         check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
         engine, url = open_store_engine(db, spec.storage)
+        with engine.connect() as conn:
+            existing = repo.sweep_id(conn, spec.name)
+            if existing is not None:  # refuse before the lease: nothing written at all
+                _check_design(repo.design_diff(conn, existing, sweep.trials), spec.name, amend)
         sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
         with DriverSession(engine, sid, spec.name, takeover=takeover, note=note) as session:
             with engine.begin() as conn:
+                diff = repo.design_diff(conn, sid, sweep.trials)
+                _check_design(diff, spec.name, amend)  # again, now that we hold the sweep
+                version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash)
                 repo.upsert_sweep(conn, spec.name, sweep.text, sweep.hash)
-                ids = repo.add_trials(conn, sid, sweep.trials)
+                repo.apply_design(conn, sid, diff)
+                ids = repo.add_trials(conn, sid, sweep.trials, spec_version=version)
                 repo.release_unfinished(conn, sid)
                 pending = {tid for tid, _, _ in repo.unfinished_trials(conn, sid)}
+            if diff.changed and note is not None:
+                note(f"sweep {spec.name}: amended to spec version {version}: {diff.describe()}")
             to_run = [(ids[k], k, p) for k, p in sweep.trials if ids[k] in pending]
             return _run(spec, sid, to_run, len(sweep.trials), engine, url, max_concurrent,
                         checkpoint_dir, on_start, on_event, session, db)

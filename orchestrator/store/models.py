@@ -83,6 +83,24 @@ class Trial(Base):
     # Renewed by the driver while the trial runs (reports, and the lease thread); a running
     # trial whose heartbeat is older than the lease TTL is shown as stale.
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # The sweep_specs version whose submission created this trial.
+    spec_version: Mapped[int | None] = mapped_column(sa.Integer)
+
+
+class SweepSpec(Base):
+    """Every version of a sweep's spec as submitted (``sweeps.spec_text`` is the newest)."""
+
+    __tablename__ = "sweep_specs"
+    __table_args__ = (sa.UniqueConstraint("sweep_id", "version", name="uq_sweep_specs_version"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    version: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    spec_text: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    spec_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
 
 
 class TrialError(Base):

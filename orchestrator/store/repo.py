@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.params import flatten_params
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Eval, Sweep, Trial, TrialError, TrialParam
+from orchestrator.store.models import Eval, Sweep, SweepSpec, Trial, TrialError, TrialParam
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
@@ -71,21 +72,104 @@ def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> i
     raise RuntimeError(f"sweep {name!r}: cannot create or find its row")
 
 
+@dataclass
+class DesignDiff:
+    """What a re-submitted spec changes in a sweep's set of trials."""
+
+    added: list[str] = field(default_factory=list)  # keys new to the sweep
+    revived: list[str] = field(default_factory=list)  # superseded keys the spec has again
+    superseded: list[str] = field(default_factory=list)  # active keys the spec no longer has
+    changes: list[str] = field(default_factory=list)  # "steps: 200 -> 100", ...
+    first: bool = False  # the sweep had no trials: nothing to compare
+
+    @property
+    def changed(self) -> bool:
+        return not self.first and bool(self.added or self.revived or self.superseded)
+
+    def describe(self) -> str:
+        parts = [f"{len(self.added) + len(self.revived)} trial(s) added",
+                 f"{len(self.superseded)} superseded"]
+        what = f" ({'; '.join(self.changes)})" if self.changes else ""
+        return ", ".join(parts) + what
+
+
+def _values(params: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for p in params:
+        for k, v in p.items():
+            out.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
+    return out
+
+
+def design_diff(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]
+                ) -> DesignDiff:
+    """Compare a spec's (key, params) trials with the sweep's stored ones."""
+    stored = {r.key: r for r in conn.execute(sa.select(Trial.key, Trial.status, Trial.params)
+                                             .where(Trial.sweep_id == sweep))}
+    if not stored:
+        return DesignDiff(first=True)
+    new = dict(trials)
+    diff = DesignDiff()
+    for k in new:
+        if k not in stored:
+            diff.added.append(k)
+        elif stored[k].status == Status.superseded:
+            diff.revived.append(k)
+    diff.superseded = [k for k, r in stored.items()
+                       if r.status != Status.superseded and k not in new]
+    gone = [stored[k].params if isinstance(stored[k].params, dict) else json.loads(stored[k].params)
+            for k in diff.superseded]
+    came = [new[k] for k in diff.added + diff.revived]
+    old_v, new_v = _values(gone), _values(came)
+    for name in sorted(set(old_v) | set(new_v)):
+        a, b = old_v.get(name, set()), new_v.get(name, set())
+        if a != b and a and b:
+            diff.changes.append(f"{name}: {', '.join(sorted(a))} -> {', '.join(sorted(b))}")
+    return diff
+
+
+def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
+    """Mark the trials a spec dropped ``superseded`` (kept, never run, hidden from analysis)
+    and bring back the superseded ones it has again."""
+    if diff.superseded:
+        conn.execute(sa.update(Trial).where(Trial.sweep_id == sweep, Trial.key.in_(diff.superseded))
+                     .values(status=Status.superseded.value, updated_at=sa.func.now()))
+    if diff.revived:
+        conn.execute(sa.update(Trial).where(Trial.sweep_id == sweep, Trial.key.in_(diff.revived))
+                     .values(status=Status.pending.value, updated_at=sa.func.now()))
+
+
+def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash: str) -> int:
+    """The version number of this spec text in the sweep's history, adding it (as the newest)
+    when it differs from the newest one."""
+    last = conn.execute(sa.select(SweepSpec.version, SweepSpec.spec_hash)
+                        .where(SweepSpec.sweep_id == sweep)
+                        .order_by(SweepSpec.version.desc()).limit(1)).first()
+    if last is not None and last.spec_hash == spec_hash:
+        return last.version
+    version = (last.version if last is not None else 0) + 1
+    conn.execute(sa.insert(SweepSpec).values(sweep_id=sweep, version=version,
+                                             spec_text=spec_text, spec_hash=spec_hash))
+    return version
+
+
 def sweep_id(conn: Connection, name: str) -> int | None:
     return conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).scalar_one_or_none()
 
 
-def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]
-               ) -> dict[str, int]:
-    """Insert the (key, params) trials that are new to the sweep; existing keys are left as
-    they are. Returns key -> trial id for all given keys."""
+def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]],
+               spec_version: int | None = None) -> dict[str, int]:
+    """Insert the (key, params) trials that are new to the sweep (created by spec version
+    ``spec_version``); existing keys are left as they are. Returns key -> trial id for all
+    given keys."""
     existing = dict(conn.execute(
         sa.select(Trial.key, Trial.id).where(Trial.sweep_id == sweep)).all())
     new = [(k, p) for k, p in trials if k not in existing]
     for key, params in new:
         values = {c: params.get(c) for c in TYPED_PARAMS}
         tid = conn.execute(sa.insert(Trial).values(
-            sweep_id=sweep, key=key, params=dict(params), **values).returning(Trial.id)
+            sweep_id=sweep, key=key, params=dict(params), spec_version=spec_version,
+            **values).returning(Trial.id)
         ).scalar_one()
         existing[key] = tid
         rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
@@ -213,6 +297,7 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
                         ("trial_errors", TrialError)):
         counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
     counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
+    conn.execute(sa.delete(SweepSpec).where(SweepSpec.sweep_id == sweep))
     conn.execute(sa.delete(Sweep).where(Sweep.id == sweep))
     return counts
 
