@@ -14,6 +14,7 @@ runs only with ``ORCH_TEST_PG_RESTART=1`` (``.ci/run`` sets it).
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -73,8 +74,11 @@ def _q(url: str, q: str, default=None):
 
 
 def _evals(url: str):
-    return [tuple(r) for r in _q(url, f"SELECT {COLS} FROM evals e JOIN trials t "
-                                      "ON t.id = e.trial_id ORDER BY t.key, e.step")]
+    """Every column but elapsed_s; metrics parsed (SQLite returns JSON as text)."""
+    rows = _q(url, f"SELECT {COLS} FROM evals e JOIN trials t ON t.id = e.trial_id "
+                   "ORDER BY t.key, e.step")
+    return [tuple(r[:-1]) + (json.loads(r[-1]) if isinstance(r[-1], str) else r[-1],)
+            for r in rows]
 
 
 def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
@@ -247,14 +251,18 @@ def _pg_up() -> bool:
 
 @pytest.mark.skipif(os.environ.get("ORCH_TEST_PG_RESTART") != "1" or not POSTGRES_URL,
                     reason="restarts the shared PostgreSQL server: set ORCH_TEST_PG_RESTART=1")
-@pytest.mark.parametrize("outage", ["restart", "stop30"])
-def test_postgres_outage_mid_sweep_is_ridden_out(tmp_path, reference, outage):
+@pytest.mark.parametrize("outage", ["restart", "stop30", "giveup"])
+def test_postgres_outage_mid_sweep(tmp_path, reference, outage):
+    """restart / stop30: the writer rides the outage out, the sweep completes without a
+    resume, 0 rows lost or duplicated. giveup: an outage longer than ORCH_DB_OUTAGE_S stops
+    the driver with one line and exit 75; resume then finishes the sweep."""
     url, drop = make_pg_schema_url()
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
+        budget = "5" if outage == "giveup" else "120"
         p = _start(["submit", str(spec)], url, tmp_path / "ck",
-                   env={**ENV, "ORCH_DB_OUTAGE_S": "120"})
+                   env={**ENV, "ORCH_DB_OUTAGE_S": budget})
         deadline = time.time() + 300
         while p.poll() is None and time.time() < deadline and _eval_count(url) < 20:
             time.sleep(0.1)
@@ -264,13 +272,24 @@ def test_postgres_outage_mid_sweep_is_ridden_out(tmp_path, reference, outage):
                 _pg_ctl("restart")
             else:
                 _pg_ctl("stop")
-                time.sleep(30)
+                if outage == "giveup":
+                    p.wait(timeout=120)  # gives up after 5 s of retries
+                else:
+                    time.sleep(30)
                 _pg_ctl("start")
         finally:
             if not _pg_up():
                 _pg_ctl("start")
         _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err
+        if outage == "giveup":
+            assert p.returncode == 75, err
+            last = [ln for ln in err.splitlines() if ln.strip()]
+            assert "unreachable" in last[-1] and "orchestrator resume" in last[-1], err
+            r = _start(["resume", "faults"], url, tmp_path / "ck")
+            _, err = r.communicate(timeout=600)
+            assert r.returncode == 0, err
+        else:
+            assert p.returncode == 0, err
         assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
         assert _evals(url) == reference  # 0 lost, 0 duplicated (the key is (trial, step))
     finally:
