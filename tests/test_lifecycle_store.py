@@ -93,6 +93,12 @@ def test_lease_is_exclusive_expires_and_frees_a_dead_holder(db_url, monkeypatch)
         assert not lease.claim(conn, sid, "B", ttl=60)
         held = lease.holder(conn, sid)
     assert held.owner == "A" and held.pid == os.getpid() and not held.expired
+    with engine.begin() as conn:  # --takeover: taken from a live holder, who loses it
+        assert lease.claim(conn, sid, "T", ttl=60, force=True)
+        assert lease.renew(conn, sid, "A", ttl=2) == (False, False)
+        assert lease.holder(conn, sid).owner == "T"
+        conn.execute(sa.text("UPDATE sweeps SET lease_owner = 'A'"))
+        assert lease.renew(conn, sid, "A", ttl=2)[0]
     time.sleep(3.2)  # past A's expiry on the database clock
     with engine.begin() as conn:
         assert lease.holder(conn, sid).expired
@@ -204,6 +210,8 @@ def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsy
     assert full == (2, 6, 42, 24, 1, 2)
     # Unknown sweep, no --yes (stdin is not a terminal), leased: one line, exit 2, no change.
     assert main(["delete", "nope", "--db", db_url, "--yes"]) == 2
+    assert main(["cancel", "nope", "--db", db_url]) == 2
+    assert main(["resume", "nope", "--db", db_url]) == 2
     assert main(["delete", "gone", "--db", db_url]) == 2
     with engine.begin() as conn:
         assert lease.claim(conn, sid, "live-driver", ttl=60)
