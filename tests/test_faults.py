@@ -126,9 +126,9 @@ def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, refere
         for i in range(kills):
             args = ["submit", str(spec)] if i == 0 else ["resume", "faults"]
             p = _start(args, url, tmp_path / "ck")
-            # A seeded moment: after 1..4 new eval rows (small steps, so 20 kills fit in
-            # the sweep's 78 rows; re-reported rows of a resumed trial do not count).
-            target = _eval_count(url) + rng.randint(1, 4)
+            # A seeded moment: after 1..4 new eval rows (1..2 for more than 10 kills, so 20
+            # fit in the sweep's 78 rows; re-reported rows of a resumed trial do not count).
+            target = _eval_count(url) + rng.randint(1, 4 if kills <= 10 else 2)
             deadline = time.time() + 300
             while p.poll() is None and time.time() < deadline and _eval_count(url) < target:
                 time.sleep(0.05)
