@@ -19,6 +19,11 @@ class Status(str, enum.Enum):
     # Never run by design: a group-sequential contrast was decided before this seed's look
     # (trials.error says "decided at look k"). Not an outcome, so the analysis leaves it out.
     skipped = "skipped"
+    # Stopped by a cancel (Ctrl-C, SIGTERM, `orchestrator cancel`) or a lost database;
+    # resume runs it again from its checkpoint.
+    interrupted = "interrupted"
+    # Kept for the record, no longer part of the sweep's design: never run, hidden from analysis.
+    superseded = "superseded"
 
     # Keep ``f"{s}"`` and ``str(s)`` the bare value on every Python version.
     __str__ = str.__str__
@@ -30,5 +35,8 @@ ALL: tuple[Status, ...] = tuple(Status)
 FINISHED: tuple[Status, ...] = (Status.completed, Status.diverged)
 # Statuses that count as done for progress and ETA (a failed trial will not run again by itself).
 DONE: tuple[Status, ...] = (Status.completed, Status.diverged, Status.failed, Status.skipped)
-# A resume runs none of these again.
-SETTLED: tuple[Status, ...] = FINISHED + (Status.skipped,)
+# A resume runs none of these again (superseded: no longer in the design; skipped: decided).
+SETTLED: tuple[Status, ...] = FINISHED + (Status.skipped, Status.superseded)
+# A ``running`` trial whose heartbeat is older than the lease TTL is *shown* as stale (its
+# driver is gone); stale is derived when reading, never stored (store/status.py).
+STALE = "stale"

@@ -73,25 +73,6 @@ def test_submit_end_to_end_and_sql(db_url, tmp_path, capsys):
         assert hosts == ["cpu (fp32)"]
 
 
-def test_failed_trial_is_retried_then_failed_and_the_sweep_goes_on(tmp_path, capsys):
-    # device: cuda passes validation but fails in the worker on a CPU-only machine.
-    text = SPEC.replace("  seed: 0..2", "  seed: 0..0\n  device: [cpu, cuda]").replace(
-        "  lr: [1.0e-3, 3.0e-3]\n", "")
-    spec = _write(tmp_path, text)
-    db = f"sqlite:///{tmp_path / 'f.db'}"
-    code = main(["submit", str(spec), "--db", db, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")])
-    assert code == 1
-    with make_engine(db).connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT json_extract(params, '$.device') AS device, status, attempts, error FROM trials")).all()
-    by_dev = {}
-    for r in rows:
-        by_dev.setdefault(r.device, []).append(r)
-    assert {r.status for r in by_dev["cpu"]} == {"completed"}
-    for r in by_dev["cuda"]:
-        assert r.status == "failed" and r.attempts == 2 and "CUDA" in r.error
-
-
 KILL_SPEC = """
 name: killme
 fixed:

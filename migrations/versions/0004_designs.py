@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004_designs"
-down_revision = "0002_step_lr"
+down_revision = "0003_lifecycle"
 branch_labels = None
 depends_on = None
 

@@ -89,15 +89,36 @@ class _Progress:
 
 def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     """Run a submit/resume with the progress bar, then print the outcome."""
+    from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
+
     progress = _Progress(quiet)
+    name = target if isinstance(target, str) else target.name
     try:
-        summary = run(target, on_start=progress.start, on_event=progress.event, **kwargs)
+        summary = run(target, on_start=progress.start, on_event=progress.event,
+                      note=lambda msg: err.print(msg, soft_wrap=True), **kwargs)
+    except KeyboardInterrupt:
+        # A second Ctrl-C while the trials were stopping.
+        progress.stop()
+        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}",
+                  soft_wrap=True)
+        return EXIT_INTERRUPTED
     finally:
         progress.stop()
     return _finish(summary, quiet)
 
 
+def _resume_hint(name: str, db: str | None) -> str:
+    return f"continue with `orchestrator resume {name}" + (f" --db {db}`" if db else "`")
+
+
 def _finish(summary, quiet: bool) -> int:
+    if summary.stopped is not None:
+        from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
+
+        parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
+        err.print(f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
+                  f"{_resume_hint(summary.sweep, summary.db_arg)}", soft_wrap=True)
+        return EXIT_INTERRUPTED
     if not quiet:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
         err.print(f"sweep {summary.sweep}: {parts}; query it with "
@@ -131,6 +152,11 @@ def submit(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
     max_trials: int = typer.Option(100_000, "--max-trials", min=1,
                                    help="refuse a design with more trials than this"),
+    takeover: bool = typer.Option(
+        False, "--takeover", help="run even if another driver holds the sweep's lease"),
+    amend: bool = typer.Option(
+        False, "--amend", "--yes", help="apply a changed design to an existing sweep "
+        "(trials it no longer has become superseded)"),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
     from orchestrator import spec as specs
@@ -139,6 +165,14 @@ def submit(
     for w in sweep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if dry_run:
+        if address is None:
+            # No cluster to ask: a `device: cuda` trial on a machine without CUDA fails in
+            # its worker every time, so the dry run says so now.
+            import torch
+
+            from orchestrator.runner.sweep import check_devices
+
+            check_devices(sweep.trials, float(torch.cuda.device_count()), "this machine")
         arms = [{k: r[k] for k in ("arm", "params", "state_elements", "mlp_hidden")}
                 for r in sweep.matched]
         if as_json:
@@ -165,7 +199,8 @@ def submit(
     from orchestrator.runner.sweep import submit as run_submit
 
     return _run_with_progress(run_submit, sweep, quiet, db=db, address=address,
-                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
+                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
+                              takeover=takeover, amend=amend)
 
 
 @app.command()
@@ -176,12 +211,16 @@ def resume(
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    takeover: bool = typer.Option(
+        False, "--takeover", help="run even if another driver holds the sweep's lease"),
 ) -> int:
-    """Run what a sweep has not finished; running trials continue from their checkpoints."""
+    """Run what a sweep has not finished; running, stale and interrupted trials continue
+    from their checkpoints."""
     from orchestrator.runner.sweep import resume as run_resume
 
     return _run_with_progress(run_resume, sweep, quiet, db=db, address=address,
-                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
+                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
+                              takeover=takeover)
 
 
 @app.command()
@@ -217,6 +256,11 @@ def status(
         # Stored values (names, parameter values, errors) are shown as stored, never as markup.
         out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: "
                   f"{escape(counts)}{prog}{eta}")
+        if s.get("driver"):
+            out.print(f"  run by {escape(str(s['driver']))}")
+        if s["counts"].get("stale"):
+            out.print(escape(f"  {s['counts']['stale']} stale trial(s): their driver stopped "
+                             f"heartbeating; `orchestrator resume {s['sweep']}` re-runs them"))
         if s["axes"]:
             table = Table(show_header=True, header_style="bold")
             for col in ("axis", "value", "done", "total"):
@@ -249,7 +293,8 @@ def list_sweeps(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
         out.print_json(json.dumps(rows, default=str))
         return 0
     for r in rows:
-        out.print(escape(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed\t"
+        stale = f", {r['stale']} stale" if r.get("stale") else ""
+        out.print(escape(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed{stale}\t"
                          f"{r['created_at']}"))
     return 0
 

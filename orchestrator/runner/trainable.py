@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,28 @@ def _row(tid: int, point) -> dict[str, Any]:
     return row
 
 
+class ConfigError(Exception):
+    """Raised while setting a unit up, before its first step: retrying cannot help."""
+
+
+def _setup(build):
+    """Run a unit's setup (model, task, device, checkpoint); a failure there is a
+    configuration error."""
+    try:
+        return build()
+    except Exception as exc:
+        raise ConfigError(exc) from exc
+
+
+def _report_config_error(tids: list[int], exc: ConfigError) -> None:
+    # Reported as the unit's final result instead of raised, so Tune does not retry it.
+    cause = exc.__cause__ or exc
+    line = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
+    tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    tune.report({"evals": [], "final": {t: ["failed", f"config error: {line}"[:300]] for t in tids},
+                 "tracebacks": {t: tb for t in tids}})
+
+
 def run_unit(config: dict[str, Any]) -> None:
     from orchestrator.plugins import load_installed
 
@@ -46,19 +69,27 @@ def run_unit(config: dict[str, Any]) -> None:
     unit = config["unit"]
     torch.set_num_threads(int(unit.get("threads") or 1))
     members = unit["members"]
-    if len(members) == 1:
-        _run_lone(members[0])
-    else:
-        _run_pack(members)
+    try:
+        if len(members) == 1:
+            _run_lone(members[0])
+        else:
+            _run_pack(members)
+    except ConfigError as exc:
+        _report_config_error([m["trial_id"] for m in members], exc)
 
 
 def _run_lone(member: dict[str, Any]) -> None:
     tid = member["trial_id"]
-    trainer = Trainer(member["params"], stop=member.get("stop"))
     ckpt = Path(member["checkpoint"])
-    state = checkpoints.load(ckpt)
-    if state is not None:
-        trainer.load_state_dict(state)
+
+    def build() -> Trainer:
+        trainer = Trainer(member["params"], stop=member.get("stop"))
+        state = checkpoints.load(ckpt)
+        if state is not None:
+            trainer.load_state_dict(state)
+        return trainer
+
+    trainer = _setup(build)
     tune.report({"evals": [_row(tid, e) for e in trainer.trace],
                  "placement": _placement(trainer.device, trainer.bf16)})
     every = trainer.p.checkpoint_every_s
@@ -81,8 +112,8 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
 
     tids = [m["trial_id"] for m in members]
     paths = [Path(m["checkpoint"]) for m in members]
-    pack = PackTrainer([m["params"] for m in members])
-    states = [checkpoints.load(p) for p in paths]
+    pack = _setup(lambda: PackTrainer([m["params"] for m in members]))
+    states = _setup(lambda: [checkpoints.load(p) for p in paths])
     try:
         pack.load_member_states(states)
     except ValueError:

@@ -19,6 +19,7 @@ from typing import Any, TYPE_CHECKING
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
 from orchestrator.runner.writer import StoreWriter
+from ray import tune
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from sqlalchemy.engine import Engine
@@ -29,6 +30,9 @@ os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_RESULT_BUFFER_LENGTH", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# SIGINT is ours (runner/lifecycle.py): it stops the trials, marks them interrupted and
+# exits 130; Tune's own handler would end fit() without telling us which trials stopped.
+os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
 
 
 def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
@@ -181,11 +185,27 @@ def _unit_resources(config: dict[str, Any]):
     return resource_dict_to_pg_factory(res)
 
 
+class _StopWhenSet(tune.Stopper):
+    """Stops every trial once the driver session asks to stop (signal, cancel, lost lease)."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.session is not None and self.session.stop_event.is_set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"session": None}  # Tune pickles its config; the session stays here
+
+
 def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
                engine: Engine, checkpoint_root: Path, cpu: float, gpu: float,
                max_concurrent: int | None, retries: int, pack_seeds: int | str = 1,
                on_event: Callable[..., None] | None = None,
-               stop: dict[str, Any] | None = None) -> dict[int, str]:
+               stop: dict[str, Any] | None = None, session=None) -> dict[int, str]:
     """Run (trial_id, key, params) trials to their end; returns trial_id -> final status."""
     from ray import tune
 
@@ -198,7 +218,7 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
         packs = sum(len(u["members"]) > 1 for u in units)
         on_event("packing", None, pack_seeds=pack_seeds, size=pack_size(pack_seeds),
                  packs=packs, units=len(units))
-    writer = StoreWriter(engine, on_event=on_event)
+    writer = StoreWriter(engine, on_event=on_event, session=session)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
         from orchestrator.runner.trainable import run_unit
@@ -211,7 +231,7 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
             run_config=tune.RunConfig(
                 name=f"{sweep}-{int(time.time())}", storage_path=storage, verbose=0,
                 callbacks=[writer], failure_config=tune.FailureConfig(max_failures=retries),
-                log_to_file=False),
+                stop=_StopWhenSet(session), log_to_file=False),
         )
         tuner.fit()
     finally:

@@ -3,7 +3,13 @@
 Eval rows are buffered and flushed as batched upserts (every ``flush_rows`` rows or
 ``flush_s`` seconds, and whenever a trial starts, ends or fails). A row lost in the buffer
 when the driver dies is not lost for good: the trial's checkpoint holds its trace and the
-resumed trial re-reports it.
+resumed trial re-reports it. Every write is retried through a database outage
+(store.outage): pending rows stay in the buffer until they land.
+
+Errors: ``trials.error`` holds one line (exception type and message); each failed
+attempt's full traceback goes to ``trial_errors``. A trial that fails before its first step
+(a configuration error: bad device, a model that cannot be built) reports itself failed
+without raising, so Tune does not retry what would fail the same way every time.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from ray import tune
 
 from orchestrator.status import Status
 from orchestrator.store import repo
+from orchestrator.store.outage import write_with_retry
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from sqlalchemy.engine import Engine
@@ -32,20 +39,26 @@ def _error_text(trial) -> str:
                 text = fh.read()
         except OSError:
             text = None
-    if not text:
-        return "trial failed (no error text recorded by Ray)"
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    # Last line first (the exception), then the tail of the traceback for context.
-    return (lines[-1] + "\n" + "\n".join(lines[-40:]))[-4000:] if lines else text[-4000:]
+    return text or "trial failed (no error text recorded by Ray)"
+
+
+def one_line(text: str) -> str:
+    """The exception line of a traceback (``Type: message``), at most 300 characters."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "error (no text)"
+    # Ray wraps the worker's traceback; the last line is the original exception.
+    return lines[-1][:300]
 
 
 class StoreWriter(tune.Callback):
     def __init__(self, engine: Engine, *, flush_rows: int = 2000, flush_s: float = 0.5,
-                 on_event=None):
+                 on_event=None, session=None):
         self.engine = engine
         self.flush_rows = flush_rows
         self.flush_s = flush_s
         self.on_event = on_event or (lambda *a, **k: None)
+        self.session = session  # DriverSession: the set of running trials it heartbeats
         self._rows: list[dict[str, Any]] = []
         self._touched: set[int] = set()
         self._last_flush = time.monotonic()
@@ -56,7 +69,7 @@ class StoreWriter(tune.Callback):
         # Tune pickles its run config (callbacks included) for its own experiment restore,
         # which we never use: an engine and a progress closure cannot travel.
         state = self.__dict__.copy()
-        state.update(engine=None, on_event=None, _rows=[], _touched=set())
+        state.update(engine=None, on_event=None, session=None, _rows=[], _touched=set())
         return state
 
     @staticmethod
@@ -64,21 +77,39 @@ class StoreWriter(tune.Callback):
         """Our trial ids behind one Tune trial (a lone trial, or every member of a pack)."""
         return [int(m["trial_id"]) for m in trial.config["unit"]["members"]]
 
+    def _write(self, fn) -> Any:
+        return write_with_retry(self.engine, fn)
+
+    def _running(self, tids: list[int], alive: bool) -> None:
+        if self.session is not None:
+            (self.session.running.update if alive else self.session.running.difference_update)(tids)
+
     def flush(self) -> None:
         if not self._rows and not self._touched:
             return
-        with self.engine.begin() as conn:
-            self.rows_written += repo.upsert_evals(conn, self._rows)
-            repo.touch(conn, self._touched)
-        self._rows.clear()
-        self._touched.clear()
+        rows, touched = list(self._rows), set(self._touched)
+
+        def write(conn) -> int:
+            n = repo.upsert_evals(conn, rows)
+            repo.touch(conn, touched)
+            return n
+
+        # The buffer is cleared only once the rows are in: an outage keeps them pending.
+        self.rows_written += self._write(write)
+        del self._rows[:len(rows)]
+        self._touched -= touched
         self._last_flush = time.monotonic()
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.flush()
-        with self.engine.begin() as conn:
-            for tid in self._tids(trial):
+        tids = self._tids(trial)
+
+        def write(conn) -> None:
+            for tid in tids:
                 repo.mark_running(conn, tid)
+
+        self._write(write)
+        self._running(tids, True)
         self.on_event("start", trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -88,10 +119,14 @@ class StoreWriter(tune.Callback):
         placement = result.get("placement")
         if placement:
             self.flush()
-            with self.engine.begin() as conn:
-                for tid in self._tids(trial):
+            tids = self._tids(trial)
+
+            def write(conn) -> None:
+                for tid in tids:
                     repo.set_placement(conn, tid, placement.get("host"),
                                        placement.get("node_id"), placement.get("device"))
+
+            self._write(write)
         if (len(self._rows) >= self.flush_rows
                 or time.monotonic() - self._last_flush >= self.flush_s):
             self.flush()
@@ -100,33 +135,65 @@ class StoreWriter(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.flush()
-        final = (trial.last_result or {}).get("final") or {}
-        with self.engine.begin() as conn:
-            for tid in self._tids(trial):
-                status, error, *extra = (final.get(tid) or final.get(str(tid))
-                                         or (Status.completed.value, None))
+        last = trial.last_result or {}
+        final = last.get("final") or {}
+        tracebacks = last.get("tracebacks") or {}
+        tids = self._tids(trial)
+        results: dict[int, tuple[str, str | None, Any]] = {}
+        for tid in tids:
+            got = final.get(tid) or final.get(str(tid))
+            # No final report: Tune stopped the trial (a cancel) before it ended. A third
+            # element is the spec's stop rule ending the trial after its escape.
+            results[tid] = ((got[0], got[1], got[2] if len(got) > 2 else None) if got
+                            else (Status.interrupted.value, None, None))
+
+        def write(conn) -> None:
+            for tid, (status, error, stopped) in results.items():
+                if status == Status.interrupted.value:
+                    repo.interrupt_trial(conn, tid)
+                    continue
+                tb = tracebacks.get(tid) or tracebacks.get(str(tid))
+                if status == Status.failed.value and error:
+                    repo.add_trial_error(conn, tid, "config", error, tb)
                 repo.finish_trial(conn, tid, status, error)
-                if extra and extra[0]:  # stopped by the spec's stop rule
-                    repo.record_stop(conn, tid, **extra[0])
-                self.outcomes[tid] = status
-                self.on_event(status, trial)
+                if stopped:
+                    repo.record_stop(conn, tid, **stopped)
+
+        self._write(write)
+        self._running(tids, False)
+        for tid, (status, _, _) in results.items():
+            self.outcomes[tid] = status
+            self.on_event(status, trial)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self.flush()
         text = _error_text(trial)
-        with self.engine.begin() as conn:
-            for tid in self._tids(trial):
-                repo.record_error(conn, tid, text)
+        tids = self._tids(trial)
+
+        def write(conn) -> None:
+            for tid in tids:
+                repo.add_trial_error(conn, tid, "runtime", one_line(text), text)
+                repo.record_error(conn, tid, one_line(text))
+
+        self._write(write)
         self.on_event("retry", trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.flush()
         text = _error_text(trial)
-        with self.engine.begin() as conn:
-            for tid in self._tids(trial):
-                repo.finish_trial(conn, tid, Status.failed.value, text)
-                self.outcomes[tid] = Status.failed.value
-                self.on_event(Status.failed.value, trial)
+        tids = self._tids(trial)
+
+        def write(conn) -> None:
+            for tid in tids:
+                repo.add_trial_error(conn, tid, "runtime", one_line(text), text)
+                repo.finish_trial(conn, tid, Status.failed.value, one_line(text))
+
+        self._write(write)
+        self._running(tids, False)
+        for tid in tids:
+            self.outcomes[tid] = Status.failed.value
+            self.on_event(Status.failed.value, trial)
 
     def on_experiment_end(self, trials, **info):
         self.flush()
+

@@ -91,6 +91,11 @@ class Dialect:
         after ``timeout_s`` seconds."""
         raise NotImplementedError
 
+    def now_plus(self, seconds: float) -> Any:
+        """The database clock plus ``seconds`` (negative: minus), as a SQL expression whose
+        values compare correctly with ``func.now()`` on this backend (leases, staleness)."""
+        raise NotImplementedError
+
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
@@ -140,6 +145,11 @@ class SQLite(Dialect):
             engine = sa.create_engine(url, creator=lambda: sqlite_connect(path))
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+
+    def now_plus(self, seconds: float) -> Any:
+        # CURRENT_TIMESTAMP (what func.now() writes) and datetime('now', ...) are both UTC
+        # text 'YYYY-MM-DD HH:MM:SS', so they order as strings.
+        return sa.func.datetime("now", f"{float(seconds):+.3f} seconds")
 
     def missing(self, url: str) -> Path | None:
         path = sqlite_path(url)
@@ -205,6 +215,10 @@ class PostgreSQL(Dialect):
             return sa.create_engine(url, pool_pre_ping=True)
         except Exception as exc:  # e.g. missing driver, malformed URL
             raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
+
+    def now_plus(self, seconds: float) -> Any:
+        return sa.literal_column(f"(now() + interval '{float(seconds):.3f} seconds')",
+                                 type_=sa.DateTime(timezone=True))
 
     def upsert(self, conn, table, fields, set_clause, batch) -> None:
         # COPY into a staging table and one INSERT ... ON CONFLICT (row-at-a-time upserts

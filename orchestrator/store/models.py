@@ -29,6 +29,14 @@ class Sweep(Base):
         sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
     updated_at: Mapped[dt.datetime] = mapped_column(
         sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+    # The lease of the driver running the sweep (store/lease.py); times on the DB clock.
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(64))
+    lease_host: Mapped[str | None] = mapped_column(sa.String(255))
+    lease_pid: Mapped[int | None] = mapped_column(sa.Integer)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    lease_renewed_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # Set by `orchestrator cancel`; the lease holder sees it at its next renewal and stops.
+    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
 
 class Trial(Base):
@@ -36,7 +44,8 @@ class Trial(Base):
     __table_args__ = (
         sa.UniqueConstraint("sweep_id", "key", name="uq_trials_sweep_key"),
         sa.CheckConstraint(
-            "status IN ('pending', 'running', 'completed', 'failed', 'diverged', 'skipped')",
+            "status IN ('pending', 'running', 'completed', 'failed', 'diverged', "
+            "'interrupted', 'superseded', 'skipped')",
             name="ck_trials_status"),
         sa.Index("ix_trials_sweep_status", "sweep_id", "status"),
     )
@@ -71,6 +80,44 @@ class Trial(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # Stamped with the database clock on every write from the trial: a heartbeat.
     updated_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # Renewed by the driver while the trial runs (reports, and the lease thread); a running
+    # trial whose heartbeat is older than the lease TTL is shown as stale.
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # The sweep_specs version whose submission created this trial.
+    spec_version: Mapped[int | None] = mapped_column(sa.Integer)
+
+
+class SweepSpec(Base):
+    """Every version of a sweep's spec as submitted (``sweeps.spec_text`` is the newest)."""
+
+    __tablename__ = "sweep_specs"
+    __table_args__ = (sa.UniqueConstraint("sweep_id", "version", name="uq_sweep_specs_version"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    version: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    spec_text: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    spec_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+
+
+class TrialError(Base):
+    """Each failed attempt of a trial: ``trials.error`` keeps one line, this the whole story."""
+
+    __tablename__ = "trial_errors"
+    __table_args__ = (sa.Index("ix_trial_errors_trial", "trial_id"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(
+        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), nullable=False)
+    attempt: Mapped[int | None] = mapped_column(sa.Integer)
+    kind: Mapped[str] = mapped_column(sa.String(16), nullable=False)  # config | runtime
+    error: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    traceback: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
 
 
 class TrialParam(Base):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,7 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Eval, SequentialLook, Sweep, Trial, TrialParam, TrialStop
+from orchestrator.store.models import (Eval, SequentialLook, Sweep, SweepSpec, Trial, TrialError,
+                                       TrialParam, TrialStop)
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
@@ -53,21 +55,122 @@ def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) ->
     return row.id
 
 
+def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> int:
+    """The sweep's id, creating the row (with this spec) when it is new. Two drivers racing
+    to create the same sweep both get the one row (the name is unique)."""
+    for _ in range(2):
+        with engine.connect() as conn:
+            sid = sweep_id(conn, name)
+        if sid is not None:
+            return sid
+        try:
+            with engine.begin() as conn:
+                return conn.execute(sa.insert(Sweep).values(
+                    name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
+                ).scalar_one()
+        except sa.exc.IntegrityError:
+            continue  # the other driver created it first
+    raise RuntimeError(f"sweep {name!r}: cannot create or find its row")
+
+
+@dataclass
+class DesignDiff:
+    """What a re-submitted spec changes in a sweep's set of trials."""
+
+    added: list[str] = field(default_factory=list)  # keys new to the sweep
+    revived: list[str] = field(default_factory=list)  # superseded keys the spec has again
+    superseded: list[str] = field(default_factory=list)  # active keys the spec no longer has
+    changes: list[str] = field(default_factory=list)  # "steps: 200 -> 100", ...
+    first: bool = False  # the sweep had no trials: nothing to compare
+
+    @property
+    def changed(self) -> bool:
+        return not self.first and bool(self.added or self.revived or self.superseded)
+
+    def describe(self) -> str:
+        parts = [f"{len(self.added) + len(self.revived)} trial(s) added",
+                 f"{len(self.superseded)} superseded"]
+        what = f" ({'; '.join(self.changes)})" if self.changes else ""
+        return ", ".join(parts) + what
+
+
+def _values(params: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for p in params:
+        for k, v in p.items():
+            out.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
+    return out
+
+
+def design_diff(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]
+                ) -> DesignDiff:
+    """Compare a spec's (key, params) trials with the sweep's stored ones."""
+    stored = {r.key: r for r in conn.execute(sa.select(Trial.key, Trial.status, Trial.params)
+                                             .where(Trial.sweep_id == sweep))}
+    if not stored:
+        return DesignDiff(first=True)
+    new = dict(trials)
+    diff = DesignDiff()
+    for k in new:
+        if k not in stored:
+            diff.added.append(k)
+        elif stored[k].status == Status.superseded:
+            diff.revived.append(k)
+    diff.superseded = [k for k, r in stored.items()
+                       if r.status != Status.superseded and k not in new]
+    gone = [stored[k].params if isinstance(stored[k].params, dict) else json.loads(stored[k].params)
+            for k in diff.superseded]
+    came = [new[k] for k in diff.added + diff.revived]
+    old_v, new_v = _values(gone), _values(came)
+    for name in sorted(set(old_v) | set(new_v)):
+        a, b = old_v.get(name, set()), new_v.get(name, set())
+        if a != b and a and b:
+            diff.changes.append(f"{name}: {', '.join(sorted(a))} -> {', '.join(sorted(b))}")
+    return diff
+
+
+def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
+    """Mark the trials a spec dropped ``superseded`` (kept, never run, hidden from analysis)
+    and bring back the superseded ones it has again."""
+    if diff.superseded:
+        conn.execute(sa.update(Trial).where(Trial.sweep_id == sweep, Trial.key.in_(diff.superseded))
+                     .values(status=Status.superseded.value, updated_at=sa.func.now()))
+    if diff.revived:
+        conn.execute(sa.update(Trial).where(Trial.sweep_id == sweep, Trial.key.in_(diff.revived))
+                     .values(status=Status.pending.value, updated_at=sa.func.now()))
+
+
+def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash: str) -> int:
+    """The version number of this spec text in the sweep's history, adding it (as the newest)
+    when it differs from the newest one."""
+    last = conn.execute(sa.select(SweepSpec.version, SweepSpec.spec_hash)
+                        .where(SweepSpec.sweep_id == sweep)
+                        .order_by(SweepSpec.version.desc()).limit(1)).first()
+    if last is not None and last.spec_hash == spec_hash:
+        return last.version
+    version = (last.version if last is not None else 0) + 1
+    conn.execute(sa.insert(SweepSpec).values(sweep_id=sweep, version=version,
+                                             spec_text=spec_text, spec_hash=spec_hash))
+    return version
+
+
 def sweep_id(conn: Connection, name: str) -> int | None:
     return conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).scalar_one_or_none()
 
 
-def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]
-               ) -> dict[str, int]:
-    """Insert the (key, params) trials that are new to the sweep; existing keys are left as
-    they are. Returns key -> trial id for all given keys."""
+def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]],
+               spec_version: int | None = None) -> dict[str, int]:
+    """Insert the (key, params) trials that are new to the sweep (created by spec version
+    ``spec_version``); existing keys are left as they are. Returns key -> trial id for all
+    given keys."""
     existing = dict(conn.execute(
         sa.select(Trial.key, Trial.id).where(Trial.sweep_id == sweep)).all())
     new = [(k, p) for k, p in trials if k not in existing]
     for key, params in new:
         values = {c: params.get(c) for c in TYPED_PARAMS}
         tid = conn.execute(sa.insert(Trial).values(
-            sweep_id=sweep, key=key, params=dict(params), **values).returning(Trial.id)
+            sweep_id=sweep, key=key, params=dict(params), spec_version=spec_version,
+            **values).returning(Trial.id)
         ).scalar_one()
         existing[key] = tid
         rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
@@ -107,7 +210,8 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
 def mark_running(conn: Connection, trial_id: int) -> None:
     conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
         status=Status.running.value, attempts=Trial.attempts + 1, error=None,
-        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now()))
+        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now(),
+        heartbeat_at=sa.func.now()))
 
 
 def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: str | None,
@@ -119,7 +223,8 @@ def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: st
 def touch(conn: Connection, trial_ids: Iterable[int]) -> None:
     ids = list(trial_ids)
     if ids:
-        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(updated_at=sa.func.now()))
+        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(
+            updated_at=sa.func.now(), heartbeat_at=sa.func.now()))
 
 
 def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
@@ -141,17 +246,34 @@ def record_error(conn: Connection, trial_id: int, error: str) -> None:
         error=error, updated_at=sa.func.now()))
 
 
+def interrupt_trial(conn: Connection, trial_id: int) -> None:
+    """A trial stopped before its end (a cancel): it resumes from its checkpoint later."""
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
+        status=Status.interrupted.value, updated_at=sa.func.now()))
+
+
+def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str,
+                    traceback: str | None) -> None:
+    """Keep one failed attempt's full story (``kind``: config or runtime)."""
+    attempt = conn.execute(sa.select(Trial.attempts).where(Trial.id == trial_id)).scalar_one_or_none()
+    conn.execute(sa.insert(TrialError).values(trial_id=trial_id, attempt=attempt, kind=kind,
+                                              error=error, traceback=traceback))
+
+
 def release_unfinished(conn: Connection, sweep: int) -> int:
-    """Trials left 'running' by a driver that died go back to 'pending' (they resume from
-    their checkpoints); failed trials get a fresh chance too. Returns how many."""
+    """Trials left 'running' by a driver that died, interrupted ones, and failed ones go back
+    to 'pending' (they resume from their checkpoints). Only the lease holder calls this, so a
+    'running' trial here has no live driver. Returns how many."""
     res = conn.execute(sa.update(Trial).where(
-        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value))).values(
+        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value,
+                                                   Status.interrupted.value))).values(
         status=Status.pending.value, updated_at=sa.func.now()))
     return res.rowcount or 0
 
 
 def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict]]:
-    """(id, key, params) of trials not completed, diverged or skipped, in insertion order."""
+    """(id, key, params) of trials to run: not completed, diverged, skipped or superseded;
+    in insertion order."""
     return [tuple(r) for r in conn.execute(
         sa.select(Trial.id, Trial.key, Trial.params).where(
             Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in SETTLED]))
@@ -164,17 +286,44 @@ def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
     return (row.id, row.spec_text) if row is not None else None
 
 
+def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
+    """Delete a sweep and everything under it (trials, params, evals, errors) in the
+    caller's transaction; returns the row counts removed. The deletes are explicit rather
+    than left to ON DELETE CASCADE, so a SQLite connection opened without foreign keys
+    cannot leave orphans either."""
+    tids = sa.select(Trial.id).where(Trial.sweep_id == sweep).scalar_subquery()
+    counts = {}
+    for name, model in (("evals", Eval), ("trial_params", TrialParam),
+                        ("trial_errors", TrialError)):
+        counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
+    counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
+    conn.execute(sa.delete(SweepSpec).where(SweepSpec.sweep_id == sweep))
+    conn.execute(sa.delete(Sweep).where(Sweep.id == sweep))
+    return counts
+
+
+def statuses(conn: Connection, trial_ids: Sequence[int]) -> list[str]:
+    """The stored status of each given trial (order not kept)."""
+    if not trial_ids:
+        return []
+    return list(conn.execute(sa.select(Trial.status).where(Trial.id.in_(list(trial_ids)))).scalars())
+
+
 def count_trials(conn: Connection, sweep: int) -> int:
     return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)
                         ).scalar_one()
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
-    q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
-                   sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"))
-         .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
-         .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
+    """Each sweep's trial counts: completed, and stale (running with no live heartbeat)."""
+    from orchestrator.store.lease import stale_condition
+
     with engine.connect() as conn:
+        q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
+                       sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"),
+                       sa.func.sum(sa.case((stale_condition(conn), 1), else_=0)).label("stale"))
+             .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
+             .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
         return [dict(r._mapping) for r in conn.execute(q)]
 
 

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.status import ALL, DONE, Status
+from orchestrator.status import ALL, DONE, STALE, Status
+from orchestrator.store import lease
 from orchestrator.store.models import Eval, Sweep, Trial, TrialStop
 
 
@@ -32,16 +33,23 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
         if isinstance(now, str):  # SQLite returns text for CURRENT_TIMESTAMP
             now = _aware(dt.datetime.fromisoformat(now))
         result = []
+        stale_if = lease.stale_condition(conn)
         for sid, sname in sweeps:
             last = (sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id)
                     .correlate(Trial).scalar_subquery())
             rows = conn.execute(sa.select(
                 Trial.key, Trial.status, Trial.params, Trial.started_at, Trial.finished_at,
-                Trial.error, Trial.steps, last.label("last_step")).where(Trial.sweep_id == sid)
+                Trial.error, Trial.steps, last.label("last_step"),
+                stale_if.label("stale")).where(Trial.sweep_id == sid)
             ).all()
+            # `stale` is a view: a running trial nobody has heartbeated within the lease TTL.
             counts = {s.value: 0 for s in ALL}
+            counts[STALE] = 0
             for r in rows:
-                counts[r.status] += 1
+                counts[STALE if r.stale else r.status] += 1
+            holder = lease.holder(conn, sid)
+            # Superseded trials are no part of the design any more.
+            rows = [r for r in rows if r.status != Status.superseded]
             params = [r.params if isinstance(r.params, dict) else json.loads(r.params)
                       for r in rows]
             axes: dict[str, list[dict[str, Any]]] = {}
@@ -58,14 +66,17 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                 axes[n] = [{"value": json.loads(v), "done": d, "total": t}
                            for v, (d, t) in sorted(tally.items())]
             # Progress in training steps (finished trials count in full), so the ETA moves
-            # before the first trial ends: wall time so far x (left / done).
-            total_steps = sum(r.steps or 0 for r in rows)
+            # before the first trial ends: wall time so far x (left / done). Failed trials
+            # are no steps done (nor to do): they are counted as failed.
+            live = [r for r in rows if r.status != Status.failed]
+            total_steps = sum(r.steps or 0 for r in live)
             done_steps = sum((r.steps or 0) if r.status in DONE
-                             else min(r.last_step or 0, r.steps or 0) for r in rows)
+                             else min(r.last_step or 0, r.steps or 0) for r in live)
             progress = done_steps / total_steps if total_steps else None
             eta = None
             starts = [_aware(r.started_at) for r in rows if r.started_at]
-            if progress and progress < 1 and starts and now is not None:
+            driving = holder is not None and not holder.expired
+            if driving and progress and progress < 1 and starts and now is not None:
                 span = (now - min(starts)).total_seconds()
                 eta = span * (1 - progress) / progress if span > 0 else None
             failed = [{"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
@@ -80,5 +91,6 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                      "stopped_trials": int(stops[0]), "stopped_steps": int(stops[1])}
             result.append({"sweep": sname, "total": len(rows), "counts": counts, "axes": axes,
                            "progress": progress, "eta_s": eta, "failed": failed,
-                           "saved": saved})
+                           "saved": saved,
+                           "driver": holder.describe() if driving and holder else None})
     return {"sweeps": result}

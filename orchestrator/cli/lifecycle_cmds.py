@@ -1,0 +1,104 @@
+"""cancel, delete: ending a sweep's run from anywhere, and removing a sweep."""
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from orchestrator.cli.app import app
+from orchestrator.errors import UserError
+
+err = Console(stderr=True, highlight=False)
+DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
+
+
+def _find(engine, url: str, name: str) -> tuple[int, str]:
+    from orchestrator.store import repo
+    from orchestrator.store.engine import describe
+
+    with engine.connect() as conn:
+        found = repo.find_sweep(conn, name)
+    if found is None:
+        raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
+    return found
+
+
+@app.command()
+def cancel(
+    sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+) -> int:
+    """Stop a running sweep from any terminal or machine: its driver sees the request at its
+    next lease renewal, stops the trials (interrupted) and exits 130. A sweep with no live
+    driver has its leftover running trials marked interrupted."""
+    from orchestrator.store import lease
+    from orchestrator.store.engine import open_store_engine
+
+    engine, url = open_store_engine(db, auto_create=False)
+    sid, _ = _find(engine, url, sweep)
+    with engine.begin() as conn:
+        held = lease.holder(conn, sid)
+        if held is not None and not held.expired:
+            lease.request_cancel(conn, sid)
+            msg = (f"sweep {sweep}: cancel requested; {held.describe()} stops within "
+                   f"{lease.lease_ttl_s() / 4:.0f} s")
+        else:
+            n = lease.interrupt_running(conn, sid)
+            msg = f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
+    err.print(msg, soft_wrap=True)
+    return 0
+
+
+@app.command()
+def delete(
+    sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask"),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints",
+                                          help="leave the checkpoint folder on disk"),
+    checkpoint_dir: Optional[str] = typer.Option(
+        None, "--checkpoint-dir", help="where its checkpoints are, if not the default"),
+) -> int:
+    """Delete a sweep: its trials, parameters, evals and errors (one transaction) and its
+    checkpoint folder. Refuses a sweep a live driver holds."""
+    from orchestrator import spec as specs
+    from orchestrator.runner.sweep import _checkpoint_root
+    from orchestrator.store import lease, repo
+    from orchestrator.store.engine import open_store_engine
+
+    engine, url = open_store_engine(db, auto_create=False)
+    sid, text = _find(engine, url, sweep)
+    with engine.connect() as conn:
+        held = lease.holder(conn, sid)
+        n = repo.count_trials(conn, sid)
+    if held is not None and not held.expired:
+        raise UserError(f"sweep {sweep!r} is being run by {held.describe()}; "
+                        f"`orchestrator cancel {sweep}` first")
+    try:
+        spec = specs.load(f"<sweep {sweep}>", text=text).spec
+        folder = _checkpoint_root(url, spec, checkpoint_dir) / sweep
+    except UserError:  # an imported sweep's placeholder spec: no checkpoints of ours
+        folder = None
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UserError(f"delete sweep {sweep!r} ({n} trials): pass --yes to confirm")
+        if not typer.confirm(f"delete sweep {sweep} ({n} trials)"
+                             + (f" and {folder}" if folder and not keep_checkpoints else "") + "?"):
+            err.print("nothing deleted")
+            return 1
+    with engine.begin() as conn:
+        # Re-checked inside the transaction: a driver may have claimed it since.
+        held = lease.holder(conn, sid)
+        if held is not None and not held.expired:
+            raise UserError(f"sweep {sweep!r} is being run by {held.describe()}")
+        counts = repo.delete_sweep(conn, sid)
+    removed = ""
+    if folder is not None and not keep_checkpoints and folder.exists():
+        shutil.rmtree(folder)
+        removed = f"; removed {folder}"
+    err.print(f"deleted sweep {sweep}: {counts['trials']} trials, {counts['evals']} evals"
+              + removed)
+    return 0

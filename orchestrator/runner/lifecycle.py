@@ -1,0 +1,125 @@
+"""A driver's hold on a sweep while it runs: the lease (claimed, renewed on the database
+clock by a thread, released at exit), heartbeats of the trials it runs, and the ways a run
+is asked to stop: SIGINT/SIGTERM, ``orchestrator cancel`` (a flag in the database the
+renewal thread reads), a lost lease, or a database that stays unreachable.
+
+The training loop knows nothing of this: heartbeats are written here, on the driver, for
+the trials the writer callback has seen start and not yet end.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+from orchestrator.store import lease
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Engine
+
+# Exit code of a run stopped by a signal or a cancel (128 + SIGINT, what shells expect).
+EXIT_INTERRUPTED = 130
+
+
+class LeaseHeld(UserError):
+    """Another live driver holds the sweep."""
+
+
+class DriverSession:
+    """Context manager: claim on enter (or raise LeaseHeld), renew in a thread, stop on
+    signals, release on exit. ``stop_reason`` is None while the run should go on."""
+
+    def __init__(self, engine: Engine, sweep_id: int, sweep_name: str, *,
+                 takeover: bool = False, note: Callable[[str], None] | None = None,
+                 ttl: float | None = None, handle_signals: bool = True):
+        self.engine = engine
+        self.sid = sweep_id
+        self.name = sweep_name
+        self.takeover = takeover
+        self.note = note or (lambda msg: None)
+        self.ttl = ttl if ttl is not None else lease.lease_ttl_s()
+        self.owner = lease.new_owner()
+        self.handle_signals = handle_signals
+        self.running: set[int] = set()
+        self.stop_reason: str | None = None
+        self.stop_event = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    # ---- stopping ------------------------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stop_event.set()
+
+    def _on_signal(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_event.is_set():
+            # A second signal: the user means it; stop waiting for Tune to wind down.
+            raise KeyboardInterrupt
+        self.stop(name)
+
+    # ---- lease ---------------------------------------------------------------------------
+    def __enter__(self) -> DriverSession:
+        with self.engine.begin() as conn:
+            held = lease.holder(conn, self.sid)
+            dead = held.owner if held is not None and held.expired else None
+            ok = lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover,
+                             dead_owner=dead)
+        if not ok:
+            with self.engine.connect() as conn:
+                held = lease.holder(conn, self.sid)
+            who = held.describe() if held else "another driver"
+            raise LeaseHeld(f"sweep {self.name!r} is being run by {who}; wait for it, "
+                            f"`orchestrator cancel {self.name}`, or pass --takeover")
+        if held is not None and held.owner != self.owner:
+            why = "took over (--takeover)" if self.takeover and not held.expired else \
+                "took over an expired lease"
+            self.note(f"sweep {self.name}: {why} from {held.describe()}")
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        self._thread = threading.Thread(target=self._renew_loop, name="orchestrator-lease",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _renew_loop(self) -> None:
+        period = self.ttl / 4
+        while not self._done.wait(period):
+            try:
+                with self.engine.begin() as conn:
+                    held, cancel = lease.renew(conn, self.sid, self.owner, ttl=self.ttl,
+                                               running=sorted(self.running))
+            except Exception:  # the writer owns outage handling; try again next period
+                continue
+            if not held:
+                self.stop("lease lost (another driver took the sweep over)")
+            elif cancel:
+                self.stop("cancel requested (`orchestrator cancel`)")
+
+    def interrupt_running(self, conn) -> int:
+        """Mark the sweep's running trials interrupted (unless the lease went to another
+        driver, who owns them now)."""
+        if self.stop_reason is not None and self.stop_reason.startswith("lease lost"):
+            return 0
+        return lease.interrupt_running(conn, self.sid)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        try:
+            with self.engine.begin() as conn:
+                if self.stop_reason is not None or exc[0] is not None:
+                    self.interrupt_running(conn)
+                lease.release(conn, self.sid, self.owner)
+        except Exception:
+            # Database gone: the lease expires by itself, the trials show as stale.
+            pass
+

@@ -1,0 +1,306 @@
+"""Fault injection through a real Ray runtime on a real SQLite file and the local
+PostgreSQL: the driver's process group SIGKILLed at seeded random moments and resumed
+(evals equal an uninterrupted run row for row, all columns but elapsed_s); a Ray worker
+SIGKILLed mid-trial (the trial resumes from its checkpoint, no row lost or duplicated);
+8 concurrent readers against a SQLite sweep being written (no "database is locked" on
+either side); PostgreSQL restarted, and stopped for 30 s, mid-sweep (the writer rides it
+out and the sweep completes without a resume).
+
+How many kills: ``ORCH_FAULT_KILLS`` (SQLite, default 3) and ``ORCH_FAULT_KILLS_PG``
+(default 2); the issue's full count is
+``ORCH_FAULT_KILLS=20 ORCH_FAULT_KILLS_PG=5 pytest tests/test_faults.py -k sigkills -s``
+(``-s`` prints the kill steps). The PostgreSQL restart test stops the shared server, so it
+runs only with ``ORCH_TEST_PG_RESTART=1`` (``.ci/run`` sets it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator.store.engine import make_engine
+
+from conftest import POSTGRES_URL, make_pg_schema_url
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+name: faults
+fixed:
+  task: mqar
+  task.K: 8
+  task.eval_size: 64
+  d_model: 16
+  n_layers: 1
+  batch_size: 16
+  checkpoint_every_s: 0
+axes:
+  arm: [gated_deltanet, armed_gdn]
+  seed: 0..2
+budget: {steps: 240, eval_every: 20}
+resources: {cpu: 1}
+max_concurrent: 2
+retries: 2
+"""
+N_EVALS = 6 * 13
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+# RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
+# (or engineer) left running on this machine.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local",
+       "ORCH_LEASE_TTL_S": "6"}
+COLS = "t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics"
+
+
+def _q(url: str, q: str, default=None):
+    eng = make_engine(url)
+    try:
+        with eng.connect() as conn:
+            return conn.execute(sa.text(q)).all()
+    except Exception:
+        if default is not None:
+            return default
+        raise
+    finally:
+        eng.dispose()
+
+
+def _evals(url: str):
+    """Every column but elapsed_s; metrics parsed (SQLite returns JSON as text)."""
+    rows = _q(url, f"SELECT {COLS} FROM evals e JOIN trials t ON t.id = e.trial_id "
+                   "ORDER BY t.key, e.step")
+    return [tuple(r[:-1]) + (json.loads(r[-1]) if isinstance(r[-1], str) else r[-1],)
+            for r in rows]
+
+
+def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
+    return subprocess.Popen(CLI + args + ["--db", url, "--quiet", "--checkpoint-dir", str(ck)],
+                            env=env or ENV, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ref")
+    spec = tmp / "spec.yaml"
+    spec.write_text(SPEC)
+    url = f"sqlite:///{tmp / 'ref.db'}"
+    p = _start(["submit", str(spec)], url, tmp / "ck")
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    rows = _evals(url)
+    assert len(rows) == N_EVALS
+    return rows
+
+
+def _backend(tmp_path: Path, backend: str):
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'f.db'}", (lambda: None)
+    if not POSTGRES_URL:
+        pytest.skip("ORCH_TEST_POSTGRES_URL not set")
+    return make_pg_schema_url()
+
+
+def _eval_count(url: str) -> int:
+    return _q(url, "SELECT COUNT(*) FROM evals", default=[(0,)])[0][0]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, reference, backend):
+    kills = int(os.environ.get("ORCH_FAULT_KILLS" if backend == "sqlite" else
+                               "ORCH_FAULT_KILLS_PG", "3" if backend == "sqlite" else "2"))
+    rng = random.Random(11)
+    url, drop = _backend(tmp_path, backend)
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SPEC)
+        log = []
+        for i in range(kills):
+            args = ["submit", str(spec)] if i == 0 else ["resume", "faults"]
+            p = _start(args, url, tmp_path / "ck")
+            # A seeded moment: after 1..4 new eval rows (1..2 for more than 10 kills, so 20
+            # fit in the sweep's 78 rows; re-reported rows of a resumed trial do not count).
+            target = _eval_count(url) + rng.randint(1, 4 if kills <= 10 else 2)
+            deadline = time.time() + 300
+            while p.poll() is None and time.time() < deadline and _eval_count(url) < target:
+                time.sleep(0.05)
+            if p.poll() is not None:  # finished before the moment came
+                assert p.returncode == 0, p.communicate()[1]
+                log.append(("finished", 0))
+                break
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            # Where the kill hit: rows in the table, and the last step of each running trial.
+            steps = sorted(r[0] for r in _q(
+                url, "SELECT (SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
+                     "FROM trials t WHERE status = 'running'", default=[]) if r[0] is not None)
+            log.append((_eval_count(url), steps))
+        p = _start(["resume", "faults"], url, tmp_path / "ck")
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        got = _evals(url)
+        print(f"\n{backend}: {sum(1 for e in log if e[0] != 'finished')} kills at "
+              f"(eval rows stored, last step of each running trial) {log}; "
+              f"{len(got)} rows compared")
+        assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
+        assert len(got) == N_EVALS and got == reference
+    finally:
+        drop()
+
+
+def _ray_trial_workers(session: int) -> list[int]:
+    """Pids of Ray worker processes of the driver's session running a trainable."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                cmd = fh.read().decode(errors="replace")
+            if "ImplicitFunc" in cmd and os.getsid(int(d)) == session:
+                pids.append(int(d))
+        except (OSError, ProcessLookupError):
+            continue
+    return pids
+
+
+def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path, reference):
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    p = _start(["submit", str(spec)], url, tmp_path / "ck")
+    killed = None
+    deadline = time.time() + 300
+    while p.poll() is None and time.time() < deadline and killed is None:
+        mid = _q(url, "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
+                      "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) BETWEEN 60 AND 180",
+                 default=[(0,)])[0][0]
+        workers = _ray_trial_workers(p.pid) if mid else []
+        if workers:
+            killed = workers[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.1)
+    assert killed is not None, "no worker caught mid-trial"
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    assert _evals(url) == reference
+    assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
+    # The lost attempt is on record: a retry, its error kept in full.
+    errors = _q(url, "SELECT kind, error FROM trial_errors")
+    assert len(errors) >= 1 and all(k == "runtime" and "\n" not in e for k, e in errors)
+    assert _q(url, "SELECT MAX(attempts) FROM trials")[0][0] == 2
+
+
+def test_eight_readers_against_a_sqlite_sweep_being_written(tmp_path):
+    from orchestrator.store.readonly import readonly_query
+    from orchestrator.store.status import sweep_status
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("steps: 240", "steps: 120").replace("eval_every: 20", "eval_every: 5"))
+    p = _start(["submit", str(spec)], url, tmp_path / "ck")
+    while p.poll() is None and not _q(url, "SELECT COUNT(*) FROM evals", default=[(0,)])[0][0]:
+        time.sleep(0.1)
+    stop = threading.Event()
+    errors: list[str] = []
+    reads = [0]
+
+    def reader(i: int) -> None:
+        engine = make_engine(url)
+        try:
+            while not stop.is_set():
+                try:
+                    if i % 2:
+                        readonly_query(url, "SELECT COUNT(*), MAX(step) FROM trial_trace")
+                    else:
+                        sweep_status(engine, "faults")
+                    reads[0] += 1
+                except Exception as exc:  # every failure counts, locked or not
+                    errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        _, err = p.communicate(timeout=600)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    print(f"\n8 readers: {reads[0]} reads, {len(errors)} errors while the sweep was written")
+    assert p.returncode == 0 and "locked" not in err, err
+    assert errors == []
+    assert reads[0] > 8
+    assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 25
+
+
+def _pg_ctl(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+                   check=True, capture_output=True, timeout=120)
+
+
+def _pg_up() -> bool:
+    return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"]).returncode == 0
+
+
+@pytest.mark.skipif(os.environ.get("ORCH_TEST_PG_RESTART") != "1" or not POSTGRES_URL,
+                    reason="restarts the shared PostgreSQL server: set ORCH_TEST_PG_RESTART=1")
+@pytest.mark.parametrize("outage", ["restart", "stop30", "giveup"])
+def test_postgres_outage_mid_sweep(tmp_path, reference, outage):
+    """restart / stop30: the writer rides the outage out, the sweep completes without a
+    resume, 0 rows lost or duplicated. giveup: an outage longer than ORCH_DB_OUTAGE_S stops
+    the driver with one line and exit 75; resume then finishes the sweep."""
+    url, drop = make_pg_schema_url()
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SPEC)
+        budget = "5" if outage == "giveup" else "120"
+        p = _start(["submit", str(spec)], url, tmp_path / "ck",
+                   env={**ENV, "ORCH_DB_OUTAGE_S": budget})
+        deadline = time.time() + 300
+        while p.poll() is None and time.time() < deadline and _eval_count(url) < 20:
+            time.sleep(0.1)
+        assert p.poll() is None, p.communicate()[1]
+        try:
+            if outage == "restart":
+                _pg_ctl("restart")
+            else:
+                _pg_ctl("stop")
+                if outage == "giveup":
+                    p.wait(timeout=120)  # gives up after 5 s of retries
+                else:
+                    time.sleep(30)
+                _pg_ctl("start")
+        finally:
+            if not _pg_up():
+                _pg_ctl("start")
+        _, err = p.communicate(timeout=600)
+        if outage == "giveup":
+            assert p.returncode == 75, err
+            last = [ln for ln in err.splitlines() if ln.strip()]
+            assert "unreachable" in last[-1] and "orchestrator resume" in last[-1], err
+            r = _start(["resume", "faults"], url, tmp_path / "ck")
+            _, err = r.communicate(timeout=600)
+            assert r.returncode == 0, err
+        else:
+            assert p.returncode == 0, err
+        assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
+        assert _evals(url) == reference  # 0 lost, 0 duplicated (the key is (trial, step))
+    finally:
+        if not _pg_up():
+            _pg_ctl("start")
+        try:
+            drop()
+        except sa.exc.OperationalError:  # its pooled connection died in the outage
+            drop()

@@ -1,0 +1,256 @@
+"""A sweep's life through a real Ray runtime: Ctrl-C and `orchestrator cancel` stop it
+(exit 130, trials interrupted) and resume finishes it equal to an uninterrupted run; two
+drivers started together on one sweep: exactly one runs and every trial runs once; a
+configuration error fails at once without retries, with one line in trials.error and the
+traceback in trial_errors; `device: cuda` without a GPU is refused before anything is
+written."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from orchestrator.cli import main
+from orchestrator.store.engine import make_engine
+
+from conftest import POSTGRES_URL, make_pg_schema_url
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+name: life
+fixed:
+  task: mqar
+  task.K: 8
+  task.eval_size: 64
+  d_model: 16
+  n_layers: 1
+  batch_size: 16
+  checkpoint_every_s: 0
+axes:
+  arm: [gated_deltanet, armed_gdn]
+  seed: 0..2
+budget: {steps: 240, eval_every: 20}
+resources: {cpu: 1}
+max_concurrent: 2
+retries: 2
+"""
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+# RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
+# (or engineer) left running on this machine.
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local",
+       "ORCH_LEASE_TTL_S": "4"}
+
+
+def _q(url: str, q: str):
+    eng = make_engine(url)
+    try:
+        with eng.connect() as conn:
+            return conn.execute(sa.text(q)).all()
+    finally:
+        eng.dispose()
+
+
+def _evals(url: str):
+    return _q(url, "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics "
+                   "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step")
+
+
+def _submit(spec: Path, url: str, ck: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(CLI + ["submit", str(spec), "--db", url, "--quiet",
+                                   "--checkpoint-dir", str(ck), *extra],
+                            env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if _q(url, "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
+                       "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
+                       "BETWEEN 40 AND 200")[0][0]:
+                return
+        except Exception:
+            pass
+        time.sleep(0.2)
+    detail = proc.communicate()[1] if proc.poll() is not None else ""
+    raise AssertionError(f"no trial was caught mid-way (driver exit {proc.poll()}): {detail}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run every interrupted one must equal."""
+    tmp = tmp_path_factory.mktemp("ref")
+    spec = tmp / "spec.yaml"
+    spec.write_text(SPEC)
+    url = f"sqlite:///{tmp / 'ref.db'}"
+    res = subprocess.run(CLI + ["submit", str(spec), "--db", url, "--quiet",
+                                "--checkpoint-dir", str(tmp / "ck")],
+                         env=ENV, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rows = _evals(url)
+    assert len(rows) == 6 * 13
+    return rows
+
+
+def _backend_url(tmp_path: Path, backend: str):
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'life.db'}", (lambda: None)
+    if not POSTGRES_URL:
+        pytest.skip("ORCH_TEST_POSTGRES_URL not set")
+    return make_pg_schema_url()
+
+
+@pytest.mark.parametrize("how,backend", [("sigint", "sqlite"), ("cancel", "postgresql"),
+                                         ("sigterm", "sqlite")])
+def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
+        tmp_path, reference, how, backend):
+    url, drop = _backend_url(tmp_path, backend)
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SPEC)
+        proc = _submit(spec, url, tmp_path / "ck")
+        _wait_mid(url, proc)
+        t0 = time.time()
+        if how == "cancel":
+            res = subprocess.run(CLI + ["cancel", "life", "--db", url], env=ENV,
+                                 capture_output=True, text=True, timeout=120)
+            assert res.returncode == 0 and "cancel requested" in res.stderr, res.stderr
+        else:
+            # Ctrl-C reaches the whole foreground process group; SIGTERM just the driver.
+            sig = signal.SIGINT if how == "sigint" else signal.SIGTERM
+            (os.killpg if how == "sigint" else os.kill)(proc.pid, sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert time.time() - t0 < 60
+        last = [ln for ln in err.splitlines() if ln.strip()][-1]
+        assert "stopped" in last and f"orchestrator resume life --db {url}" in last
+        by_status = dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
+        assert "running" not in by_status and by_status.get("interrupted", 0) >= 1
+        assert _q(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
+        res = subprocess.run(CLI + ["resume", "life", "--db", url, "--quiet",
+                                    "--checkpoint-dir", str(tmp_path / "ck")],
+                             env=ENV, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
+        got = _evals(url)
+        assert [r[:6] for r in got] == [r[:6] for r in reference]  # row for row, bit for bit
+    finally:
+        drop()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backend):
+    url, drop = _backend_url(tmp_path, backend)
+    try:
+        spec = tmp_path / "spec.yaml"
+        # The full budget: the winner must still hold the sweep when the loser asks.
+        spec.write_text(SPEC)
+        a = _submit(spec, url, tmp_path / "ck")
+        b = _submit(spec, url, tmp_path / "ck")
+        _, err_a = a.communicate(timeout=600)
+        _, err_b = b.communicate(timeout=600)
+        codes = sorted([a.returncode, b.returncode])
+        assert codes == [0, 2], (err_a, err_b)
+        loser = err_a if a.returncode == 2 else err_b
+        lines = [ln for ln in loser.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "is being run by driver" in lines[0] and "pid" in lines[0]
+        assert _q(url, "SELECT status, attempts, COUNT(*) FROM trials GROUP BY status, attempts"
+                  ) == [("completed", 1, 6)]
+        assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 13
+    finally:
+        drop()
+
+
+def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, monkeypatch):
+    """A trial whose setup fails (here: an unreadable checkpoint) fails on its first
+    attempt although retries is 2; the others complete."""
+    from orchestrator import spec as specs
+    from orchestrator.runner import checkpoints
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    text = SPEC.replace("seed: 0..2", "seed: 0..0").replace("steps: 240", "steps: 40")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    sweep = specs.load(spec)
+    bad_key = sweep.trials[0][0]
+    bad = checkpoints.trial_path(tmp_path / "ck", "life", bad_key)
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not a checkpoint")
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    assert main(["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir",
+                 str(tmp_path / "ck")]) == 1
+    rows = {r.key: r for r in _q(url, "SELECT key, status, attempts, error FROM trials")}
+    assert rows[bad_key].status == "failed" and rows[bad_key].attempts == 1
+    err = rows[bad_key].error
+    assert "\n" not in err and err.startswith("config error: UnpicklingError")
+    assert {r.status for k, r in rows.items() if k != bad_key} == {"completed"}
+    tb = _q(url, "SELECT e.kind, e.traceback FROM trial_errors e JOIN trials t "
+                 f"ON t.id = e.trial_id WHERE t.key = '{bad_key}'")
+    assert len(tb) == 1 and tb[0][0] == "config" and "Traceback (most recent call last)" in tb[0][1]
+    capsys.readouterr()
+    assert main(["status", "life", "--db", url]) == 0
+    assert "failed 1" in capsys.readouterr().out
+
+
+def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("  seed: 0..2", "  seed: 0..0\n  device: [cpu, cuda]"))
+    db = tmp_path / "never.db"
+    assert main(["submit", str(spec), "--dry-run"]) == 2
+    assert main(["submit", str(spec), "--db", str(db), "--quiet"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 2 and all("device: cuda" in ln and "no GPU" in ln for ln in err)
+    assert not db.exists()
+
+
+def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatch):
+    """Re-submitting with another budget: refused (exit 2, one line naming the change,
+    nothing written) without --amend; with it the old trials are kept as superseded,
+    never run, listed by status and left out of analysis."""
+    from orchestrator.analysis.data import load_sweep
+
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    small = SPEC.replace("seed: 0..2", "seed: 0..0").replace("steps: 240", "steps: 40")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(small)
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    args = ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(args) == 0
+
+    def snapshot():
+        return (_q(url, "SELECT key, status, steps, spec_version FROM trials ORDER BY key"),
+                _q(url, "SELECT COUNT(*) FROM evals"),
+                _q(url, "SELECT spec_text FROM sweeps"),
+                _q(url, "SELECT version, spec_hash FROM sweep_specs"))
+
+    before = snapshot()
+    spec.write_text(small.replace("steps: 40", "steps: 20"))
+    capsys.readouterr()
+    assert main(args) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "another design: 2 trial(s) added, 2 superseded (steps: 40 -> 20)" in err[0]
+    assert "--amend" in err[0]
+    assert snapshot() == before
+    assert main(args + ["--amend"]) == 0
+    rows = _q(url, "SELECT steps, status, spec_version, COUNT(*) FROM trials "
+                   "GROUP BY steps, status, spec_version ORDER BY steps")
+    assert [tuple(r) for r in rows] == [(20, "completed", 2, 2), (40, "superseded", 1, 2)]
+    assert len(_q(url, "SELECT version FROM sweep_specs")) == 2
+    capsys.readouterr()
+    assert main(["status", "life", "--db", url]) == 0
+    assert "superseded 2" in capsys.readouterr().out
+    data = load_sweep(make_engine(url), "life")
+    assert sorted(data.trials["steps"]) == [20, 20]
