@@ -155,12 +155,24 @@ def ensure_schema(engine: Engine, url: str, *, auto_create: bool = True) -> None
     if current is None:
         tables = set(sa.inspect(engine).get_table_names())
         if tables & {"sweeps", "trials", "evals"}:
-            raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
-                            f"version: run `orchestrator db upgrade --db {describe(url)}`")
-        if auto_create:
-            upgrade(engine)
+            # Another driver may have created the schema between the two reads above.
+            current = current_revision(engine)
+            if current is None:
+                raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
+                                f"version: run `orchestrator db upgrade --db {describe(url)}`")
+        elif auto_create:
+            try:
+                upgrade(engine)
+            except Exception:
+                # Two drivers creating one fresh database: the loser's CREATE fails, and the
+                # schema it wanted is there.
+                if current_revision(engine) != head:
+                    raise
             return
-        raise UserError(f"database {describe(url)} is empty: run `orchestrator db upgrade`")
+        else:
+            raise UserError(f"database {describe(url)} is empty: run `orchestrator db upgrade`")
+        if current == head:
+            return
     if current not in revisions():
         raise _unknown_revision(url, current)
     raise UserError(f"database {describe(url)} is at schema revision {current}, this "
