@@ -7,6 +7,7 @@ left it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -131,14 +132,30 @@ def cluster_limits() -> tuple[float, float]:
 AUTO_PACK_SIZE = 32
 
 
-def pack_size(pack_seeds: int | str) -> int:
-    """Members per pack for a spec's ``pack_seeds`` (1: no packing)."""
-    return AUTO_PACK_SIZE if pack_seeds == "auto" else int(pack_seeds)
+def pack_size(pack_seeds: int | str, trials: int = 0, slots: int = 0) -> int:
+    """Members per pack for a spec's ``pack_seeds`` (1: no packing). ``auto`` splits the
+    ``trials`` over the cluster's ``slots`` (trials it runs at once): enough packs to keep
+    every slot busy, each as large as that allows, at most AUTO_PACK_SIZE."""
+    if pack_seeds != "auto":
+        return int(pack_seeds)
+    if trials <= 0 or slots <= 0:
+        return AUTO_PACK_SIZE
+    return max(1, min(AUTO_PACK_SIZE, math.ceil(trials / slots)))
+
+
+def cluster_slots(cpu: float, gpu: float) -> int:
+    """How many trials of ``cpu``/``gpu`` each the whole Ray cluster runs at once."""
+    import ray
+
+    total = ray.cluster_resources()
+    if gpu:
+        return int(total.get("GPU", 0.0) // gpu)
+    return int(total.get("CPU", 0.0) // cpu) if cpu else 0
 
 
 def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
                checkpoint_root: Path, cpu: float, gpu: float, pack_seeds: int | str,
-               max_cpu: float, max_gpu: float,
+               max_cpu: float, max_gpu: float, slots: int = 0,
                stop: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Group trials into units of work: lone trials, or seed packs of trials that differ
     only in seed. A pack asks for its members' combined resources, capped at what the
@@ -160,7 +177,7 @@ def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
             groups[sig] = []
             order.append(sig)
         groups[sig].append(member(tid, key, params))
-    size = pack_size(pack_seeds)
+    size = pack_size(pack_seeds, len(trials), slots)
     units = []
     for sig in order:
         g = groups[sig]
@@ -212,12 +229,14 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
     if not trials:
         return {}
     max_cpu, max_gpu = cluster_limits()
+    slots = cluster_slots(cpu, gpu) if pack_seeds == "auto" else 0
     units = make_units(sweep, trials, checkpoint_root=checkpoint_root, cpu=cpu, gpu=gpu,
-                       pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu, stop=stop)
+                       pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu, slots=slots,
+                       stop=stop)
     if on_event is not None and pack_seeds != 1:
         packs = sum(len(u["members"]) > 1 for u in units)
-        on_event("packing", None, pack_seeds=pack_seeds, size=pack_size(pack_seeds),
-                 packs=packs, units=len(units))
+        on_event("packing", None, pack_seeds=pack_seeds,
+                 size=pack_size(pack_seeds, len(trials), slots), packs=packs, units=len(units))
     writer = StoreWriter(engine, on_event=on_event, session=session)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
