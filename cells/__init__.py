@@ -11,9 +11,21 @@ Public API (what the training loop, the sweep validator and the CLI use)::
 
 See cells/README.md for the arms, their knobs and the parameter/state accounting.
 """
+
 from cells.family import Family
 from cells.knobs import Knob, KnobSet
 from cells.registry import ARMS, ArmSpec, build, describe, knob_help, knobs, register_cell, validate
 
-__all__ = ["ARMS", "ArmSpec", "Family", "Knob", "KnobSet", "build", "describe", "knob_help",
-           "knobs", "register_cell", "validate"]
+__all__ = [
+    "ARMS",
+    "ArmSpec",
+    "Family",
+    "Knob",
+    "KnobSet",
+    "build",
+    "describe",
+    "knob_help",
+    "knobs",
+    "register_cell",
+    "validate",
+]

@@ -10,6 +10,7 @@ Attention keeps every key and value: its state grows with the sequence, ``2 * H 
 elements per token per layer (what ``state_elements`` reports, with ``state_scaling``
 ``"per_token"`` in ``cells.describe``).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,9 @@ def attention_naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 class AttentionMixer(nn.Module):
     """Multi-head softmax attention; ``bidirectional`` drops the causal mask."""
 
-    def __init__(self, d_model: int, *, heads: int, head_dim: int, bidirectional: bool,
-                 positions: str, conv: int, impl: str) -> None:
+    def __init__(
+        self, d_model: int, *, heads: int, head_dim: int, bidirectional: bool, positions: str, conv: int, impl: str
+    ) -> None:
         super().__init__()
         if positions == "rotary" and head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
@@ -90,19 +92,30 @@ def _head_dim(k: Knobs, d: int) -> int:
 
 def _check(arm: str, k: Knobs, d: int) -> None:
     if k["head_dim"] is None and d % k["heads"]:
-        raise ValueError(f"{where(arm, d)}: d_model must be divisible by heads ({k['heads']}) "
-                         "unless head_dim is set")
+        raise ValueError(f"{where(arm, d)}: d_model must be divisible by heads ({k['heads']}) unless head_dim is set")
     head_dim = _head_dim(k, d)
     if k["positions"] == "rotary" and head_dim % 2:
         raise ValueError(f"{where(arm, d)}: rotary positions need an even head_dim, got {head_dim}")
 
 
 def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(AttentionMixer, d, heads=k["heads"], head_dim=_head_dim(k, d),
-                   bidirectional=k["bidirectional"], positions=k["positions"], conv=k["conv"],
-                   impl=k["impl"])
+    return partial(
+        AttentionMixer,
+        d,
+        heads=k["heads"],
+        head_dim=_head_dim(k, d),
+        bidirectional=k["bidirectional"],
+        positions=k["positions"],
+        conv=k["conv"],
+        impl=k["impl"],
+    )
 
 
-FAMILY = Family("attention", _mixer, _check, own_bidirectional=True,
-                max_len=lambda k: k["max_len"] if k["positions"] == "learned" else None,
-                state_scaling="per_token")
+FAMILY = Family(
+    "attention",
+    _mixer,
+    _check,
+    own_bidirectional=True,
+    max_len=lambda k: k["max_len"] if k["positions"] == "learned" else None,
+    state_scaling="per_token",
+)

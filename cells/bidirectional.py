@@ -11,6 +11,7 @@ one. The backward stream's short convolution, being causal on the flipped sequen
 ahead in the original order: the "short convolution in the backward stream" the seed paper
 says bidirectional recall needs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -11,6 +11,7 @@ transforms those multiply-adds run in one autograd node with a hand-written back
 no per-shift autograd nodes, and the taps as contiguous (W, C) rows (a strided weight column
 broadcast over (B, T, C) was most of the old cost: ~4x slower per multiply-add on CPU).
 """
+
 from __future__ import annotations
 
 import math
@@ -91,7 +92,7 @@ class _ShiftedMultiplyAdd(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_taps = torch.zeros_like(taps)
             for shift in range(min(width, t_len)):
-                grad_taps[-1 - shift] = (grad[:, shift:] * x[:, :t_len - shift]).sum((0, 1))
+                grad_taps[-1 - shift] = (grad[:, shift:] * x[:, : t_len - shift]).sum((0, 1))
             grad_w = grad_taps.t()
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.sum((0, 1))

@@ -14,6 +14,7 @@ Per token (x already pre-normed by the harness), with ``H`` heads of ``dk = dv =
 The recurrence is ``kernels.delta_rule`` (``impl`` picks its form). State per head
 ``dv x dk``; per layer ``H * dk * dv = d^2 / H`` elements (1,024 at d = 32, one head).
 """
+
 from __future__ import annotations
 
 from functools import partial

@@ -19,6 +19,7 @@ With ``w = 1`` and ``a = beta * 1`` the transition is exactly the delta rule's
 ``I - beta k k^T``. The recurrence is ``kernels.dplr_scan``; ``a`` is passed as exact zeros
 for the diagonal ablation, so ``W_a`` exists (same parameter count) and gets no gradient.
 """
+
 from __future__ import annotations
 
 import math

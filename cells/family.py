@@ -4,6 +4,7 @@ Each family module (``cells/delta.py``, ``cells/mlstm.py``, ...) ends with a ``F
 ``cells/registry.py`` holds only the table of arms (name, family, knobs, default sizes).
 A new family is therefore its module (mixer + ``FAMILY``) and its rows in the registry.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

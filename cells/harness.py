@@ -14,6 +14,7 @@ present; mixers may ask for a learning-rate multiplier on their read path) and
 ``set_read_blend(alpha)`` (present only on models with a blendable read, see
 :class:`BlendableSequenceModel`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -43,8 +44,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-norm residual layer: mixer, then (optionally) MLP."""
 
-    def __init__(self, d_model: int, mixer: nn.Module, mlp_ratio: int | None, norm: bool,
-                 mlp_hidden: int | None = None) -> None:
+    def __init__(
+        self, d_model: int, mixer: nn.Module, mlp_ratio: int | None, norm: bool, mlp_hidden: int | None = None
+    ) -> None:
         super().__init__()
         self.norm1 = nn.RMSNorm(d_model) if norm else nn.Identity()
         self.mixer = mixer
@@ -82,8 +84,7 @@ class SequenceModel(nn.Module):
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(max_len, d_model) if max_len else None
-        self.blocks = nn.ModuleList(Block(d_model, make_mixer(), mlp_ratio, norm, mlp_hidden)
-                                    for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, make_mixer(), mlp_ratio, norm, mlp_hidden) for _ in range(n_layers))
         self.norm = nn.RMSNorm(d_model) if norm else nn.Identity()
         self.readout = nn.Linear(d_model, vocab_size)
 
@@ -104,8 +105,10 @@ class SequenceModel(nn.Module):
         if self.positions is not None:
             t = tokens.shape[1]
             if t > self.positions.num_embeddings:
-                raise ValueError(f"sequence length {t} exceeds max_len {self.positions.num_embeddings} "
-                                 "of the learned positions (raise the max_len knob or use rotary)")
+                raise ValueError(
+                    f"sequence length {t} exceeds max_len {self.positions.num_embeddings} "
+                    "of the learned positions (raise the max_len knob or use rotary)"
+                )
             x = x + self.positions.weight[:t]
         for block in self.blocks:
             x = block(x)

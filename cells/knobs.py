@@ -4,6 +4,7 @@ A sweep passes knobs as plain YAML values, so every value is checked strictly he
 coercion: ``"4"`` is not an int, ``1`` is not a bool) and the error names the knob, the arm,
 what was expected and what arrived, in one line. Nothing here builds a model.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,8 +53,7 @@ class Knob:
         elif self.kind == "choice":
             text = "one of " + ", ".join(repr(c) for c in self.choices)
         elif self.kind == "read":
-            text = (f"one of 'raw', 'polar', 'rls', 'st_forward', 'st_backward', "
-                    f"'ns<k>' with k in 0..{MAX_NS_STEPS}")
+            text = f"one of 'raw', 'polar', 'rls', 'st_forward', 'st_backward', 'ns<k>' with k in 0..{MAX_NS_STEPS}"
         else:  # pragma: no cover - guarded by the registry's own tests
             raise AssertionError(self.kind)
         if self.nullable:
@@ -68,8 +68,12 @@ class Knob:
         if self.kind == "int":
             ok = isinstance(value, int) and not isinstance(value, bool) and self._in_bounds(value)
         elif self.kind == "float":
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and value == value and self._in_bounds(value))
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and value == value
+                and self._in_bounds(value)
+            )
             if ok:
                 value = float(value)
         elif self.kind == "bool":
@@ -79,8 +83,8 @@ class Knob:
         elif self.kind == "read":
             ok = isinstance(value, str) and (
                 value in ("raw", "polar", "rls", "st_forward", "st_backward")
-                or (READ_PATTERN.match(value) is not None
-                    and int(READ_PATTERN.match(value).group(1)) <= MAX_NS_STEPS))
+                or (READ_PATTERN.match(value) is not None and int(READ_PATTERN.match(value).group(1)) <= MAX_NS_STEPS)
+            )
         if not ok:
             raise ValueError(self.expects())
         if self.fixed and value != self.default:
@@ -97,8 +101,16 @@ class Knob:
 
 def with_default(knob: Knob, default: Any, *, fixed: bool = False) -> Knob:
     """A copy of ``knob`` with another default (and optionally fixed to it)."""
-    return Knob(default=default, kind=knob.kind, help=knob.help, minimum=knob.minimum,
-                maximum=knob.maximum, choices=knob.choices, nullable=knob.nullable, fixed=fixed)
+    return Knob(
+        default=default,
+        kind=knob.kind,
+        help=knob.help,
+        minimum=knob.minimum,
+        maximum=knob.maximum,
+        choices=knob.choices,
+        nullable=knob.nullable,
+        fixed=fixed,
+    )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ names; C plays the query, B the key, x^ the value):
 Layers stack through the harness's residual stream; use ``norm: false`` and ``mlp: false``
 (the arm's defaults) for the paper's fully linear model.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -47,8 +48,9 @@ class LinearMambaMixer(nn.Module):
 
     causal = True
 
-    def __init__(self, d_model: int, *, d_state: int, heads: int, pattern: str, conv: int,
-                 gate: bool, impl: str) -> None:
+    def __init__(
+        self, d_model: int, *, d_state: int, heads: int, pattern: str, conv: int, gate: bool, impl: str
+    ) -> None:
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
@@ -99,8 +101,16 @@ class LinearMambaMixer(nn.Module):
 
 
 def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(LinearMambaMixer, d, d_state=k["d_state"], heads=k["heads"], pattern=k["pattern"],
-                   conv=k["conv"], gate=k["gate"], impl=k["impl"])
+    return partial(
+        LinearMambaMixer,
+        d,
+        d_state=k["d_state"],
+        heads=k["heads"],
+        pattern=k["pattern"],
+        conv=k["conv"],
+        gate=k["gate"],
+        impl=k["impl"],
+    )
 
 
 FAMILY = Family("linear_mamba", _mixer, check_heads)

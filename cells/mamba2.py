@@ -14,6 +14,7 @@ layer (64 x 16 = 1,024 at d = 32, expand 2, d_state 16). ``conv = 1`` keeps the 
 at width 1 (per-channel scale and bias): the true toggle of ``mamba2_ref_noconv``.
 Initialisation follows mamba_ssm: dt log-uniform in [1e-3, 1e-1], A uniform in [1, 16], D = 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,8 @@ class Mamba2Mixer(nn.Module):
         x, bmat, cmat = xbc.split([self.d_inner, n, n], dim=-1)
         # The decay is an exponential of a sum: computed in at least float32 under autocast.
         dt = F.softplus(dt.to(torch.promote_types(dt.dtype, torch.float32)) + self.dt_bias)  # (B, T, H)
-        a = torch.exp(dt * -torch.exp(self.A_log))                       # (B, T, H)
-        xh = x.reshape(b, t, h, p).transpose(1, 2)                      # (B, H, T, P)
+        a = torch.exp(dt * -torch.exp(self.A_log))  # (B, T, H)
+        xh = x.reshape(b, t, h, p).transpose(1, 2)  # (B, H, T, P)
         x_in = xh * dt.transpose(1, 2).unsqueeze(-1)
         bh = bmat.unsqueeze(1).expand(b, h, t, n)
         ch = cmat.unsqueeze(1).expand(b, h, t, n)
@@ -78,13 +79,15 @@ class Mamba2Mixer(nn.Module):
 
 def _check(arm: str, k: Knobs, d: int) -> None:
     if (k["expand"] * d) % k["heads"]:
-        raise ValueError(f"{where(arm, d)}: d_inner = expand * d_model = {k['expand'] * d} must be "
-                         f"divisible by heads ({k['heads']})")
+        raise ValueError(
+            f"{where(arm, d)}: d_inner = expand * d_model = {k['expand'] * d} must be divisible by heads ({k['heads']})"
+        )
 
 
 def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(Mamba2Mixer, d, d_state=k["d_state"], expand=k["expand"], heads=k["heads"],
-                   conv=k["conv"], impl=k["impl"])
+    return partial(
+        Mamba2Mixer, d, d_state=k["d_state"], expand=k["expand"], heads=k["heads"], conv=k["conv"], impl=k["impl"]
+    )
 
 
 FAMILY = Family("mamba2", _mixer, _check)

@@ -37,6 +37,7 @@ projection by a fixed random orthogonal matrix per head (a buffer, not trained).
 ``read_lr_mult`` multiplies the learning rate of the read path (q and k projections) via
 the harness's ``param_groups``.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,9 +89,24 @@ class MLSTMMixer(nn.Module):
 
     causal = True
 
-    def __init__(self, d_model: int, *, heads: int, proj_factor: float, conv: int, read: str,
-                 read_blend: float, rls_lambda: float, rls_form: str, st_steps: int, write: str,
-                 frozen_keys: bool, read_lr_mult: float, qkv_blocksize: int, impl: str) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        proj_factor: float,
+        conv: int,
+        read: str,
+        read_blend: float,
+        rls_lambda: float,
+        rls_form: str,
+        st_steps: int,
+        write: str,
+        frozen_keys: bool,
+        read_lr_mult: float,
+        qkv_blocksize: int,
+        impl: str,
+    ) -> None:
         super().__init__()
         inner = inner_width(d_model, proj_factor)
         if inner % heads:
@@ -161,10 +177,10 @@ class MLSTMMixer(nn.Module):
             k = torch.einsum("...hi,hoi->...ho", xh, self.frozen_k.to(xh.dtype)).reshape(x_c.shape)
         v = self.v_proj(x_m)
         gate_in = torch.cat([q, k, v], dim=-1)
-        i_pre = self.igate(gate_in).transpose(1, 2)                  # (B, H, T)
+        i_pre = self.igate(gate_in).transpose(1, 2)  # (B, H, T)
         f_pre = self.fgate(gate_in).transpose(1, 2)
         qh, kh, vh = (split_heads(t, self.heads) for t in (q, k, v))
-        h = self._cell(qh, kh, vh, i_pre, f_pre)                       # (B, H, T, D) float32
+        h = self._cell(qh, kh, vh, i_pre, f_pre)  # (B, H, T, D) float32
         h = F.layer_norm(h, (self.head_dim,), eps=1e-5)
         h = merge_heads(h) * self.outnorm_weight
         h = h + self.skip * x_c
@@ -181,8 +197,11 @@ class MLSTMMixer(nn.Module):
         naive = self.impl == "naive"
         if self.read == "rls":
             if self.rls_form == "relative":
-                return rls_read(q, k, v, i, f, self.rls_lambda) if naive else \
-                    rls_read_chunked(q, k, v, i, f, self.rls_lambda)
+                return (
+                    rls_read(q, k, v, i, f, self.rls_lambda)
+                    if naive
+                    else rls_read_chunked(q, k, v, i, f, self.rls_lambda)
+                )
             return rls_read_recursive(q, k, v, i, f, self.rls_lambda)
         steps = read_ns_steps(self.read)
         if self.read == "polar":
@@ -193,14 +212,13 @@ class MLSTMMixer(nn.Module):
         if not naive:
             return chunked_read(lambda states, qc: apply_read(whiten(states), qc), q, k, v, i, f)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            states = memory_states(k, v, i, f)                         # (B, H, T, D, D)
+            states = memory_states(k, v, i, f)  # (B, H, T, D, D)
             mat = whiten(states)
             return (mat @ q.to(mat.dtype).unsqueeze(-1)).squeeze(-1)
 
     def _cell(self, q, k, v, i, f) -> torch.Tensor:
         if self.write == "delta":
-            o, _ = kernels.delta_rule(q, F.normalize(k, dim=-1), v, torch.sigmoid(i), torch.sigmoid(f),
-                                      impl=self.impl)
+            o, _ = kernels.delta_rule(q, F.normalize(k, dim=-1), v, torch.sigmoid(i), torch.sigmoid(f), impl=self.impl)
             return o if o.dtype == torch.float64 else o.float()
         if self.read == "raw":
             return self._raw(q, k, v, i, f)
@@ -224,22 +242,35 @@ def _check(arm: str, k: Knobs, d: int) -> None:
     if inner % k["heads"]:
         raise ValueError(f"{where(arm, d)}: inner width {inner} must be divisible by heads ({k['heads']})")
     if inner % k["qkv_blocksize"]:
-        raise ValueError(f"{where(arm, d)}: inner width {inner} must be divisible by qkv_blocksize "
-                         f"({k['qkv_blocksize']})")
+        raise ValueError(
+            f"{where(arm, d)}: inner width {inner} must be divisible by qkv_blocksize ({k['qkv_blocksize']})"
+        )
     if k["write"] == "delta" and k["read"] != "raw":
         raise ValueError(f"arm {arm!r}: write 'delta' supports only read 'raw', got {k['read']!r}")
     if k["impl"] in ("chunk", "triton") and k["write"] != "delta":
-        raise ValueError(f"arm {arm!r}: impl {k['impl']!r} applies to write 'delta' only "
-                         "(the additive write has auto or naive)")
+        raise ValueError(
+            f"arm {arm!r}: impl {k['impl']!r} applies to write 'delta' only (the additive write has auto or naive)"
+        )
 
 
 def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(MLSTMMixer, d, heads=k["heads"], proj_factor=k["proj_factor"], conv=k["conv"],
-                   read=k["read"], read_blend=k["read_blend"], rls_lambda=k["rls_lambda"],
-                   rls_form=k["rls_form"],
-                   st_steps=k["st_steps"], write=k["write"], frozen_keys=k["frozen_keys"],
-                   read_lr_mult=k["read_lr_mult"], qkv_blocksize=k["qkv_blocksize"], impl=k["impl"])
+    return partial(
+        MLSTMMixer,
+        d,
+        heads=k["heads"],
+        proj_factor=k["proj_factor"],
+        conv=k["conv"],
+        read=k["read"],
+        read_blend=k["read_blend"],
+        rls_lambda=k["rls_lambda"],
+        rls_form=k["rls_form"],
+        st_steps=k["st_steps"],
+        write=k["write"],
+        frozen_keys=k["frozen_keys"],
+        read_lr_mult=k["read_lr_mult"],
+        qkv_blocksize=k["qkv_blocksize"],
+        impl=k["impl"],
+    )
 
 
-FAMILY = Family("mlstm", _mixer, _check,
-                blendable=lambda k: k["read"] != "raw" and k["write"] == "add")
+FAMILY = Family("mlstm", _mixer, _check, blendable=lambda k: k["read"] != "raw" and k["write"] == "add")

@@ -18,6 +18,7 @@ step by step (the reference), ``memory_states`` materialises ``C~_t`` for every 
 whitened reads), ``rls_read`` / ``rls_read_recursive`` are the least-squares reads. All run in float32 with
 autocast off and return float32 (float64 for float64 inputs).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,7 @@ def raw_read_parallel(q, k, v, i, f) -> torch.Tensor:
         q, k, v, i, f = _fp32(q, k, v, i, f)
         t = q.shape[-2]
         cum = F.logsigmoid(f).cumsum(-1)
-        log_d = cum.unsqueeze(-1) - cum.unsqueeze(-2) + i.unsqueeze(-2)     # (B, H, T_t, T_s)
+        log_d = cum.unsqueeze(-1) - cum.unsqueeze(-2) + i.unsqueeze(-2)  # (B, H, T_t, T_s)
         past = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         log_d = log_d.masked_fill(~past, float("-inf"))
         m = log_d.amax(dim=-1, keepdim=True)
@@ -109,8 +110,8 @@ def rls_read(q, k, v, i, f, lam: float) -> torch.Tensor:
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v, i, f = _fp32(q, k, v, i, f)
         dk = k.shape[-1]
-        states = memory_states(k, v, i, f)                                  # C~_t
-        gram = memory_states(k, k / math.sqrt(dk), i, f)                    # K~_t, same weights
+        states = memory_states(k, v, i, f)  # C~_t
+        gram = memory_states(k, k / math.sqrt(dk), i, f)  # K~_t, same weights
         gram = gram + lam * torch.eye(dk, device=k.device, dtype=k.dtype)
         chol = torch.linalg.cholesky(gram)
         # W q = C~ (K~ + lam I)^{-1} q: one triangular pair per step, no explicit inverse.
@@ -145,8 +146,8 @@ def rls_read_recursive(q, k, v, i, f, lam: float) -> torch.Tensor:
             fp = torch.exp(logf[:, :, t] + m - m_new)[..., None, None]
             ip = torch.exp(it - m_new)[..., None, None]
             c = fp * c + ip * (v[:, :, t].unsqueeze(-1) * kt.unsqueeze(-2))
-            pk = p @ kt.unsqueeze(-1)                                   # (B, H, Dk, 1)
-            kpk = (kt.unsqueeze(-2) @ pk)                               # (B, H, 1, 1)
+            pk = p @ kt.unsqueeze(-1)  # (B, H, Dk, 1)
+            kpk = kt.unsqueeze(-2) @ pk  # (B, H, 1, 1)
             # (fp R + ip k k^T)^{-1} = (P - ip P k k^T P / (fp + ip k^T P k)) / fp, P symmetric.
             p = (p - ip * (pk @ pk.transpose(-1, -2)) / (fp + ip * kpk)) / fp
             m = m_new

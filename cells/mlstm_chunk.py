@@ -20,6 +20,7 @@ processed; with ``checkpoint`` the backward recomputes them chunk by chunk
 chunk plus one chunk's working set instead of every position's states and every
 Newton-Schulz iterate.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,16 @@ DEFAULT_CHUNK = 16
 CHECKPOINT_ELEMENTS = 1 << 26
 
 
-def _chunk_states(c0: torch.Tensor | None, n0: torch.Tensor | None, m0: torch.Tensor | None,
-                  ks: torch.Tensor, v: torch.Tensor, i: torch.Tensor, logf: torch.Tensor,
-                  with_n: bool):
+def _chunk_states(
+    c0: torch.Tensor | None,
+    n0: torch.Tensor | None,
+    m0: torch.Tensor | None,
+    ks: torch.Tensor,
+    v: torch.Tensor,
+    i: torch.Tensor,
+    logf: torch.Tensor,
+    with_n: bool,
+):
     """States of one chunk: ``C~ (B,H,L,Dv,Dk)``, ``n~ (B,H,L,Dk)`` or None, ``m (B,H,L)``.
 
     ``c0/n0/m0`` is the state carried in from the previous chunk (None for the first).
@@ -53,16 +61,16 @@ def _chunk_states(c0: torch.Tensor | None, n0: torch.Tensor | None, m0: torch.Te
         m = b + torch.maximum(m0.unsqueeze(-1), run)
     length = ks.shape[-2]
     past = torch.ones(length, length, dtype=torch.bool, device=ks.device).tril()
-    log_w = (b - m).unsqueeze(-1) + (i - b).unsqueeze(-2)                   # (B, H, L_t, L_s)
+    log_w = (b - m).unsqueeze(-1) + (i - b).unsqueeze(-2)  # (B, H, L_t, L_s)
     w = torch.exp(log_w.masked_fill(~past, float("-inf")))
     # sum_s w_ts v_s k_s^T for every t: one (L_t, L_s) @ (L_s, Dv*Dk) matmul over the
     # flattened outer products (a broadcast matmul would materialise L copies of the keys).
     dv, dk = v.shape[-1], ks.shape[-1]
-    outer = (v.unsqueeze(-1) * ks.unsqueeze(-2)).flatten(-2)                    # (B, H, L, Dv*Dk)
+    outer = (v.unsqueeze(-1) * ks.unsqueeze(-2)).flatten(-2)  # (B, H, L, Dv*Dk)
     states = (w @ outer).unflatten(-1, (dv, dk))
     n = w @ ks if with_n else None
     if m0 is not None:
-        a = torch.exp(b + m0.unsqueeze(-1) - m)                                  # (B, H, L) <= 1
+        a = torch.exp(b + m0.unsqueeze(-1) - m)  # (B, H, L) <= 1
         states = states + a[..., None, None] * c0.unsqueeze(-3)
         if with_n:
             n = n + a.unsqueeze(-1) * n0.unsqueeze(-2)
@@ -73,8 +81,9 @@ def _chunks(t_len: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, t_len)) for s in range(0, t_len, chunk)]
 
 
-def memory_states_chunked(k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor,
-                          chunk: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def memory_states_chunked(
+    k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor, chunk: int = DEFAULT_CHUNK
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(C~ (B,H,T,Dv,Dk), n~ (B,H,T,Dk), m (B,H,T))`` for every step, chunk by chunk.
 
     Equals :func:`cells.mlstm_cell.memory_states` (and the loop's ``n~, m``) up to rounding.
@@ -88,8 +97,7 @@ def memory_states_chunked(k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: 
         cs, ns, ms = [], [], []
         c0 = n0 = m0 = None
         for s, e in _chunks(k.shape[-2], chunk):
-            c, n, m = _chunk_states(c0, n0, m0, ks[:, :, s:e], v[:, :, s:e], i[:, :, s:e],
-                                    logf[:, :, s:e], True)
+            c, n, m = _chunk_states(c0, n0, m0, ks[:, :, s:e], v[:, :, s:e], i[:, :, s:e], logf[:, :, s:e], True)
             cs.append(c)
             ns.append(n)
             ms.append(m)
@@ -97,17 +105,33 @@ def memory_states_chunked(k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: 
         return torch.cat(cs, dim=2), torch.cat(ns, dim=2), torch.cat(ms, dim=2)
 
 
-def _chunk_read(read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], first: bool,
-                c0: torch.Tensor, m0: torch.Tensor, ks: torch.Tensor, v: torch.Tensor,
-                i: torch.Tensor, logf: torch.Tensor, q: torch.Tensor):
+def _chunk_read(
+    read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    first: bool,
+    c0: torch.Tensor,
+    m0: torch.Tensor,
+    ks: torch.Tensor,
+    v: torch.Tensor,
+    i: torch.Tensor,
+    logf: torch.Tensor,
+    q: torch.Tensor,
+):
     states, _, m = _chunk_states(None if first else c0, None, None if first else m0, ks, v, i, logf, False)
     # Cloned: a view would keep this chunk's whole (L, Dv, Dk) states alive through the carry.
     return read(states, q), states[:, :, -1].clone(), m[:, :, -1].clone()
 
 
-def chunked_read(read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], q: torch.Tensor,
-                 k: torch.Tensor, v: torch.Tensor, i: torch.Tensor, f: torch.Tensor, *,
-                 chunk: int = DEFAULT_CHUNK, checkpoint: bool | None = None) -> torch.Tensor:
+def chunked_read(
+    read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    i: torch.Tensor,
+    f: torch.Tensor,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    checkpoint: bool | None = None,
+) -> torch.Tensor:
     """``read(C~_t, q_t)`` for every step, computed one chunk at a time: ``(B, H, T, Do)``.
 
     ``read(states (B,H,L,Dv,Dk), q (B,H,L,Dq)) -> (B,H,L,Do)`` must act position-wise (it is
@@ -130,8 +154,7 @@ def chunked_read(read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], q: 
         m0 = k.new_zeros(b_, h_)
         outs = []
         for idx, (s, e) in enumerate(_chunks(t_len, chunk)):
-            args = (read, idx == 0, c0, m0, ks[:, :, s:e], v[:, :, s:e], i[:, :, s:e], logf[:, :, s:e],
-                    q[:, :, s:e])
+            args = (read, idx == 0, c0, m0, ks[:, :, s:e], v[:, :, s:e], i[:, :, s:e], logf[:, :, s:e], q[:, :, s:e])
             if checkpoint:
                 out, c0, m0 = _checkpoint(_chunk_read, *args, use_reentrant=False)
             else:
@@ -207,9 +230,17 @@ class _SPDSolve(torch.autograd.Function):
         return -gq @ y.transpose(-1, -2), gq
 
 
-def rls_read_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch.Tensor,
-                     f: torch.Tensor, lam: float, *, chunk: int = DEFAULT_CHUNK,
-                     checkpoint: bool | None = None) -> torch.Tensor:
+def rls_read_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    i: torch.Tensor,
+    f: torch.Tensor,
+    lam: float,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    checkpoint: bool | None = None,
+) -> torch.Tensor:
     """:func:`cells.mlstm_cell.rls_read` (relative ridge) computed chunkwise.
 
     ``C~_t`` and the key Gram matrix ``K~_t`` share the memory's weights, so they are one
@@ -224,5 +255,6 @@ def rls_read_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: torch
             c, gram = states[..., :dv, :], states[..., dv:, :] + eye
             return (c @ _SPDSolve.apply(gram, qc.unsqueeze(-1))).squeeze(-1)
 
-        return chunked_read(read, q, k, torch.cat([v, k / math.sqrt(dk)], dim=-1), i, f,
-                            chunk=chunk, checkpoint=checkpoint)
+        return chunked_read(
+            read, q, k, torch.cat([v, k / math.sqrt(dk)], dim=-1), i, f, chunk=chunk, checkpoint=checkpoint
+        )

@@ -9,6 +9,7 @@ silently turn one named arm into another. Every other knob is a free sweep axis.
 validator calls it before any trial starts); ``build`` constructs the model; ``describe``
 builds it on a forked RNG (the caller's random state is untouched) to count parameters.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -31,17 +32,24 @@ DEFAULT_N_LAYERS = 1
 KERNEL_IMPLS = ("auto", "naive", "chunk", "triton")
 
 # ---- knobs shared across families -------------------------------------------------------
-CONV = Knob(1, "int", "width of the strictly causal depthwise conv on the mixer's input "
-            "projections, pre-activation (1 = no time mixing)", minimum=1, maximum=64)
+CONV = Knob(
+    1,
+    "int",
+    "width of the strictly causal depthwise conv on the mixer's input projections, pre-activation (1 = no time mixing)",
+    minimum=1,
+    maximum=64,
+)
 HEADS = Knob(1, "int", "number of heads (state per head shrinks as heads grow)", minimum=1)
 BIDIRECTIONAL = Knob(False, "bool", "add a backward stream on the flipped sequence, summed per position")
-IMPL = Knob("auto", "choice", "recurrence form: auto (triton on CUDA, else chunk), naive, chunk, triton",
-            choices=KERNEL_IMPLS)
+IMPL = Knob(
+    "auto", "choice", "recurrence form: auto (triton on CUDA, else chunk), naive, chunk, triton", choices=KERNEL_IMPLS
+)
 MLP = Knob(True, "bool", "pre-norm residual MLP after each mixer")
 MLP_RATIO = Knob(4, "int", "MLP hidden width as a multiple of d_model", minimum=1)
 NORM = Knob(True, "bool", "RMSNorm before each mixer/MLP and before the readout")
-MLP_HIDDEN = Knob(0, "int", "MLP hidden width; 0 = mlp_ratio * d_model (the harness-sizing lever "
-                  "of a spec's match_params)", minimum=0)
+MLP_HIDDEN = Knob(
+    0, "int", "MLP hidden width; 0 = mlp_ratio * d_model (the harness-sizing lever of a spec's match_params)", minimum=0
+)
 HARNESS = {"mlp": MLP, "mlp_ratio": MLP_RATIO, "mlp_hidden": MLP_HIDDEN, "norm": NORM}
 RECURRENT = {"conv": CONV, "heads": HEADS, "bidirectional": BIDIRECTIONAL, "impl": IMPL}
 
@@ -73,95 +81,145 @@ def _knobs(*groups: dict[str, Knob], **overrides: Knob) -> KnobSet:
 
 def _delta_arm(name: str, summary: str, *, decay: bool, conv: int, fwd_only: bool = False) -> ArmSpec:
     bidir = with_default(BIDIRECTIONAL, False, fixed=True) if fwd_only else BIDIRECTIONAL
-    return ArmSpec(name, "delta", summary, _knobs(
-        RECURRENT, HARNESS, conv=with_default(CONV, conv), bidirectional=bidir,
-        decay=with_default(DECAY, decay, fixed=True)))
+    return ArmSpec(
+        name,
+        "delta",
+        summary,
+        _knobs(
+            RECURRENT,
+            HARNESS,
+            conv=with_default(CONV, conv),
+            bidirectional=bidir,
+            decay=with_default(DECAY, decay, fixed=True),
+        ),
+    )
 
 
 def _dplr_arm(name: str, summary: str, *, rank1: bool, conv: int) -> ArmSpec:
-    return ArmSpec(name, "dplr", summary, _knobs(
-        RECURRENT, HARNESS, conv=with_default(CONV, conv), rank1=with_default(RANK1, rank1, fixed=True)))
+    return ArmSpec(
+        name,
+        "dplr",
+        summary,
+        _knobs(RECURRENT, HARNESS, conv=with_default(CONV, conv), rank1=with_default(RANK1, rank1, fixed=True)),
+    )
 
 
 def _mamba2_arm(name: str, summary: str, *, conv: int, fixed_conv: bool) -> ArmSpec:
-    return ArmSpec(name, "mamba2", summary, _knobs(
-        RECURRENT, HARNESS, conv=with_default(CONV, conv, fixed=fixed_conv), d_state=D_STATE, expand=EXPAND))
+    return ArmSpec(
+        name,
+        "mamba2",
+        summary,
+        _knobs(RECURRENT, HARNESS, conv=with_default(CONV, conv, fixed=fixed_conv), d_state=D_STATE, expand=EXPAND),
+    )
 
 
-ATTENTION = ArmSpec("attention", "attention", "softmax attention (causal or bidirectional), the control", _knobs(
-    HARNESS,
-    heads=with_default(HEADS, 2),
-    head_dim=Knob(None, "int", "per-head width (null: d_model / heads)", minimum=1, nullable=True),
-    bidirectional=with_default(BIDIRECTIONAL, False),
-    positions=Knob("learned", "choice", "learned absolute positions or rotary", choices=("learned", "rotary")),
-    max_len=Knob(1024, "int", "longest sequence the learned positions cover", minimum=1),
-    conv=CONV,
-    impl=Knob("auto", "choice", "auto (scaled_dot_product_attention) or naive (explicit softmax)",
-              choices=("auto", "naive")),
-))
+ATTENTION = ArmSpec(
+    "attention",
+    "attention",
+    "softmax attention (causal or bidirectional), the control",
+    _knobs(
+        HARNESS,
+        heads=with_default(HEADS, 2),
+        head_dim=Knob(None, "int", "per-head width (null: d_model / heads)", minimum=1, nullable=True),
+        bidirectional=with_default(BIDIRECTIONAL, False),
+        positions=Knob("learned", "choice", "learned absolute positions or rotary", choices=("learned", "rotary")),
+        max_len=Knob(1024, "int", "longest sequence the learned positions cover", minimum=1),
+        conv=CONV,
+        impl=Knob(
+            "auto",
+            "choice",
+            "auto (scaled_dot_product_attention) or naive (explicit softmax)",
+            choices=("auto", "naive"),
+        ),
+    ),
+)
 
-MLSTM = ArmSpec("mlstm", "mlstm", "one-block mLSTM of the scaffold study, with its read variants", _knobs(
-    heads=with_default(HEADS, 4),
-    proj_factor=Knob(2.0, "float", "up-projection factor (width rounded up to a multiple of 64)", minimum=0.1),
-    conv=with_default(CONV, 4),
-    bidirectional=BIDIRECTIONAL,
-    impl=Knob("auto", "choice", "raw read: auto (parallel form) or naive (loop); chunk/triton "
-              "select the delta-rule kernel of write=delta", choices=KERNEL_IMPLS),
-    read=Knob("raw", "read", "memory read: raw, ns<k>, polar, rls, st_forward, st_backward"),
-    read_blend=Knob(1.0, "float", "initial alpha of alpha*whitened + (1-alpha)*raw", minimum=0.0, maximum=1.0),
-    rls_lambda=Knob(1.0, "float", "ridge lambda of the rls read", minimum=1e-12),
-    rls_form=Knob("relative", "choice", "rls objective: relative (ridge relative to the strongest write, "
-                  "solved per step) or recursive (Sherman-Morrison, decaying ridge)",
-                  choices=("relative", "recursive")),
-    st_steps=Knob(5, "int", "Newton-Schulz steps of the straight-through reads", minimum=0, maximum=64),
-    write=Knob("add", "choice", "memory write: add (mLSTM) or delta (erase-before-write)",
-               choices=("add", "delta")),
-    frozen_keys=Knob(False, "bool", "replace the key projection by a fixed random orthogonal matrix"),
-    read_lr_mult=Knob(1.0, "float", "learning-rate multiplier on the read path (q, k projections)",
-                      minimum=0.0),
-    qkv_blocksize=Knob(4, "int", "block size of the block-diagonal q/k/v projections", minimum=1),
-    mlp=with_default(MLP, False),
-    mlp_ratio=MLP_RATIO,
-    mlp_hidden=MLP_HIDDEN,
-    norm=NORM,
-), d_model=94)
+MLSTM = ArmSpec(
+    "mlstm",
+    "mlstm",
+    "one-block mLSTM of the scaffold study, with its read variants",
+    _knobs(
+        heads=with_default(HEADS, 4),
+        proj_factor=Knob(2.0, "float", "up-projection factor (width rounded up to a multiple of 64)", minimum=0.1),
+        conv=with_default(CONV, 4),
+        bidirectional=BIDIRECTIONAL,
+        impl=Knob(
+            "auto",
+            "choice",
+            "raw read: auto (parallel form) or naive (loop); chunk/triton select the delta-rule kernel of write=delta",
+            choices=KERNEL_IMPLS,
+        ),
+        read=Knob("raw", "read", "memory read: raw, ns<k>, polar, rls, st_forward, st_backward"),
+        read_blend=Knob(1.0, "float", "initial alpha of alpha*whitened + (1-alpha)*raw", minimum=0.0, maximum=1.0),
+        rls_lambda=Knob(1.0, "float", "ridge lambda of the rls read", minimum=1e-12),
+        rls_form=Knob(
+            "relative",
+            "choice",
+            "rls objective: relative (ridge relative to the strongest write, "
+            "solved per step) or recursive (Sherman-Morrison, decaying ridge)",
+            choices=("relative", "recursive"),
+        ),
+        st_steps=Knob(5, "int", "Newton-Schulz steps of the straight-through reads", minimum=0, maximum=64),
+        write=Knob(
+            "add", "choice", "memory write: add (mLSTM) or delta (erase-before-write)", choices=("add", "delta")
+        ),
+        frozen_keys=Knob(False, "bool", "replace the key projection by a fixed random orthogonal matrix"),
+        read_lr_mult=Knob(1.0, "float", "learning-rate multiplier on the read path (q, k projections)", minimum=0.0),
+        qkv_blocksize=Knob(4, "int", "block size of the block-diagonal q/k/v projections", minimum=1),
+        mlp=with_default(MLP, False),
+        mlp_ratio=MLP_RATIO,
+        mlp_hidden=MLP_HIDDEN,
+        norm=NORM,
+    ),
+    d_model=94,
+)
 
-LINEAR_MAMBA = ArmSpec("linear_mamba", "linear_mamba", "simplified linear Mamba of the scaling-law study", _knobs(
-    d_state=D_STATE,
-    heads=HEADS,
-    pattern=Knob("mha", "choice", "multi-head sharing: mha (none), mva (B,C), mqa (x,B), mka (x,C)",
-                 choices=PATTERNS),
-    conv=with_default(CONV, 2),
-    gate=Knob(False, "bool", "multiply the output by silu(W_z u)"),
-    bidirectional=BIDIRECTIONAL,
-    impl=IMPL,
-    mlp=with_default(MLP, False),
-    mlp_ratio=MLP_RATIO,
-    mlp_hidden=MLP_HIDDEN,
-    norm=with_default(NORM, False),
-))
+LINEAR_MAMBA = ArmSpec(
+    "linear_mamba",
+    "linear_mamba",
+    "simplified linear Mamba of the scaling-law study",
+    _knobs(
+        d_state=D_STATE,
+        heads=HEADS,
+        pattern=Knob(
+            "mha", "choice", "multi-head sharing: mha (none), mva (B,C), mqa (x,B), mka (x,C)", choices=PATTERNS
+        ),
+        conv=with_default(CONV, 2),
+        gate=Knob(False, "bool", "multiply the output by silu(W_z u)"),
+        bidirectional=BIDIRECTIONAL,
+        impl=IMPL,
+        mlp=with_default(MLP, False),
+        mlp_ratio=MLP_RATIO,
+        mlp_hidden=MLP_HIDDEN,
+        norm=with_default(NORM, False),
+    ),
+)
 
-SPECS: dict[str, ArmSpec] = {s.name: s for s in (
-    _delta_arm("deltanet", "DeltaNet: rank-1 delta rule, no decay (eq. 1)", decay=False, conv=1),
-    _delta_arm("gated_deltanet", "Gated DeltaNet: delta rule with scalar decay (eq. 2)", decay=True, conv=1),
-    _delta_arm("armed_gdn", "gated_deltanet + width-4 causal conv on q, k, v", decay=True, conv=4),
-    _delta_arm("armed_gdn_fwd", "armed_gdn, causal only (bidirectional fixed False)", decay=True, conv=4,
-               fwd_only=True),
-    _dplr_arm("dg_rank", "RWKV-7 style diagonal-plus-rank-1 transition (eqs. 3-4)", rank1=True, conv=1),
-    _dplr_arm("dg_diag", "dg_rank with a_t = 0: diagonal transition, same parameters", rank1=False, conv=1),
-    _dplr_arm("armed_dg_rank", "dg_rank + width-4 causal conv on v, k, r", rank1=True, conv=4),
-    _dplr_arm("armed_dg_diag", "dg_diag + width-4 causal conv on v, k, r", rank1=False, conv=4),
-    _mamba2_arm("mamba2_ref", "pure-PyTorch Mamba-2 SSD, explicit d_state, conv width 4", conv=4,
-                fixed_conv=False),
-    _mamba2_arm("mamba2_ref_noconv", "mamba2_ref with conv width 1 (the toggle)", conv=1, fixed_conv=True),
-    ATTENTION,
-    MLSTM,
-    LINEAR_MAMBA,
-)}
+SPECS: dict[str, ArmSpec] = {
+    s.name: s
+    for s in (
+        _delta_arm("deltanet", "DeltaNet: rank-1 delta rule, no decay (eq. 1)", decay=False, conv=1),
+        _delta_arm("gated_deltanet", "Gated DeltaNet: delta rule with scalar decay (eq. 2)", decay=True, conv=1),
+        _delta_arm("armed_gdn", "gated_deltanet + width-4 causal conv on q, k, v", decay=True, conv=4),
+        _delta_arm(
+            "armed_gdn_fwd", "armed_gdn, causal only (bidirectional fixed False)", decay=True, conv=4, fwd_only=True
+        ),
+        _dplr_arm("dg_rank", "RWKV-7 style diagonal-plus-rank-1 transition (eqs. 3-4)", rank1=True, conv=1),
+        _dplr_arm("dg_diag", "dg_rank with a_t = 0: diagonal transition, same parameters", rank1=False, conv=1),
+        _dplr_arm("armed_dg_rank", "dg_rank + width-4 causal conv on v, k, r", rank1=True, conv=4),
+        _dplr_arm("armed_dg_diag", "dg_diag + width-4 causal conv on v, k, r", rank1=False, conv=4),
+        _mamba2_arm("mamba2_ref", "pure-PyTorch Mamba-2 SSD, explicit d_state, conv width 4", conv=4, fixed_conv=False),
+        _mamba2_arm("mamba2_ref_noconv", "mamba2_ref with conv width 1 (the toggle)", conv=1, fixed_conv=True),
+        ATTENTION,
+        MLSTM,
+        LINEAR_MAMBA,
+    )
+}
 ARMS: tuple[str, ...] = tuple(SPECS)
 # Each family's checks and mixer factory live in its own module (see cells/family.py).
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    delta.FAMILY, dplr.FAMILY, mamba2.FAMILY, attention.FAMILY, mlstm.FAMILY, linear_mamba.FAMILY)}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (delta.FAMILY, dplr.FAMILY, mamba2.FAMILY, attention.FAMILY, mlstm.FAMILY, linear_mamba.FAMILY)
+}
 
 
 BUILTIN_ARMS: frozenset[str] = frozenset(SPECS)
@@ -179,12 +237,13 @@ def register_cell(arm: ArmSpec, family: Family | None = None) -> ArmSpec:
         if not isinstance(family, Family):
             raise TypeError(f"register_cell: family must be a Family, got {type(family).__name__}")
         if family.name in BUILTIN_FAMILIES:
-            raise ValueError(f"cell family {family.name!r} is built in; give the plugin's "
-                             "family its own name")
+            raise ValueError(f"cell family {family.name!r} is built in; give the plugin's family its own name")
         FAMILIES[family.name] = family
     if arm.family not in FAMILIES:
-        raise ValueError(f"arm {arm.name!r}: unknown cell family {arm.family!r} (known: "
-                         f"{', '.join(FAMILIES)}); pass its Family to register_cell")
+        raise ValueError(
+            f"arm {arm.name!r}: unknown cell family {arm.family!r} (known: "
+            f"{', '.join(FAMILIES)}); pass its Family to register_cell"
+        )
     if arm.name in BUILTIN_ARMS:
         raise ValueError(f"arm {arm.name!r} is built in; give the plugin's arm its own name")
     SPECS[arm.name] = arm
@@ -228,8 +287,9 @@ def _dims(s: ArmSpec, d_model: int | None, n_layers: int | None) -> tuple[int, i
     return (s.d_model if d_model is None else d_model, s.n_layers if n_layers is None else n_layers)
 
 
-def resolve(arm: str, given: dict[str, Any], d_model: int | None = None,
-            n_layers: int | None = None) -> tuple[ArmSpec, dict[str, Any], int, int]:
+def resolve(
+    arm: str, given: dict[str, Any], d_model: int | None = None, n_layers: int | None = None
+) -> tuple[ArmSpec, dict[str, Any], int, int]:
     """(spec, resolved knobs, d_model, n_layers); raises ValueError on any problem."""
     s = spec(arm)
     if not isinstance(given, Mapping):
@@ -253,8 +313,9 @@ def _mixer_factory(s: ArmSpec, k: dict[str, Any], d: int) -> Callable[[], nn.Mod
     return make
 
 
-def build(arm: str, vocab_size: int, d_model: int | None = None, n_layers: int | None = None,
-          **knobs: Any) -> SequenceModel:
+def build(
+    arm: str, vocab_size: int, d_model: int | None = None, n_layers: int | None = None, **knobs: Any
+) -> SequenceModel:
     """The model for ``arm``: tokens ``(B, T)`` int64 -> logits ``(B, T, vocab_size)``.
 
     ``None`` sizes mean the arm's defaults (d_model 32, 1 layer; mlstm d_model 94).
@@ -267,12 +328,21 @@ def build(arm: str, vocab_size: int, d_model: int | None = None, n_layers: int |
     fam = FAMILIES[s.family]
     cls = BlendableSequenceModel if fam.blendable(k) else SequenceModel
     max_len = fam.max_len(k)
-    return cls(vocab_size, d, n, _mixer_factory(s, k, d), mlp_ratio=k["mlp_ratio"] if k["mlp"] else None,
-               norm=k["norm"], max_len=max_len, mlp_hidden=k.get("mlp_hidden") or None)
+    return cls(
+        vocab_size,
+        d,
+        n,
+        _mixer_factory(s, k, d),
+        mlp_ratio=k["mlp_ratio"] if k["mlp"] else None,
+        norm=k["norm"],
+        max_len=max_len,
+        mlp_hidden=k.get("mlp_hidden") or None,
+    )
 
 
-def describe(arm: str, vocab_size: int, d_model: int | None = None, n_layers: int | None = None,
-             **knobs: Any) -> dict[str, Any]:
+def describe(
+    arm: str, vocab_size: int, d_model: int | None = None, n_layers: int | None = None, **knobs: Any
+) -> dict[str, Any]:
     """``{arm, params, state_elements, state_scaling, knobs, d_model, n_layers, vocab_size}``.
 
     ``state_elements`` is the recurrent state per layer; ``state_scaling`` is ``"fixed"``

@@ -15,6 +15,7 @@ which increases monotonically to 1: so ``ns<k>`` tends to the polar factor as k 
 form of the polar factor's derivative, ``dU = W [((W^T dC V) - (W^T dC V)^T) / (s_i + s_j)] V^T``,
 which is finite for repeated singular values (autograd through ``torch.linalg.svd`` is not).
 """
+
 from __future__ import annotations
 
 import torch

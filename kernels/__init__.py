@@ -39,6 +39,7 @@ Also here: ``kernels.chunking`` (shared chunk machinery), ``kernels.dispatch`` (
 resolution), ``kernels.testing`` (realistic inputs, reference comparisons) and
 ``python -m orchestrator.bench.chunk`` (naive vs chunk tokens/s, interleaved, side by side).
 """
+
 from __future__ import annotations
 
 from kernels.delta_rule import delta_rule, delta_rule_chunk, delta_rule_naive

@@ -4,6 +4,7 @@ Layout convention: sequences arrive as ``(B, H, T, D)`` (scalars per step as ``(
 and are cut into ``N = ceil(T / C)`` chunks of ``C`` steps, giving ``(B, H, N, C, D)``.
 Inside a chunk, index ``t`` is the step (0-based) and ``s`` an earlier-or-equal step.
 """
+
 from __future__ import annotations
 
 import torch
@@ -138,8 +139,11 @@ def chunk_state_pass(
     than the arithmetic at the small states the studies use (about 2x on the pass at B 8,
     T 256, D 32, C 16). Under transforms (seed packs' vmap) the traced loop below runs.
     """
-    if not any(torch._C._functorch.is_functorch_wrapped_tensor(x)
-               for x in (initial, u, w, k_end, decay_end, inject) if x is not None):
+    if not any(
+        torch._C._functorch.is_functorch_wrapped_tensor(x)
+        for x in (initial, u, w, k_end, decay_end, inject)
+        if x is not None
+    ):
         return _StatePass.apply(initial, u, w, k_end, decay_end, inject, sign)
     return _state_pass_traced(initial, u, w, k_end, decay_end, inject, sign)
 

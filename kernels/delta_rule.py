@@ -15,6 +15,7 @@ Shapes: ``q, k (B, H, T, Dk)``, ``v (B, H, T, Dv)``, ``beta, alpha (B, H, T)``,
 ``initial_state (B, H, Dv, Dk)``. Returns ``o (B, H, T, Dv)`` and the final state
 ``(B, H, Dv, Dk)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,14 @@ from kernels.chunking import (
     to_chunks,
     unit_lower_solve,
 )
-from kernels.dispatch import (check_chunk_size, empty_result, is_transformed, resolve_impl,
-                              run_pytorch_form, triton_function)
+from kernels.dispatch import (
+    check_chunk_size,
+    empty_result,
+    is_transformed,
+    resolve_impl,
+    run_pytorch_form,
+    triton_function,
+)
 from kernels.validation import expect_rank, expect_shape
 
 # Measured on 2-core CPUs (T = 64..512, D = 16..64, fwd+bwd): 16 ties 32 at batch 8 and is
@@ -53,7 +60,7 @@ def delta_rule_naive(
     for t in range(t_len):
         k_t, v_t, b_t = k[:, :, t], v[:, :, t], beta[:, :, t, None, None]
         # S (I - beta k k^T) written as S - beta (S k) k^T: the same product, no Dk x Dk matrix.
-        s_k = (state @ k_t.unsqueeze(-1))
+        s_k = state @ k_t.unsqueeze(-1)
         kept = state - b_t * s_k * k_t.unsqueeze(-2)
         if alpha is not None:
             kept = alpha[:, :, t, None, None] * kept
@@ -177,4 +184,3 @@ def delta_rule(
     if form == "naive":
         return run_pytorch_form(delta_rule_naive, (q, k, v, beta, alpha), initial_state)
     return run_pytorch_form(delta_rule_chunk, (q, k, v, beta, alpha), initial_state, chunk_size=chunk_size)
-

@@ -6,6 +6,7 @@ Implementation names:
     ``"triton"`` the fused kernels in ``kernels/triton_ops.py`` (delta rule and DPLR only);
     ``"auto"``   triton when the tensors are on CUDA and the triton module imports, else chunk.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,8 +71,7 @@ def resolve_impl(op: str, impl: str, device: torch.device, *, transformed: bool 
     if impl not in allowed:
         raise ValueError(f"unknown impl {impl!r} for {op}; expected one of {', '.join(allowed)}")
     if impl == "auto":
-        if (torch.device(device).type == "cuda" and not transformed
-                and triton_function(op)[0] is not None):
+        if torch.device(device).type == "cuda" and not transformed and triton_function(op)[0] is not None:
             return "triton"
         return "chunk"
     if impl == "triton":
@@ -129,5 +129,4 @@ def empty_result(
 
 def is_transformed(*tensors: torch.Tensor | None) -> bool:
     """True when any input is a torch.func wrapper (vmap / grad transforms)."""
-    return any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t)
-               for t in tensors)
+    return any(t is not None and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)

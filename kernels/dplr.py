@@ -16,6 +16,7 @@ Shapes: ``r, k, w, kappa, a (B, H, T, Dk)``, ``v (B, H, T, Dv)``,
 ``initial_state (B, H, Dv, Dk)``. Returns ``o (B, H, T, Dv)`` and the final state
 ``(B, H, Dv, Dk)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,14 @@ from kernels.chunking import (
     to_chunks,
     unit_lower_solve,
 )
-from kernels.dispatch import (check_chunk_size, empty_result, is_transformed, resolve_impl,
-                              run_pytorch_form, triton_function)
+from kernels.dispatch import (
+    check_chunk_size,
+    empty_result,
+    is_transformed,
+    resolve_impl,
+    run_pytorch_form,
+    triton_function,
+)
 from kernels.validation import expect_rank, expect_shape
 
 # Measured on 2-core CPUs (T = 64..512, D = 16..64, fwd+bwd): 16 ties 32 at batch 8 and is

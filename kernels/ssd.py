@@ -13,6 +13,7 @@ and adds no ``D`` skip term: those are the cell's job.
 Shapes: ``x (B, H, T, P)``, ``a (B, H, T)``, ``b, c (B, H, T, N)``,
 ``initial_state (B, H, P, N)``. Returns ``y (B, H, T, P)`` and the final state ``(B, H, P, N)``.
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Used by the tests and the benchmark; also handy for checking a new fast form (Tr
 an external library) against the naive reference: outputs, final state and the gradient
 of every input, under one random cotangent so that every gradient path is exercised.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,24 +54,40 @@ def make_inputs(
         return lo + (hi - lo) * torch.rand(*s, generator=g, dtype=torch.float64)
 
     if op == "delta_rule":
-        xs = {"q": normal(*bht, dk), "k": F.normalize(normal(*bht, dk), dim=-1), "v": normal(*bht, dv),
-              "beta": uniform(0.0, 1.0, *bht), "alpha": uniform(0.5, 1.0, *bht) if gated else None}
+        xs = {
+            "q": normal(*bht, dk),
+            "k": F.normalize(normal(*bht, dk), dim=-1),
+            "v": normal(*bht, dv),
+            "beta": uniform(0.0, 1.0, *bht),
+            "alpha": uniform(0.5, 1.0, *bht) if gated else None,
+        }
         state_shape = (batch, heads, dv, dk)
     elif op == "dplr_scan":
-        xs = {"r": normal(*bht, dk), "k": normal(*bht, dk) / dk**0.5, "v": normal(*bht, dv),
-              "w": uniform(0.5, 1.0, *bht, dk), "kappa": F.normalize(normal(*bht, dk), dim=-1),
-              "a": uniform(0.0, 1.0, *bht, dk)}
+        xs = {
+            "r": normal(*bht, dk),
+            "k": normal(*bht, dk) / dk**0.5,
+            "v": normal(*bht, dv),
+            "w": uniform(0.5, 1.0, *bht, dk),
+            "kappa": F.normalize(normal(*bht, dk), dim=-1),
+            "a": uniform(0.0, 1.0, *bht, dk),
+        }
         state_shape = (batch, heads, dv, dk)
     elif op == "ssd_scan":
-        xs = {"x": normal(*bht, dv), "a": uniform(0.5, 1.0, *bht), "b": normal(*bht, dk) / dk**0.5,
-              "c": normal(*bht, dk) / dk**0.5}
+        xs = {
+            "x": normal(*bht, dv),
+            "a": uniform(0.5, 1.0, *bht),
+            "b": normal(*bht, dk) / dk**0.5,
+            "c": normal(*bht, dk) / dk**0.5,
+        }
         state_shape = (batch, heads, dv, dk)
     else:
         raise ValueError(f"unknown op {op!r}; expected one of {', '.join(ARG_NAMES)}")
     if with_state:
         xs["initial_state"] = normal(*state_shape)
-    return {name: None if x is None else x.to(device=device, dtype=dtype).requires_grad_(requires_grad)
-            for name, x in xs.items()}
+    return {
+        name: None if x is None else x.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+        for name, x in xs.items()
+    }
 
 
 def run_with_grads(
@@ -108,9 +125,15 @@ def max_abs_differences(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     return {k: (a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0 for k in a}
 
 
-def assert_matches_reference(reference: Callable, fast: Callable, op: str,
-                             inputs: dict[str, torch.Tensor], expected: set[str],
-                             tol: float, **kwargs) -> dict[str, float]:
+def assert_matches_reference(
+    reference: Callable,
+    fast: Callable,
+    op: str,
+    inputs: dict[str, torch.Tensor],
+    expected: set[str],
+    tol: float,
+    **kwargs,
+) -> dict[str, float]:
     """Run both forms with gradients; require exactly ``expected`` results (output, state,
     the named gradients), each within ``tol`` of the reference, and no reference gradient
     that vanished (which would make the comparison vacuous). Returns the differences."""

@@ -8,6 +8,7 @@ instructions), and the PTX is also scanned for atomics and bf16 directly.
 Must run in a process where ``TRITON_INTERPRET`` was unset when triton was imported
 (interpreted kernels cannot be compiled); the tests use a subprocess.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,16 +68,23 @@ def compile_kernels(capability: int = 61, dk: int = 64, dv: int = 64, block_v: i
         for variant, (delta, has_alpha) in variants.items():
             values = dict(DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=bv, DELTA=delta, HAS_ALPHA=has_alpha, HAS_S0=True)
             src = ASTSource(fn=kernel, signature=sig, constexprs={n: values[n] for n in consts})
-            compiled = triton.compile(src, target=target,
-                                      options={"num_warps": triton_ops._num_warps(bv, block_k),
-                                               "enable_fp_fusion": triton_ops.FP_FUSION})
+            compiled = triton.compile(
+                src,
+                target=target,
+                options={"num_warps": triton_ops._num_warps(bv, block_k), "enable_fp_fusion": triton_ops.FP_FUSION},
+            )
             ptx = compiled.asm["ptx"]
-            out.append(Compiled(
-                kernel=kernel.__name__, variant=variant, target=f"sm_{capability}",
-                cubin_bytes=len(compiled.asm["cubin"]), shared_bytes=int(compiled.metadata.shared),
-                atomics=_count_atomics(ptx),
-                bf16_mentions=len(re.findall(r"bf16", ptx)),
-            ))
+            out.append(
+                Compiled(
+                    kernel=kernel.__name__,
+                    variant=variant,
+                    target=f"sm_{capability}",
+                    cubin_bytes=len(compiled.asm["cubin"]),
+                    shared_bytes=int(compiled.metadata.shared),
+                    atomics=_count_atomics(ptx),
+                    bf16_mentions=len(re.findall(r"bf16", ptx)),
+                )
+            )
     return out
 
 

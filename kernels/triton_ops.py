@@ -47,6 +47,7 @@ loop prefetches the next step's inputs so memory latency overlaps the previous s
 Not measured on a GPU yet (no device in the session that wrote this): tests/gpu/check.sh
 runs the tests and ``orchestrator bench kernels`` when one is lent.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,23 @@ FP_FUSION = True
 
 
 @triton.jit
-def _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, tok, offs_k, mask_k, offs_v, mask_v,
-              DK: tl.constexpr, DV: tl.constexpr, DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+def _load_raw(
+    r_ptr,
+    k_ptr,
+    v_ptr,
+    x1_ptr,
+    x2_ptr,
+    x3_ptr,
+    tok,
+    offs_k,
+    mask_k,
+    offs_v,
+    mask_v,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    DELTA: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+):
     """The inputs of step ``tok`` (= bh*T + t) as stored: (r, k, v, x1, x2, x3).
 
     Delta rule: x1 = beta, x2 = alpha (1 when absent), x3 = beta again (a placeholder that
@@ -111,9 +127,25 @@ def _transition(key, v, x1, x2, x3, BLOCK_K: tl.constexpr, DELTA: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, o_ptr, sT_ptr, T,
-                    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_S0: tl.constexpr):
+def _forward_kernel(
+    r_ptr,
+    k_ptr,
+    v_ptr,
+    x1_ptr,
+    x2_ptr,
+    x3_ptr,
+    s0_ptr,
+    o_ptr,
+    sT_ptr,
+    T,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+    HAS_S0: tl.constexpr,
+):
     """Grid (B*H, ceil(Dv/BLOCK_V)): S rows of one block in registers, one step per iteration."""
     bh = tl.program_id(0).to(tl.int64)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -126,13 +158,28 @@ def _forward_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, o_ptr, 
         S = tl.load(s0_ptr + s_offs, mask=mask_s, other=0.0)
     else:
         S = tl.zeros([BLOCK_V, BLOCK_K], dtype=tl.float32)
-    nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, bh * T, offs_k, mask_k,
-                                       offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+    nr, nk, nv, n1, n2, n3 = _load_raw(
+        r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, bh * T, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+    )
     for t in range(0, T):
         r, key, v, x1, x2, x3 = nr, nk, nv, n1, n2, n3
-        nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,
-                                           bh * T + tl.minimum(t + 1, T - 1), offs_k, mask_k, offs_v, mask_v,
-                                           DK, DV, DELTA, HAS_ALPHA)
+        nr, nk, nv, n1, n2, n3 = _load_raw(
+            r_ptr,
+            k_ptr,
+            v_ptr,
+            x1_ptr,
+            x2_ptr,
+            x3_ptr,
+            bh * T + tl.minimum(t + 1, T - 1),
+            offs_k,
+            mask_k,
+            offs_v,
+            mask_v,
+            DK,
+            DV,
+            DELTA,
+            HAS_ALPHA,
+        )
         val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
         p = tl.sum(S * u[None, :], axis=1)
         S = S * w[None, :] - p[:, None] * kappa[None, :] + val[:, None] * key[None, :]
@@ -142,10 +189,27 @@ def _forward_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, o_ptr, 
 
 
 @triton.jit
-def _state_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, do_ptr, dsT_ptr, gc_ptr, ds0_ptr,
-                       T, CHUNK, NC,
-                       DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                       DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr):
+def _state_grad_kernel(
+    r_ptr,
+    k_ptr,
+    v_ptr,
+    x1_ptr,
+    x2_ptr,
+    x3_ptr,
+    do_ptr,
+    dsT_ptr,
+    gc_ptr,
+    ds0_ptr,
+    T,
+    CHUNK,
+    NC,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+):
     """Pass 1, reverse time. gc[(bh, vb), c] = dL/dS at chunk c's last step from later steps only."""
     bh = tl.program_id(0).to(tl.int64)
     vb = tl.program_id(1)
@@ -159,8 +223,9 @@ def _state_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, do_ptr, dsT_
     gc_base = (bh * tl.num_programs(1) + vb) * NC * BLOCK_V * BLOCK_K
     G = tl.load(dsT_ptr + s_offs, mask=mask_s, other=0.0)
     last = bh * T + T - 1
-    nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, offs_k, mask_k,
-                                       offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+    nr, nk, nv, n1, n2, n3 = _load_raw(
+        r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+    )
     ndo = tl.load(do_ptr + last * DV + offs_v, mask=mask_v, other=0.0)
     for i in range(0, T):
         t = T - 1 - i
@@ -168,8 +233,9 @@ def _state_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, do_ptr, dsT_
             tl.store(gc_ptr + gc_base + (t // CHUNK) * BLOCK_V * BLOCK_K + tile, G)
         r, key, v, x1, x2, x3, do = nr, nk, nv, n1, n2, n3, ndo
         prev = bh * T + tl.maximum(t - 1, 0)
-        nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, prev, offs_k, mask_k,
-                                           offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+        nr, nk, nv, n1, n2, n3 = _load_raw(
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, prev, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+        )
         ndo = tl.load(do_ptr + prev * DV + offs_v, mask=mask_v, other=0.0)
         val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
         G = G + do[:, None] * r[None, :]
@@ -179,11 +245,35 @@ def _state_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, do_ptr, dsT_
 
 
 @triton.jit
-def _input_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, do_ptr, gc_ptr, scratch_ptr,
-                       dr_ptr, dk_ptr, dv_ptr, dx1_ptr, dx2_ptr, dx3_ptr,
-                       T, CHUNK, NC, BH,
-                       DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                       DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_S0: tl.constexpr):
+def _input_grad_kernel(
+    r_ptr,
+    k_ptr,
+    v_ptr,
+    x1_ptr,
+    x2_ptr,
+    x3_ptr,
+    s0_ptr,
+    do_ptr,
+    gc_ptr,
+    scratch_ptr,
+    dr_ptr,
+    dk_ptr,
+    dv_ptr,
+    dx1_ptr,
+    dx2_ptr,
+    dx3_ptr,
+    T,
+    CHUNK,
+    NC,
+    BH,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+    HAS_S0: tl.constexpr,
+):
     """Pass 2, forward over chunks: recompute a chunk's states, then walk it backwards.
 
     Row-summed gradients go to partial buffers indexed (vb, bh, t, :) (or (vb, bh, t) for the
@@ -212,15 +302,31 @@ def _input_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, do_p
         t1 = tl.minimum(t0 + CHUNK, T)
         # Forward through the chunk: keep S_{t-1} for the backward walk; dr needs only S_t.
         first = bh * T + t0
-        nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, first, offs_k,
-                                           mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+        nr, nk, nv, n1, n2, n3 = _load_raw(
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, first, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+        )
         ndo = tl.load(do_ptr + first * DV + offs_v, mask=mask_v, other=0.0)
         for t in range(t0, t1):
             tl.store(scratch + (t - t0) * TILE, S)
             r, key, v, x1, x2, x3, do = nr, nk, nv, n1, n2, n3, ndo
             nxt = bh * T + tl.minimum(t + 1, t1 - 1)
-            nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, nxt, offs_k,
-                                               mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+            nr, nk, nv, n1, n2, n3 = _load_raw(
+                r_ptr,
+                k_ptr,
+                v_ptr,
+                x1_ptr,
+                x2_ptr,
+                x3_ptr,
+                nxt,
+                offs_k,
+                mask_k,
+                offs_v,
+                mask_v,
+                DK,
+                DV,
+                DELTA,
+                HAS_ALPHA,
+            )
             ndo = tl.load(do_ptr + nxt * DV + offs_v, mask=mask_v, other=0.0)
             val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
             p = tl.sum(S * u[None, :], axis=1)
@@ -231,8 +337,9 @@ def _input_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, do_p
         tl.debug_barrier()
         G = tl.load(gc_ptr + gc_base + c * TILE + tile)
         last = bh * T + t1 - 1
-        nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, offs_k,
-                                           mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+        nr, nk, nv, n1, n2, n3 = _load_raw(
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+        )
         ndo = tl.load(do_ptr + last * DV + offs_v, mask=mask_v, other=0.0)
         nSp = tl.load(scratch + (t1 - 1 - t0) * TILE)
         for i in range(0, t1 - t0):
@@ -240,8 +347,23 @@ def _input_grad_kernel(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, s0_ptr, do_p
             r, key, v, x1, x2, x3, do, Sp = nr, nk, nv, n1, n2, n3, ndo, nSp
             t_prev = tl.maximum(t - 1, t0)
             prev = bh * T + t_prev
-            nr, nk, nv, n1, n2, n3 = _load_raw(r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, prev, offs_k,
-                                               mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA)
+            nr, nk, nv, n1, n2, n3 = _load_raw(
+                r_ptr,
+                k_ptr,
+                v_ptr,
+                x1_ptr,
+                x2_ptr,
+                x3_ptr,
+                prev,
+                offs_k,
+                mask_k,
+                offs_v,
+                mask_v,
+                DK,
+                DV,
+                DELTA,
+                HAS_ALPHA,
+            )
             ndo = tl.load(do_ptr + prev * DV + offs_v, mask=mask_v, other=0.0)
             nSp = tl.load(scratch + (t_prev - t0) * TILE)
             val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
@@ -303,7 +425,8 @@ def _check_device(x: torch.Tensor) -> None:
     if x.device.type != "cuda" and not INTERPRETED:
         raise RuntimeError(
             f"triton kernels need CUDA tensors, got {x.device}; on CPU set TRITON_INTERPRET=1 "
-            "before triton is first imported (slow, for tests) or use impl='chunk'")
+            "before triton is first imported (slow, for tests) or use impl='chunk'"
+        )
 
 
 def _f32(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -318,8 +441,9 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
 class _Scan:
     """Shapes, launch parameters and the three launches shared by both operators."""
 
-    def __init__(self, r: torch.Tensor, v: torch.Tensor, delta: bool, has_alpha: bool,
-                 block_v: int | None, chunk: int | None) -> None:
+    def __init__(
+        self, r: torch.Tensor, v: torch.Tensor, delta: bool, has_alpha: bool, block_v: int | None, chunk: int | None
+    ) -> None:
         B, H, T, DK = r.shape
         self.B, self.H, self.T, self.DK, self.DV = B, H, T, DK, v.shape[-1]
         self.BK, self.BV, self.NV = _blocks(DK, self.DV, block_v)
@@ -328,9 +452,16 @@ class _Scan:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         self.NC = triton.cdiv(T, self.chunk)
         self.delta, self.has_alpha = delta, has_alpha
-        self.meta = dict(DK=DK, DV=self.DV, BLOCK_K=self.BK, BLOCK_V=self.BV, DELTA=delta,
-                         HAS_ALPHA=has_alpha, num_warps=_num_warps(self.BV, self.BK),
-                         enable_fp_fusion=FP_FUSION)
+        self.meta = dict(
+            DK=DK,
+            DV=self.DV,
+            BLOCK_K=self.BK,
+            BLOCK_V=self.BV,
+            DELTA=delta,
+            HAS_ALPHA=has_alpha,
+            num_warps=_num_warps(self.BV, self.BK),
+            enable_fp_fusion=FP_FUSION,
+        )
         self.grid = (B * H, self.NV)
         self.empty = B * H * T == 0
 
@@ -340,8 +471,7 @@ class _Scan:
         sT = torch.empty(self.B, self.H, self.DV, self.DK, device=r.device, dtype=torch.float32)
         if self.empty:  # nothing to launch (and no zero-size grid or null pointers to pass)
             return o, (s0.clone() if s0 is not None else sT.zero_())
-        _forward_kernel[self.grid](*xs, s0 if s0 is not None else o, o, sT, self.T,
-                                   HAS_S0=s0 is not None, **self.meta)
+        _forward_kernel[self.grid](*xs, s0 if s0 is not None else o, o, sT, self.T, HAS_S0=s0 is not None, **self.meta)
         return o, sT
 
     def backward(self, xs: list, s0: torch.Tensor | None, do: torch.Tensor, dsT: torch.Tensor):
@@ -370,9 +500,25 @@ class _Scan:
             dx3 = dx1  # unused by the delta rule
         else:
             dx1, dx2, dx3 = (torch.empty(vec, **f32) for _ in range(3))
-        _input_grad_kernel[self.grid](*xs, s0 if s0 is not None else do, do, gc, scratch,
-                                      dr, dk, dv, dx1, dx2, dx3, T, self.chunk, self.NC, BH,
-                                      HAS_S0=s0 is not None, **self.meta)
+        _input_grad_kernel[self.grid](
+            *xs,
+            s0 if s0 is not None else do,
+            do,
+            gc,
+            scratch,
+            dr,
+            dk,
+            dv,
+            dx1,
+            dx2,
+            dx3,
+            T,
+            self.chunk,
+            self.NC,
+            BH,
+            HAS_S0=s0 is not None,
+            **self.meta,
+        )
         dx2 = dx2.sum(0) if (not self.delta or self.has_alpha) else None
         dx3 = None if self.delta else dx3.sum(0)
         return dr.sum(0), dk.sum(0), dv, dx1.sum(0), dx2, dx3, ds0
@@ -457,9 +603,17 @@ def _check_shapes(names: tuple[str, ...], xs: tuple, scalar: tuple[str, ...], st
         raise ValueError(f"initial_state must have shape {(B, H, DV, DK)}, got {tuple(state.shape)}")
 
 
-def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                      alpha: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
-                      *, block_v: int | None = None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def delta_rule_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    alpha: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    *,
+    block_v: int | None = None,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Delta rule with Triton forward and backward; returns ``(o, final_state)``.
 
     q, k: (B, H, T, Dk); v: (B, H, T, Dv); beta, alpha: (B, H, T) (alpha None means 1);
@@ -471,9 +625,18 @@ def delta_rule_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: t
     return DeltaRuleTriton.apply(q, k, v, beta, alpha, initial_state, block_v, chunk)
 
 
-def dplr_scan_triton(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
-                     kappa: torch.Tensor, a: torch.Tensor, initial_state: torch.Tensor | None = None,
-                     *, block_v: int | None = None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dplr_scan_triton(
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    kappa: torch.Tensor,
+    a: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    *,
+    block_v: int | None = None,
+    chunk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DPLR scan with Triton forward and backward; returns ``(o, final_state)``.
 
     r, k, w, kappa, a: (B, H, T, Dk); v: (B, H, T, Dv); initial_state: (B, H, Dv, Dk) or

@@ -1,4 +1,5 @@
 """Shape and device checks shared by the operators' public entry points."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Alembic environment. Runs against the connection the orchestrator hands it
 (``config.attributes["connection"]``) or, for the alembic CLI, against ``sqlalchemy.url``."""
+
 from __future__ import annotations
 
 from alembic import context
@@ -30,8 +31,9 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = engine_from_config(config.get_section(config.config_ini_section, {}),
-                                prefix="sqlalchemy.", poolclass=pool.NullPool)
+    engine = engine_from_config(
+        config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
     with engine.connect() as conn:
         _configure(conn)
         with context.begin_transaction():

@@ -3,6 +3,7 @@ the database. The Python API (see :mod:`orchestrator.api` and the README)::
 
     from orchestrator import submit, resume, load, analyze, connect
 """
+
 from __future__ import annotations
 
 from typing import Any

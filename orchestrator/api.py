@@ -14,6 +14,7 @@ Everything is imported lazily (``import orchestrator`` stays light). Errors in w
 given (a bad spec, an unknown sweep, a missing database) are :class:`orchestrator.errors.
 UserError` with a one-line message, the same the CLI prints.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -65,13 +66,17 @@ def _spec(spec: str | Path | dict[str, Any]):
 
 
 def _run(summary, url: str) -> SweepRun:
-    return SweepRun(name=summary.sweep, db=url, total=summary.total, ran=summary.ran,
-                    outcomes=dict(summary.outcomes))
+    return SweepRun(name=summary.sweep, db=url, total=summary.total, ran=summary.ran, outcomes=dict(summary.outcomes))
 
 
-def submit(spec: str | Path | dict[str, Any], *, db: str | None = None,
-           address: str | None = None, max_concurrent: int | None = None,
-           checkpoint_dir: str | None = None) -> SweepRun:
+def submit(
+    spec: str | Path | dict[str, Any],
+    *,
+    db: str | None = None,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    checkpoint_dir: str | None = None,
+) -> SweepRun:
     """Record the sweep and run its unfinished trials on Ray (``orchestrator submit``).
 
     ``db``: a URL or SQLite path; default the spec's ``storage:``, else ``$ORCH_DB``, else
@@ -80,18 +85,28 @@ def submit(spec: str | Path | dict[str, Any], *, db: str | None = None,
     from orchestrator.store.engine import resolve_url
 
     sweep = _spec(spec)
-    return _run(run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent,
-                           checkpoint_dir=checkpoint_dir), resolve_url(db, sweep.spec.storage))
+    return _run(
+        run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir),
+        resolve_url(db, sweep.spec.storage),
+    )
 
 
-def resume(sweep: str, *, db: str | None = None, address: str | None = None,
-           max_concurrent: int | None = None, checkpoint_dir: str | None = None) -> SweepRun:
+def resume(
+    sweep: str,
+    *,
+    db: str | None = None,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    checkpoint_dir: str | None = None,
+) -> SweepRun:
     """Run what a recorded sweep has not finished (``orchestrator resume``)."""
     from orchestrator.runner.sweep import resume as run_resume
     from orchestrator.store.engine import resolve_url
 
-    return _run(run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent,
-                           checkpoint_dir=checkpoint_dir), resolve_url(db))
+    return _run(
+        run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir),
+        resolve_url(db),
+    )
 
 
 def connect(db: str | Engine | None = None) -> Engine:

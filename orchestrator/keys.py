@@ -3,6 +3,7 @@
 Ray Tune's own trial ids change on every launch; ours must not, so re-submitting a spec names
 the same trials and adding seeds adds only the new ones.
 """
+
 from __future__ import annotations
 
 import hashlib

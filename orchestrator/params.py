@@ -6,6 +6,7 @@ to ``tasks.build``, and ``tag.<label>`` is a free label the analysis can group b
 reaches the model or the data). Unknown top-level names are refused: a misspelt knob must
 never be silently ignored in a 500-trial sweep.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -31,8 +32,7 @@ class TrialParams(BaseModel):
     steps: PositiveInt = 1000
     eval_every: PositiveInt = 100
     schedule: Literal["constant", "cosine"] = "constant"
-    cosine_steps: PositiveInt | None = Field(
-        None, description="cosine period T; None = the budget (cosine-to-budget)")
+    cosine_steps: PositiveInt | None = Field(None, description="cosine period T; None = the budget (cosine-to-budget)")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 over this many steps")
     weight_decay: float = Field(0.01, ge=0.0)
@@ -44,16 +44,11 @@ class TrialParams(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     fp32: bool = Field(False, description="force fp32 even where bf16 autocast is available")
     rebinding: bool = Field(False, description="also score the rebinding control at every eval")
-    anneal: Literal["none", "time", "escape"] = Field(
-        "none", description="read-blend anneal (mlstm): whitened -> raw")
-    anneal_frac: float = Field(0.3, gt=0.0, le=1.0,
-                               description="anneal length as a fraction of the budget")
-    anneal_escape_at: float = Field(0.8, gt=0.0, le=1.0,
-                                    description="escape-gated anneal starts at this eval acc")
-    checkpoint_every_s: float = Field(
-        30.0, ge=0.0, description="min seconds between checkpoints (0 = at every eval)")
-    threads: PositiveInt | None = Field(
-        None, description="torch CPU threads; None = the trial's cpu resources")
+    anneal: Literal["none", "time", "escape"] = Field("none", description="read-blend anneal (mlstm): whitened -> raw")
+    anneal_frac: float = Field(0.3, gt=0.0, le=1.0, description="anneal length as a fraction of the budget")
+    anneal_escape_at: float = Field(0.8, gt=0.0, le=1.0, description="escape-gated anneal starts at this eval acc")
+    checkpoint_every_s: float = Field(30.0, ge=0.0, description="min seconds between checkpoints (0 = at every eval)")
+    threads: PositiveInt | None = Field(None, description="torch CPU threads; None = the trial's cpu resources")
 
     @model_validator(mode="after")
     def _check(self) -> TrialParams:

@@ -13,6 +13,7 @@ Two ways in, both ending in :func:`cells.register_cell` / :func:`tasks.register_
 The plugin package must be importable everywhere a trial may run: installed, or on
 ``PYTHONPATH`` of every node.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,8 +43,9 @@ def load_entry_points() -> None:
                 if callable(obj) and not isinstance(obj, type):
                     obj()
             except Exception as exc:
-                raise UserError(f"plugin entry point {ep.name!r} ({ep.value}, group {group}) "
-                                f"failed: {type(exc).__name__}: {exc}") from None
+                raise UserError(
+                    f"plugin entry point {ep.name!r} ({ep.value}, group {group}) failed: {type(exc).__name__}: {exc}"
+                ) from None
 
 
 def import_modules(modules: Iterable[str], where: str = "plugins") -> None:
@@ -54,9 +56,10 @@ def import_modules(modules: Iterable[str], where: str = "plugins") -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:
-            raise UserError(f"{where}: cannot import plugin module {name!r}: "
-                            f"{type(exc).__name__}: {exc} (is it installed or on PYTHONPATH?)"
-                            ) from None
+            raise UserError(
+                f"{where}: cannot import plugin module {name!r}: "
+                f"{type(exc).__name__}: {exc} (is it installed or on PYTHONPATH?)"
+            ) from None
         _modules.append(name)
     if _modules:
         # Ray workers get the list from here (see the runner's init_ray).

@@ -7,6 +7,7 @@ trial gets a stable key (hash of its resolved config). A bad spec raises ``SpecE
 one line naming the file, the key path and what was expected, before any trial starts and
 before anything is written to a database.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -19,8 +20,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, TypeAdapter, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.design.matching import MatchParams
 from orchestrator.errors import UserError
@@ -75,8 +84,9 @@ class StopSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     after_escape_evals: PositiveInt
-    escape_at: float | None = Field(None, gt=0, le=1, description="accuracy that counts as escaped; "
-                                    "default: the analysis block's escape_at")
+    escape_at: float | None = Field(
+        None, gt=0, le=1, description="accuracy that counts as escaped; default: the analysis block's escape_at"
+    )
 
 
 class Block(BaseModel):
@@ -162,6 +172,7 @@ class Sweep:
 
 # ---- errors ------------------------------------------------------------------------------
 
+
 def _loc(loc: Iterable[Any]) -> str:
     out = ""
     for part in loc:
@@ -224,8 +235,7 @@ def _shape(raw: Any) -> None:
         obj, depth = stack.pop()
         nodes += 1
         if nodes > MAX_NODES:
-            raise ValueError(f"more than {MAX_NODES:,} values (an alias expanding "
-                             "too far?)")
+            raise ValueError(f"more than {MAX_NODES:,} values (an alias expanding too far?)")
         if depth > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         if isinstance(obj, dict):
@@ -297,16 +307,18 @@ def _memory_check(params: Mapping[str, Any], where: str, fail, node_memory: int)
     n_params = max(n, 1) * 16 * d * d + 2 * vocab * d
     need = n_params * BYTES_PER_PARAM
     if need > node_memory:
-        fail(where, f"d_model={d}, n_layers={n}: about {_gb(need)} per trial "
-                    f"({n_params:.3g} parameters x {BYTES_PER_PARAM} bytes), more than the "
-                    f"largest node's {_gb(node_memory)} of memory")
+        fail(
+            where,
+            f"d_model={d}, n_layers={n}: about {_gb(need)} per trial "
+            f"({n_params:.3g} parameters x {BYTES_PER_PARAM} bytes), more than the "
+            f"largest node's {_gb(node_memory)} of memory",
+        )
 
 
 # ---- parameter names and values ----------------------------------------------------------
 
 # Each field's type with its constraints (ge, gt, ...), to check one axis value at a time.
-_FIELD_ADAPTERS = {n: TypeAdapter(Annotated[f.annotation, f])
-                   for n, f in TrialParams.model_fields.items()}
+_FIELD_ADAPTERS = {n: TypeAdapter(Annotated[f.annotation, f]) for n, f in TrialParams.model_fields.items()}
 
 
 def _check_name(name: Any, where: str, fail) -> None:
@@ -315,11 +327,15 @@ def _check_name(name: Any, where: str, fail) -> None:
     head, dot, rest = name.partition(".")
     if dot:
         if head not in NAMESPACES or not rest:
-            fail(where, f"unknown parameter {name!r} (dotted names must start with "
-                        f"{', '.join(n + '.' for n in NAMESPACES)})")
+            fail(
+                where,
+                f"unknown parameter {name!r} (dotted names must start with {', '.join(n + '.' for n in NAMESPACES)})",
+            )
     elif name not in TOP_LEVEL:
-        fail(where, f"unknown parameter {name!r} (known: {', '.join(TOP_LEVEL)}, "
-                    "or model.<knob>, task.<param>, tag.<label>)")
+        fail(
+            where,
+            f"unknown parameter {name!r} (known: {', '.join(TOP_LEVEL)}, or model.<knob>, task.<param>, tag.<label>)",
+        )
 
 
 def _check_value(name: str, value: Any, where: str, fail) -> Any:
@@ -338,8 +354,7 @@ def _check_value(name: str, value: Any, where: str, fail) -> Any:
     return value
 
 
-def _parse_axis(name: str, values: Any, where: str, fail,
-                max_values: int = DEFAULT_MAX_TRIALS) -> list[Any]:
+def _parse_axis(name: str, values: Any, where: str, fail, max_values: int = DEFAULT_MAX_TRIALS) -> list[Any]:
     if isinstance(values, str):
         lo, sep, hi = values.partition("..")
         if not sep:
@@ -354,8 +369,11 @@ def _parse_axis(name: str, values: Any, where: str, fail,
             fail(where, f"empty range {values!r} (the end is below the start)")
         # Counted before it is materialised: `0..999999999` is a number, not a list.
         if hi_i - lo_i + 1 > max_values:
-            fail(where, f"range {values!r} has {hi_i - lo_i + 1:,} values, above the limit of "
-                        f"{max_values:,} trials (--max-trials to raise it)")
+            fail(
+                where,
+                f"range {values!r} has {hi_i - lo_i + 1:,} values, above the limit of "
+                f"{max_values:,} trials (--max-trials to raise it)",
+            )
         values = list(range(lo_i, hi_i + 1))
     if not isinstance(values, list):
         fail(where, f"expected a list of values or a range like 0..9, got {values!r}")
@@ -375,9 +393,16 @@ def _parse_axis(name: str, values: Any, where: str, fail,
 
 # ---- expansion ----------------------------------------------------------------------------
 
-def _expand_block(fixed: dict[str, Any], axes: dict[str, list[Any]], zips: list[list[str]],
-                  excludes: list[dict[str, Any]], where: str, fail,
-                  warnings: list[str] | None = None) -> list[dict[str, Any]]:
+
+def _expand_block(
+    fixed: dict[str, Any],
+    axes: dict[str, list[Any]],
+    zips: list[list[str]],
+    excludes: list[dict[str, Any]],
+    where: str,
+    fail,
+    warnings: list[str] | None = None,
+) -> list[dict[str, Any]]:
     zipped: dict[str, list[str]] = {}
     for gi, group in enumerate(zips):
         if len(group) < 2:
@@ -390,8 +415,10 @@ def _expand_block(fixed: dict[str, Any], axes: dict[str, list[Any]], zips: list[
             zipped[name] = group
         lengths = {len(axes[n]) for n in group}
         if len(lengths) > 1:
-            fail(f"{where}zip[{gi}]", "zipped axes must have equal lengths, got "
-                 + ", ".join(f"{n}: {len(axes[n])}" for n in group))
+            fail(
+                f"{where}zip[{gi}]",
+                "zipped axes must have equal lengths, got " + ", ".join(f"{n}: {len(axes[n])}" for n in group),
+            )
     # One factor per free axis or zip group, in declaration order.
     factors: list[list[dict[str, Any]]] = []
     done: set[str] = set()
@@ -422,8 +449,7 @@ def _expand_block(fixed: dict[str, Any], axes: dict[str, list[Any]], zips: list[
     if warnings is not None:
         for ei, n in enumerate(used):
             if n == 0:
-                warnings.append(f"{where}exclude[{ei}] {excludes[ei]!r} matches no combination "
-                                "(a misspelt value?)")
+                warnings.append(f"{where}exclude[{ei}] {excludes[ei]!r} matches no combination (a misspelt value?)")
     return out
 
 
@@ -466,21 +492,24 @@ def _validate_trial(params: dict[str, Any], where: str, fail, built: set[str]) -
         fail(where, str(exc))
     # Build each distinct model and task once on the CPU: constructor-level errors (heads that
     # do not divide the width, a task that cannot be laid out) fail here, not in trial 417.
-    sig = repr((top["arm"], top["d_model"], top["n_layers"], sorted(knobs.items()),
-                top["task"], sorted(task_params.items())))
+    sig = repr(
+        (top["arm"], top["d_model"], top["n_layers"], sorted(knobs.items()), top["task"], sorted(task_params.items()))
+    )
     if sig not in built:
         built.add(sig)
         try:
             task = tasks.build(top["task"], **task_params)
-            cells.build(top["arm"], vocab_size=task.vocab_size, d_model=top["d_model"],
-                        n_layers=top["n_layers"], **knobs)
+            cells.build(
+                top["arm"], vocab_size=task.vocab_size, d_model=top["d_model"], n_layers=top["n_layers"], **knobs
+            )
         except (ValueError, TypeError, AssertionError) as exc:
             fail(where, f"cannot build {top['arm']!r} on {top['task']!r}: {exc}")
     return resolved
 
 
-def _match(params: dict[str, Any], mp: MatchParams, where: str, fail,
-           matched: dict[tuple, dict[str, Any]]) -> dict[str, Any]:
+def _match(
+    params: dict[str, Any], mp: MatchParams, where: str, fail, matched: dict[tuple, dict[str, Any]]
+) -> dict[str, Any]:
     """Set ``model.mlp_hidden`` so this trial's model has ``mp.target`` parameters."""
     import tasks
 
@@ -494,13 +523,13 @@ def _match(params: dict[str, Any], mp: MatchParams, where: str, fail,
     try:
         vocab = tasks.build(top["task"], **task_params).vocab_size
         if mp.arms is not None and top["arm"] not in mp.arms:
-            row = unmatched(top["arm"], vocab, top["d_model"], top["n_layers"],
-                            tuple(sorted(knobs.items())))
+            row = unmatched(top["arm"], vocab, top["d_model"], top["n_layers"], tuple(sorted(knobs.items())))
             sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
             matched.setdefault(sig, {**row, "knobs": dict(knobs)})
             return params
-        row = solve(top["arm"], vocab, top["d_model"], top["n_layers"],
-                    tuple(sorted(knobs.items())), mp.target, mp.tolerance)
+        row = solve(
+            top["arm"], vocab, top["d_model"], top["n_layers"], tuple(sorted(knobs.items())), mp.target, mp.tolerance
+        )
     except (ValueError, TypeError) as exc:
         fail(f"match_params ({where})", str(exc))
     sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
@@ -508,8 +537,13 @@ def _match(params: dict[str, Any], mp: MatchParams, where: str, fail,
     return {**params, f"model.{LEVER}": row[LEVER]}
 
 
-def load(path: str | Path | None = None, *, text: str | None = None,
-         max_trials: int = DEFAULT_MAX_TRIALS, node_memory: int | None = None) -> Sweep:
+def load(
+    path: str | Path | None = None,
+    *,
+    text: str | None = None,
+    max_trials: int = DEFAULT_MAX_TRIALS,
+    node_memory: int | None = None,
+) -> Sweep:
     """Read, validate and expand a spec. Raises SpecError (a one-line UserError).
 
     ``max_trials`` caps the design (counted from the axis sizes before anything is
@@ -523,8 +557,9 @@ def load(path: str | Path | None = None, *, text: str | None = None,
         try:
             p = Path(path)  # type: ignore[arg-type]
             if p.is_file() and p.stat().st_size > MAX_SPEC_BYTES:
-                raise SpecError(f"{label}: {p.stat().st_size:,} bytes, above the "
-                                f"{MAX_SPEC_BYTES:,}-byte limit of a spec")
+                raise SpecError(
+                    f"{label}: {p.stat().st_size:,} bytes, above the {MAX_SPEC_BYTES:,}-byte limit of a spec"
+                )
             text = p.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise SpecError(f"{label}: no such file") from None
@@ -606,9 +641,11 @@ def load(path: str | Path | None = None, *, text: str | None = None,
     memory = node_memory if node_memory is not None else _node_memory_bytes()
     total = sum(_design_size(axes, zips) for _, _, axes, zips, _ in designs)
     if total > max_trials:
-        fail("axes" if not spec.blocks else "blocks",
-             f"the design has {total:,} combinations (before exclude), above the limit of "
-             f"{max_trials:,} trials (--max-trials to raise it)")
+        fail(
+            "axes" if not spec.blocks else "blocks",
+            f"the design has {total:,} combinations (before exclude), above the limit of "
+            f"{max_trials:,} trials (--max-trials to raise it)",
+        )
     for pre, fixed, axes, zips, excludes in designs:
         for name in ("arm", "task"):
             if name not in fixed and name not in axes:
@@ -617,15 +654,17 @@ def load(path: str | Path | None = None, *, text: str | None = None,
             union = axes_union.setdefault(name, [])
             union.extend(v for v in values if v not in union)
         for params in _expand_block(fixed, axes, zips, excludes, pre, fail, warnings):
-            where = (f"{pre}axes ({', '.join(f'{k}={params[k]!r}' for k in axes)})"
-                     if axes else f"{pre}fixed")
+            where = f"{pre}axes ({', '.join(f'{k}={params[k]!r}' for k in axes)})" if axes else f"{pre}fixed"
             if spec.match_params is not None:
                 params = _match(params, spec.match_params, where, fail, matched)
             _memory_check(params, where, fail, memory)
             resolved = _validate_trial(params, where, fail, built)
             if resolved.get("eval_every", 0) > resolved.get("steps", 0):
-                fail(where, f"eval_every ({resolved['eval_every']}) is above steps "
-                            f"({resolved['steps']}): the trial would never be evaluated")
+                fail(
+                    where,
+                    f"eval_every ({resolved['eval_every']}) is above steps "
+                    f"({resolved['steps']}): the trial would never be evaluated",
+                )
             key = trial_key(resolved)
             if key not in seen:
                 seen.add(key)
@@ -641,24 +680,39 @@ def load(path: str | Path | None = None, *, text: str | None = None,
         except UserError as exc:
             raise SpecError(f"{label}: {exc}") from None
     if spec.stop is not None and spec.pack_seeds != 1:
-        fail("stop", "needs pack_seeds: 1 (a seed pack trains its members in lockstep, so one "
-                     "member cannot stop alone)")
+        fail(
+            "stop", "needs pack_seeds: 1 (a seed pack trains its members in lockstep, so one member cannot stop alone)"
+        )
     thresholds: dict[str, Any] = {}
     if spec.sequential is not None or spec.stop is not None:
         # Imported only here: the analysis package loads pandas and the statistics.
         from orchestrator.analysis.config import AnalysisConfig
 
         acfg = AnalysisConfig.model_validate(spec.analysis or {})
-        thresholds = {"lockin": acfg.lockin, "escape_at": acfg.escape_at, "metric": acfg.metric,
-                      "horizon": acfg.horizon}
+        thresholds = {
+            "lockin": acfg.lockin,
+            "escape_at": acfg.escape_at,
+            "metric": acfg.metric,
+            "horizon": acfg.horizon,
+        }
         if spec.stop is not None and spec.stop.escape_at is None:
             # The trial decides from its own trace, so the threshold travels with the spec.
             spec.stop.escape_at = acfg.escape_at
     # The spec text is stored with the sweep: a password in a URL never reaches the database.
     stored = redact(text)
     if stored != text:
-        warnings.append("the spec holds a password in a URL; it is stored as *** — put it in "
-                        "PGPASSFILE (~/.pgpass) or the environment (PGPASSWORD, $ORCH_DB) instead")
-    return Sweep(spec=spec, path=Path(path) if path is not None else None, text=stored,
-                 trials=trials, axes=axes_union, matched=list(matched.values()),
-                 sequential=sequential, thresholds=thresholds, warnings=warnings)
+        warnings.append(
+            "the spec holds a password in a URL; it is stored as *** — put it in "
+            "PGPASSFILE (~/.pgpass) or the environment (PGPASSWORD, $ORCH_DB) instead"
+        )
+    return Sweep(
+        spec=spec,
+        path=Path(path) if path is not None else None,
+        text=stored,
+        trials=trials,
+        axes=axes_union,
+        matched=list(matched.values()),
+        sequential=sequential,
+        thresholds=thresholds,
+        warnings=warnings,
+    )

@@ -5,6 +5,7 @@ Stored as the plain strings of the values (the ``trials.status`` column is a ``V
 its string. Member names equal their values, so nothing depends on whether a driver or
 serializer writes an ``Enum`` by name or by value.
 """
+
 from __future__ import annotations
 
 import enum

@@ -1,6 +1,7 @@
 """YAML loading that refuses what PyYAML silently accepts: duplicate keys (the last one would
 win and an axis would vanish) and YAML 1.1's reading of ``1e-3`` as a string. Merge keys
 (``<<``) work as YAML defines them: merged keys are defaults, written keys override them."""
+
 from __future__ import annotations
 
 import re
@@ -20,16 +21,19 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 # YAML 1.1 requires a dot in floats, so `1e-3` would load as the string "1e-3".
-_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
     |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""", re.X)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
 _StrictLoader.yaml_implicit_resolvers = {
     k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT,
-                                    list("-+0123456789."))
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):

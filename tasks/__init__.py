@@ -14,10 +14,24 @@ Python API::
 See :mod:`tasks.base` for the conventions shared by all tasks and each task module for its
 layout and token ranges.
 """
+
 from tasks.base import IGNORE, Task
 from tasks.curriculum import Curriculum, GatedGap, RampGap, UniformGap
 from tasks.registry import NAMES, REGISTRY, build, params, register_task, validate
 from tasks.seeding import train_generator
 
-__all__ = ["IGNORE", "NAMES", "REGISTRY", "Curriculum", "GatedGap", "RampGap", "Task",
-           "UniformGap", "build", "params", "register_task", "train_generator", "validate"]
+__all__ = [
+    "IGNORE",
+    "NAMES",
+    "REGISTRY",
+    "Curriculum",
+    "GatedGap",
+    "RampGap",
+    "Task",
+    "UniformGap",
+    "build",
+    "params",
+    "register_task",
+    "train_generator",
+    "validate",
+]

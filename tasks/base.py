@@ -12,6 +12,7 @@ Conventions (all tasks):
   tokens. The rebinding control re-assembles the eval components with the table's values
   deranged (:mod:`tasks.derangement`), keeping the original values as targets.
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -51,8 +52,7 @@ class Task:
         """The resolved parameters (defaults filled in)."""
         return self.cfg.model_dump()
 
-    def train_batch(self, batch_size: int, generator: torch.Generator,
-                    curriculum_state: dict | None = None) -> Batch:
+    def train_batch(self, batch_size: int, generator: torch.Generator, curriculum_state: dict | None = None) -> Batch:
         """One training batch ``(inputs, targets)`` on ``generator.device``."""
         comp = self._sample(batch_size, generator, self._train_layout(curriculum_state, generator))
         inputs, targets, _ = self._assemble(comp)

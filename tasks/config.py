@@ -5,6 +5,7 @@ misspelt knob or a float where an int belongs must fail the sweep at submit time
 silently coerced or dropped in a 500-trial sweep. :func:`validate_params` turns pydantic's
 multi-line report into one line that names the parameter, what it expects and what it got.
 """
+
 from __future__ import annotations
 
 import types
@@ -78,8 +79,6 @@ def validate_params(task: str, model: type[TaskConfig], params: dict[str, Any]) 
         name = str(err["loc"][0]) if err["loc"] else "?"
         info = model.model_fields.get(name)
         expects = describe_field(info) if info is not None else err["msg"]
-        raise ValueError(
-            f"parameter {name!r} for task {task!r} expects {expects}, got {err.get('input')!r}"
-        ) from None
+        raise ValueError(f"parameter {name!r} for task {task!r} expects {expects}, got {err.get('input')!r}") from None
     cfg.check(task)
     return cfg

@@ -23,6 +23,7 @@ The machines count observations (``t``), so the loop may number its steps from 0
 State is plain Python (``state_dict`` / ``load_state_dict``) so it survives ``torch.save`` and
 JSON inside a trial checkpoint.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,13 +55,20 @@ class Curriculum:
         return {"curriculum_cap": float(self.cap)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "max_gap": self.max_gap, "cap": int(self.cap),
-                "steps_seen": int(self.steps_seen), "last_step": self.last_step}
+        return {
+            "kind": self.kind,
+            "max_gap": self.max_gap,
+            "cap": int(self.cap),
+            "steps_seen": int(self.steps_seen),
+            "last_step": self.last_step,
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         if d.get("kind") != self.kind or int(d.get("max_gap", -1)) != self.max_gap:
-            raise ValueError(f"curriculum state is for {d.get('kind')!r} with max_gap "
-                             f"{d.get('max_gap')}, not {self.kind!r} with max_gap {self.max_gap}")
+            raise ValueError(
+                f"curriculum state is for {d.get('kind')!r} with max_gap "
+                f"{d.get('max_gap')}, not {self.kind!r} with max_gap {self.max_gap}"
+            )
         self.cap = int(d["cap"])
         self.steps_seen = int(d["steps_seen"])
         self.last_step = None if d.get("last_step") is None else int(d["last_step"])
@@ -108,8 +116,9 @@ class GatedGap(Curriculum):
 
     kind = "gated"
 
-    def __init__(self, max_gap: int, start: int, threshold: float = 0.6, every: int = 25,
-                 step: int = 1, ema: float = 0.9) -> None:
+    def __init__(
+        self, max_gap: int, start: int, threshold: float = 0.6, every: int = 25, step: int = 1, ema: float = 0.9
+    ) -> None:
         super().__init__(max_gap)
         self.cap = min(int(start), self.max_gap)
         self.threshold = float(threshold)
@@ -122,8 +131,7 @@ class GatedGap(Curriculum):
     def observe(self, step: int, probe_acc: float) -> None:
         super().observe(step, probe_acc)
         self.estimate = self.ema * self.estimate + (1.0 - self.ema) * float(probe_acc)
-        if (self.steps_seen % self.every == 0 and self.estimate >= self.threshold
-                and self.cap < self.max_gap):
+        if self.steps_seen % self.every == 0 and self.estimate >= self.threshold and self.cap < self.max_gap:
             self.cap = min(self.max_gap, self.cap + self.step)
             self.advances += 1
 
@@ -131,9 +139,15 @@ class GatedGap(Curriculum):
         return {**super().metrics(), "curriculum_estimate": float(self.estimate)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "threshold": self.threshold, "every": self.every,
-                "step": self.step, "ema": self.ema, "estimate": float(self.estimate),
-                "advances": int(self.advances)}
+        return {
+            **super().state_dict(),
+            "threshold": self.threshold,
+            "every": self.every,
+            "step": self.step,
+            "ema": self.ema,
+            "estimate": float(self.estimate),
+            "advances": int(self.advances),
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         super().load_state_dict(d)

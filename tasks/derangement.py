@@ -17,6 +17,7 @@ A slot and its image are then never in the same run, which needs ``n >= 2m``; ro
 value fills more than half the table admit no value-changing derangement and are reported
 as infeasible (the caller leaves them unscored).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,9 @@ import torch
 from tasks.sampling import rand, randint
 
 
-def derange(values: torch.Tensor, gen: torch.Generator, valid: torch.Tensor | None = None,
-            n_symbols: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def derange(
+    values: torch.Tensor, gen: torch.Generator, valid: torch.Tensor | None = None, n_symbols: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(sigma, feasible)`` for ``values`` of shape ``(B, K)`` (int64, non-negative).
 
     ``sigma`` (``(B, K)`` int64): rebound value of slot ``i`` is ``values[b, sigma[b, i]]``;
@@ -70,8 +72,9 @@ def derange(values: torch.Tensor, gen: torch.Generator, valid: torch.Tensor | No
     return sigma, feasible
 
 
-def check_derangement(values: torch.Tensor, sigma: torch.Tensor, feasible: torch.Tensor,
-                      valid: torch.Tensor | None = None) -> list[str]:
+def check_derangement(
+    values: torch.Tensor, sigma: torch.Tensor, feasible: torch.Tensor, valid: torch.Tensor | None = None
+) -> list[str]:
     """Slow, independent check of :func:`derange`'s guarantees; returns failure lines (empty = ok).
 
     Loops in Python over rows so it shares no code path with the vectorised construction.

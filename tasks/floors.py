@@ -11,6 +11,7 @@ Names used by every task (Appendix C of the seed paper):
 * ``positional`` -- (collision) emit the value at a random *table position*; numerically the
   no-binding formula over the table (≈0.26 for 4 pairs and 54 values).
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,8 +58,13 @@ def distinct_key_distribution(n_slots: int, p_pair: float, n_keys: int) -> tuple
         if p_pair in (0.0, 1.0):
             w = 1.0 if (j == 0 and p_pair == 0.0) or (j == trials and p_pair == 1.0) else 0.0
         else:
-            w = math.exp(math.lgamma(trials + 1) - math.lgamma(j + 1) - math.lgamma(trials - j + 1)
-                         + j * log_p + (trials - j) * log_q)
+            w = math.exp(
+                math.lgamma(trials + 1)
+                - math.lgamma(j + 1)
+                - math.lgamma(trials - j + 1)
+                + j * log_p
+                + (trials - j) * log_q
+            )
         for d in range(n + 1):
             out[d] += w * occ[d]
     return tuple(out)

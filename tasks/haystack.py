@@ -20,6 +20,7 @@ supervised and scored. Values are iid uniform over ``n_values`` (chance ``1/54``
 Tokens: table keys ``[0, n_keys)``, [haystack: distractor keys ``[n_keys, n_keys + n_distractor_keys)``],
 values (next ``n_values``), ``PAD``, ``MASK``.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,24 +68,31 @@ class GapConfig(TaskConfig):
 
     def check(self, task: str) -> None:
         if self.n_pairs > self.n_keys:
-            raise ValueError(f"parameter 'n_pairs' for task {task!r} expects int <= n_keys "
-                             f"({self.n_keys}), got {self.n_pairs}")
+            raise ValueError(
+                f"parameter 'n_pairs' for task {task!r} expects int <= n_keys ({self.n_keys}), got {self.n_pairs}"
+            )
         if self.dense > self.n_pairs:
-            raise ValueError(f"parameter 'dense' for task {task!r} expects int <= n_pairs "
-                             f"({self.n_pairs}), got {self.dense}")
+            raise ValueError(
+                f"parameter 'dense' for task {task!r} expects int <= n_pairs ({self.n_pairs}), got {self.dense}"
+            )
         need = 2 * self.n_pairs + 2 * self.dense
         if self.L < need:
-            raise ValueError(f"parameter 'L' for task {task!r} expects int >= 2*n_pairs + "
-                             f"2*dense ({need}), got {self.L}")
+            raise ValueError(
+                f"parameter 'L' for task {task!r} expects int >= 2*n_pairs + 2*dense ({need}), got {self.L}"
+            )
         if self.gap is not None and self.gap > self.max_gap():
-            raise ValueError(f"parameter 'gap' for task {task!r} expects int <= max gap "
-                             f"{self.max_gap()} (pairs), got {self.gap}")
+            raise ValueError(
+                f"parameter 'gap' for task {task!r} expects int <= max gap {self.max_gap()} (pairs), got {self.gap}"
+            )
         if self.gap is not None and self.curriculum != "none":
-            raise ValueError(f"parameter 'gap' for task {task!r} expects None when curriculum is "
-                             f"{self.curriculum!r}, got {self.gap}")
+            raise ValueError(
+                f"parameter 'gap' for task {task!r} expects None when curriculum is {self.curriculum!r}, got {self.gap}"
+            )
         if self.ramp_start > self.max_gap():
-            raise ValueError(f"parameter 'ramp_start' for task {task!r} expects int <= max gap "
-                             f"{self.max_gap()} (pairs), got {self.ramp_start}")
+            raise ValueError(
+                f"parameter 'ramp_start' for task {task!r} expects int <= max gap "
+                f"{self.max_gap()} (pairs), got {self.ramp_start}"
+            )
 
 
 class HaystackConfig(GapConfig):
@@ -137,9 +145,8 @@ class GapTask(Task):
         else:
             d_keys = randint(self.cfg.n_distractor_keys, (batch, gap), gen) + self.distractor_offset
         d_values = randint(self.cfg.n_values, (batch, gap), gen)
-        query = random_permutation(batch, self.P, gen)[:, :self.N]
-        return {"keys": keys, "values": values, "d_keys": d_keys, "d_values": d_values,
-                "query": query, "gap": gap}
+        query = random_permutation(batch, self.P, gen)[:, : self.N]
+        return {"keys": keys, "values": values, "d_keys": d_keys, "d_values": d_values, "query": query, "gap": gap}
 
     def _assemble(self, comp: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         keys, values, query, gap = comp["keys"], comp["values"], comp["query"], comp["gap"]
@@ -151,7 +158,7 @@ class GapTask(Task):
         queries = interleave(keys.gather(1, query), torch.full_like(query, self.mask_token))
         inputs = torch.cat((pad, table, hay, queries), dim=1)
         targets = torch.full_like(inputs, IGNORE)
-        targets[:, self.seq_len - 2 * self.N + 1::2] = values.gather(1, query) + self.value_offset
+        targets[:, self.seq_len - 2 * self.N + 1 :: 2] = values.gather(1, query) + self.value_offset
         return inputs, targets, targets
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator):
@@ -160,9 +167,11 @@ class GapTask(Task):
 
     # ---- floors, curricula --------------------------------------------------------------------
     def floors(self) -> dict[str, float]:
-        out = {"value_marginal": fl.value_marginal(self.cfg.n_values),
-               "no_binding": fl.random_table_value(self.P, self.cfg.n_values),
-               "table": fl.table(self.P)}
+        out = {
+            "value_marginal": fl.value_marginal(self.cfg.n_values),
+            "no_binding": fl.random_table_value(self.P, self.cfg.n_values),
+            "table": fl.table(self.P),
+        }
         if self.collision:
             out["positional"] = fl.random_table_value(self.P, self.cfg.n_values)
         return out
@@ -176,8 +185,9 @@ class GapTask(Task):
             return RampGap(self.max_gap, c.ramp_start, steps)
         if c.curriculum == "gated":
             step = c.gate_step if c.gate_step is not None else max(1, math.ceil(self.max_gap / 20))
-            return GatedGap(self.max_gap, c.ramp_start, threshold=c.gate_threshold,
-                            every=c.gate_every, step=step, ema=c.gate_ema)
+            return GatedGap(
+                self.max_gap, c.ramp_start, threshold=c.gate_threshold, every=c.gate_every, step=step, ema=c.gate_ema
+            )
         return None
 
 

@@ -14,6 +14,7 @@ first use). Then ``PROBE k v``, with ``k`` uniform over the distinct keys seen.
 on noise, keys, values and the probe alike); eval scores only the final position, whose
 target is the probe key's value.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,11 +39,12 @@ class MADConfig(TaskConfig):
 
     def check(self, task: str) -> None:
         if self.seq_len % 2:
-            raise ValueError(f"parameter 'seq_len' for task {task!r} expects an even int, "
-                             f"got {self.seq_len}")
+            raise ValueError(f"parameter 'seq_len' for task {task!r} expects an even int, got {self.seq_len}")
         if self.vocab_size - 1 - self.noise_vocab_size < 4:
-            raise ValueError(f"parameter 'vocab_size' for task {task!r} expects int >= "
-                             f"noise_vocab_size + 5 ({self.noise_vocab_size + 5}), got {self.vocab_size}")
+            raise ValueError(
+                f"parameter 'vocab_size' for task {task!r} expects int >= "
+                f"noise_vocab_size + 5 ({self.noise_vocab_size + 5}), got {self.vocab_size}"
+            )
 
 
 class MADRecall(Task):
@@ -76,12 +78,18 @@ class MADRecall(Task):
         noise = randint(self.cfg.noise_vocab_size, (batch, n, 2), gen) + self.noise_offset
         seen = torch.zeros((batch, self.n_keys + 1), dtype=torch.bool, device=is_pair.device)
         seen.scatter_(1, torch.where(is_pair, slot_keys, self.n_keys), True)
-        seen = seen[:, :self.n_keys]
+        seen = seen[:, : self.n_keys]
         # Uniform over the seen keys: the largest of iid uniforms restricted to them.
         score = torch.where(seen, rand((batch, self.n_keys), gen), -1.0)
         probe = score.argmax(dim=1)
-        return {"is_pair": is_pair, "slot_keys": slot_keys, "table": table, "noise": noise,
-                "seen": seen, "probe": probe}
+        return {
+            "is_pair": is_pair,
+            "slot_keys": slot_keys,
+            "table": table,
+            "noise": noise,
+            "seen": seen,
+            "probe": probe,
+        }
 
     def _assemble(self, comp: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         is_pair, keys, table, noise = comp["is_pair"], comp["slot_keys"], comp["table"], comp["noise"]
@@ -107,7 +115,8 @@ class MADRecall(Task):
 
     def floors(self) -> dict[str, float]:
         nv = self.n_values
-        return {"value_marginal": fl.value_marginal(nv),
-                "no_binding": fl.expected_over_distinct_keys(
-                    *self._d_args(), lambda d: fl.random_table_value(d, nv)),
-                "table": fl.expected_over_distinct_keys(*self._d_args(), fl.table)}
+        return {
+            "value_marginal": fl.value_marginal(nv),
+            "no_binding": fl.expected_over_distinct_keys(*self._d_args(), lambda d: fl.random_table_value(d, nv)),
+            "table": fl.expected_over_distinct_keys(*self._d_args(), fl.table),
+        }

@@ -12,6 +12,7 @@ before it. Loss and scoring only at the MASK positions.
 Tokens: keys ``[0, n_keys)``, values ``[n_keys, n_keys + n_values)``, ``MASK`` last
 (defaults: 64 + 26 + 1 = 91, the prototype's layout).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -35,8 +36,7 @@ class MQARConfig(TaskConfig):
 
     def check(self, task: str) -> None:
         if self.K > self.n_keys:
-            raise ValueError(f"parameter 'K' for task {task!r} expects int <= n_keys "
-                             f"({self.n_keys}), got {self.K}")
+            raise ValueError(f"parameter 'K' for task {task!r} expects int <= n_keys ({self.n_keys}), got {self.K}")
 
 
 class MQAR(Task):
@@ -69,7 +69,7 @@ class MQAR(Task):
         queries = interleave(keys.gather(1, order), torch.full_like(order, self.mask_token))
         inputs = torch.cat((table, queries), dim=1)
         targets = torch.full_like(inputs, IGNORE)
-        targets[:, 2 * self.K + 1::2] = values.gather(1, order) + self.value_offset
+        targets[:, 2 * self.K + 1 :: 2] = values.gather(1, order) + self.value_offset
         assert targets.shape == (b, self.seq_len)
         return inputs, targets, targets
 
@@ -78,6 +78,8 @@ class MQAR(Task):
         return {**comp, "values": comp["values"].gather(1, sigma)}, feasible
 
     def floors(self) -> dict[str, float]:
-        return {"value_marginal": fl.value_marginal(self.cfg.n_values),
-                "no_binding": fl.random_table_value(self.K, self.cfg.n_values),
-                "table": fl.table(self.K)}
+        return {
+            "value_marginal": fl.value_marginal(self.cfg.n_values),
+            "no_binding": fl.random_table_value(self.K, self.cfg.n_values),
+            "table": fl.table(self.K),
+        }

@@ -1,5 +1,6 @@
 """The published settings of each task (seed papers), used by ``orchestrator tasks --floors``,
 the rebinding self-test and ``orchestrator bench tasks``."""
+
 from __future__ import annotations
 
 from typing import Any

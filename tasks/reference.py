@@ -7,6 +7,7 @@ answers must all differ from the original targets). Returns ``{position: answer_
 every position the task scores at evaluation (``scored``) -- for MAD training targets are
 checked separately as the next token.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -98,12 +99,12 @@ def table_values(task: Task, seq: Sequence[int]) -> list[int]:
     value bound to each distinct key, in order of the key's first use."""
     seq = list(seq)
     if isinstance(task, MQAR):
-        return seq[1:2 * task.K:2]
+        return seq[1 : 2 * task.K : 2]
     if isinstance(task, GapTask):
         start = next(i for i, tok in enumerate(seq) if tok != task.pad_token)
-        return seq[start + 1:start + 2 * task.P:2]
+        return seq[start + 1 : start + 2 * task.P : 2]
     if isinstance(task, (ARScaling, MQARScaling)):
-        return seq[1:2 * task.Nf:2]
+        return seq[1 : 2 * task.Nf : 2]
     if isinstance(task, MADRecall):
         first: dict[int, int] = {}
         for t in range(0, len(seq) - 2, 2):

@@ -1,4 +1,5 @@
 """The one registry of tasks: name -> task class (whose ``Config`` holds its parameters)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,9 @@ from tasks.mqar import MQAR
 from tasks.s5 import S5
 from tasks.scaling import ARScaling, MQARScaling
 
-REGISTRY: dict[str, type[Task]] = {cls.name: cls for cls in (
-    MQAR, Haystack, Collision, S5, MADRecall, ARScaling, MQARScaling)}
+REGISTRY: dict[str, type[Task]] = {
+    cls.name: cls for cls in (MQAR, Haystack, Collision, S5, MADRecall, ARScaling, MQARScaling)
+}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 BUILTIN: frozenset[str] = frozenset(REGISTRY)
 

@@ -15,6 +15,7 @@ answer token is visible to any other. Training supervises every slot; eval score
 slot (``score='final'``) or every slot of depth >= 2 (``score='all'``; depth 1 is a copy of a
 visible token, so it is never scored).
 """
+
 from __future__ import annotations
 
 import functools

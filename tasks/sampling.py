@@ -4,6 +4,7 @@ Every function draws from the given ``torch.Generator`` and creates its tensors 
 generator's device, so a batch is a pure function of the generator state (determinism per
 seed) and needs no host round trip beyond what is stated.
 """
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ scored.
 Built for ``V`` up to 50K and ``L`` up to 4K: keys are drawn without replacement by row-wise
 rejection when ``n_facts**2 <= V/2`` (cost independent of ``V``), else by top-k of uniforms.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,12 +47,16 @@ class ScalingConfig(TaskConfig):
 
     def check(self, task: str) -> None:
         if self.n_facts > self.n_keys():
-            raise ValueError(f"parameter 'n_facts' for task {task!r} expects int <= number of "
-                             f"keys V//2 - 1 ({self.n_keys()}), got {self.n_facts}")
+            raise ValueError(
+                f"parameter 'n_facts' for task {task!r} expects int <= number of "
+                f"keys V//2 - 1 ({self.n_keys()}), got {self.n_facts}"
+            )
         need = 2 * self.n_facts + 2 * self.n_queries_resolved() - (1 if task == "ar_scaling" else 0)
         if self.seq_len < need:
-            raise ValueError(f"parameter 'seq_len' for task {task!r} expects int >= {need} "
-                             f"for {self.n_facts} facts, got {self.seq_len}")
+            raise ValueError(
+                f"parameter 'seq_len' for task {task!r} expects int >= {need} "
+                f"for {self.n_facts} facts, got {self.seq_len}"
+            )
 
 
 class ARScalingConfig(ScalingConfig):
@@ -68,8 +73,9 @@ class MQARScalingConfig(ScalingConfig):
 
     def check(self, task: str) -> None:
         if self.n_queries is not None and self.n_queries > self.n_facts:
-            raise ValueError(f"parameter 'n_queries' for task {task!r} expects int <= n_facts "
-                             f"({self.n_facts}), got {self.n_queries}")
+            raise ValueError(
+                f"parameter 'n_queries' for task {task!r} expects int <= n_facts ({self.n_facts}), got {self.n_queries}"
+            )
         super().check(task)
 
 
@@ -102,9 +108,11 @@ class _Scaling(Task):
         return {**comp, "values": comp["values"].gather(1, sigma)}, feasible
 
     def floors(self) -> dict[str, float]:
-        return {"value_marginal": fl.value_marginal(self.n_values),
-                "no_binding": fl.random_table_value(self.Nf, self.n_values),
-                "table": fl.table(self.Nf)}
+        return {
+            "value_marginal": fl.value_marginal(self.n_values),
+            "no_binding": fl.random_table_value(self.Nf, self.n_values),
+            "table": fl.table(self.Nf),
+        }
 
 
 class ARScaling(_Scaling):
@@ -121,7 +129,7 @@ class ARScaling(_Scaling):
         keys, values, query = comp["keys"], comp["values"], comp["query"]
         b = keys.shape[0]
         inputs = torch.zeros((b, self.seq_len), dtype=torch.long, device=keys.device)
-        inputs[:, :2 * self.Nf] = self._table_tokens(keys, values)
+        inputs[:, : 2 * self.Nf] = self._table_tokens(keys, values)
         inputs[:, -1] = keys.gather(1, query).squeeze(1) + self.key_offset
         targets = torch.full_like(inputs, IGNORE)
         targets[:, -1] = values.gather(1, query).squeeze(1) + self.value_offset
@@ -150,7 +158,7 @@ class MQARScaling(_Scaling):
         keys, values, slots, which = comp["keys"], comp["values"], comp["slots"], comp["which"]
         b = keys.shape[0]
         inputs = torch.zeros((b, self.seq_len), dtype=torch.long, device=keys.device)
-        inputs[:, :2 * self.Nf] = self._table_tokens(keys, values)
+        inputs[:, : 2 * self.Nf] = self._table_tokens(keys, values)
         pos = 2 * self.Nf + 2 * slots
         inputs.scatter_(1, pos, keys.gather(1, which) + self.key_offset)
         targets = torch.full_like(inputs, IGNORE)

@@ -5,14 +5,14 @@ distinct two-bit tag per stream. So no seed of one stream can ever equal a seed 
 whatever integers the caller passes: the eval set can never be a replay of some training
 run's batches. Within a stream, splitmix64 decorrelates neighbouring integer seeds.
 """
+
 from __future__ import annotations
 
 import torch
 
 _MASK64 = (1 << 64) - 1
 STREAM_TAGS: dict[str, int] = {"train": 0, "eval": 1, "rebind": 2}
-_SALTS: dict[str, int] = {"train": 0x7A3C_11D5_0B9E_64F1, "eval": 0x1F2E_3D4C_5B6A_7988,
-                          "rebind": 0x5EED_0F_C0DE_BEEF}
+_SALTS: dict[str, int] = {"train": 0x7A3C_11D5_0B9E_64F1, "eval": 0x1F2E_3D4C_5B6A_7988, "rebind": 0x5EED_0F_C0DE_BEEF}
 
 
 def splitmix64(x: int) -> int:

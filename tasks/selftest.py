@@ -10,6 +10,7 @@ Two layers, both checked by code independent of the construction:
    (a bijection), no table slot keeps its value (no fixed point), every scored answer differs
    from the original target (every answer changed), and nothing but table values moved.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -41,12 +42,14 @@ def derangement_check(seed: int = 0, rows: int = 2000) -> Check:
             vals = random_multiset_rows(rows // 20, k, n_symbols, gen)
             for valid in (None, rand(vals.shape, gen) < 0.7):
                 sigma, feasible = derange(vals, gen, valid=valid, n_symbols=n_symbols)
-                problems += [f"K={k} symbols={n_symbols}: {p}"
-                             for p in check_derangement(vals, sigma, feasible, valid)]
+                problems += [f"K={k} symbols={n_symbols}: {p}" for p in check_derangement(vals, sigma, feasible, valid)]
                 infeasible += int((~feasible).sum())
                 total += feasible.numel()
-    detail = (f"{total} adversarial rows, {infeasible} correctly flagged infeasible"
-              if not problems else "; ".join(problems[:5]))
+    detail = (
+        f"{total} adversarial rows, {infeasible} correctly flagged infeasible"
+        if not problems
+        else "; ".join(problems[:5])
+    )
     return Check("derangement construction", not problems, detail)
 
 
@@ -78,8 +81,11 @@ def task_check(task: Task, label: str, seed: int = 0) -> Check:
                 problems.append(f"row {b}: a token other than a table value moved")
         if len(problems) > 20:
             break
-    detail = (f"{scored} scored answers all changed, {unscored_rows} infeasible rows unscored"
-              if not problems else "; ".join(problems[:5]))
+    detail = (
+        f"{scored} scored answers all changed, {unscored_rows} infeasible rows unscored"
+        if not problems
+        else "; ".join(problems[:5])
+    )
     return Check(f"rebinding {label}", not problems, detail)
 
 

@@ -6,6 +6,7 @@ float reductions are the same in every test process.
 ``db_url`` runs a test once on a fresh SQLite file and, when ``ORCH_TEST_POSTGRES_URL`` is set
 (``.ci/run`` sets it), once on PostgreSQL in a schema of its own that is dropped afterwards.
 """
+
 from __future__ import annotations
 
 import os

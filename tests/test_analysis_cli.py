@@ -1,6 +1,7 @@
 """``orchestrator analyze`` and ``orchestrator bench analysis`` through the real entry
 point: the JSON shapes scripts rely on, flags over a spec's analysis block, one-line
 errors."""
+
 from __future__ import annotations
 
 import json
@@ -14,20 +15,24 @@ from orchestrator.store.engine import open_store_engine
 
 GRID = [1] + list(range(200, 2001, 200))
 # (variant, lr) -> escape steps of seeds 0..5 (None: stays at chance)
-ESCAPES = {("baseline", 0.001): [None, None, None, 1800, None, None],
-           ("baseline", 0.003): [1400, None, 2000, None, None, 1000],
-           ("ns5", 0.001): [800, 1200, None, 600, 1600, None],
-           ("ns5", 0.003): [400, 600, 800, 400, 1000, 1200]}
+ESCAPES = {
+    ("baseline", 0.001): [None, None, None, 1800, None, None],
+    ("baseline", 0.003): [1400, None, 2000, None, None, 1000],
+    ("ns5", 0.001): [800, 1200, None, 600, 1600, None],
+    ("ns5", 0.003): [400, 600, 800, 400, 1000, 1200],
+}
 
 
 def _records():
     out = []
     for (variant, lr), escapes in ESCAPES.items():
         for seed, esc in enumerate(escapes):
-            out.append({"params": {"arm": "mlstm", "seed": seed, "lr": lr,
-                                   "tag.variant": variant, "task.vocab_size": 80},
-                        "trace": [{"step": s, "acc": 0.9 if esc and s >= esc else 0.03}
-                                  for s in GRID]})
+            out.append(
+                {
+                    "params": {"arm": "mlstm", "seed": seed, "lr": lr, "tag.variant": variant, "task.vocab_size": 80},
+                    "trace": [{"step": s, "acc": 0.9 if esc and s >= esc else 0.03} for s in GRID],
+                }
+            )
     return out
 
 
@@ -53,8 +58,7 @@ def run_json(capsys, *argv):
 
 def test_json_shapes_of_every_analysis(url, capsys):
     base = ("analyze", "cli")
-    h = run_json(capsys, *base, "hazard", "--db", url, "--by", "variant",
-                 "--formula", "np.log(t) + C(lr) + C(variant)")
+    h = run_json(capsys, *base, "hazard", "--db", url, "--by", "variant", "--formula", "np.log(t) + C(lr) + C(variant)")
     assert set(h) >= {"n_intervals", "n_events", "terms"}
     n_esc = sum(e is not None for v in ESCAPES.values() for e in v)
     assert h["n_events"] == n_esc
@@ -64,18 +68,15 @@ def test_json_shapes_of_every_analysis(url, capsys):
     clog = run_json(capsys, *base, "hazard", "--db", url, "--link", "cloglog")
     assert clog["link"] == "cloglog" and clog["formula"] == "event ~ np.log(t)"
 
-    f = run_json(capsys, *base, "fisher", "--db", url, "--by", "variant",
-                 "--groups", "ns5,baseline")
+    f = run_json(capsys, *base, "fisher", "--db", url, "--by", "variant", "--groups", "ns5,baseline")
     want = fisher_exact([[10, 2], [4, 8]]).pvalue
     assert f["p_value"] == pytest.approx(want)
-    assert f["groups"] == {"ns5": {"k": 10, "n": 12, "rate": 10 / 12},
-                           "baseline": {"k": 4, "n": 12, "rate": 4 / 12}}
+    assert f["groups"] == {"ns5": {"k": 10, "n": 12, "rate": 10 / 12}, "baseline": {"k": 4, "n": 12, "rate": 4 / 12}}
     for kind in ("permutation", "logrank"):
         d = run_json(capsys, *base, kind, "--db", url, "--by", "variant")
         assert 0 <= d["p_value"] <= 1 and set(d["groups"]) == {"baseline", "ns5"}, kind
         assert "test_statistic" in d
-    mc = run_json(capsys, *base, "mcnemar", "--db", url, "--by", "variant",
-                  "--pair-on", "seed,lr")
+    mc = run_json(capsys, *base, "mcnemar", "--db", url, "--by", "variant", "--pair-on", "seed,lr")
     assert mc["n_pairs"] == 12 and (mc["only_a"], mc["only_b"]) == (0, 6)
     multi = run_json(capsys, *base, "logrank", "--db", url, "--by", "variant,lr")
     assert multi["kind"] == "multi-group" and len(multi["groups"]) == 4
@@ -83,11 +84,13 @@ def test_json_shapes_of_every_analysis(url, capsys):
     assert [c["cell"] for c in cells["cells"]] == [{"lr": 0.001}, {"lr": 0.003}]
     lock = run_json(capsys, *base, "lockin", "--db", url, "--by", "variant", "--strata", "lr")
     assert [(r["lr"], r["group"], r["k"], r["n"]) for r in lock] == [
-        (0.001, "baseline", 1, 6), (0.001, "ns5", 4, 6), (0.003, "baseline", 3, 6),
-        (0.003, "ns5", 6, 6)]
+        (0.001, "baseline", 1, 6),
+        (0.001, "ns5", 4, 6),
+        (0.003, "baseline", 3, 6),
+        (0.003, "ns5", 6, 6),
+    ]
     # --cells is the deprecated spelling of --strata: same result, a note on stderr.
-    code, out, err = run(capsys, *base, "lockin", "--db", url, "--by", "variant", "--cells", "lr",
-                         "--json")
+    code, out, err = run(capsys, *base, "lockin", "--db", url, "--by", "variant", "--cells", "lr", "--json")
     assert code == 0 and json.loads(out) == lock and "--cells is deprecated" in err
     code, _, err = run(capsys, *base, "lockin", "--db", url, "--strata", "lr", "--cells", "lr")
     assert code == 2 and "give one of them" in err
@@ -99,14 +102,27 @@ def test_json_shapes_of_every_analysis(url, capsys):
 
 def test_spec_analysis_block_with_flags_over_it(url, tmp_path, capsys):
     spec = tmp_path / "cli.yaml"
-    spec.write_text("name: cli\narms: [mlstm]\nanalysis:\n  by: variant\n  lockin: 0.95\n"
-                    "  compare: [ns5, baseline]\n")
+    spec.write_text("name: cli\narms: [mlstm]\nanalysis:\n  by: variant\n  lockin: 0.95\n  compare: [ns5, baseline]\n")
     d = run_json(capsys, "analyze", spec, "fisher", "--db", url)
     assert d["lockin"] == 0.95 and d["groups"]["ns5"]["k"] == 0  # 0.9 < 0.95: none locked
     d = run_json(capsys, "analyze", spec, "fisher", "--db", url, "--lockin", "0.8")
     assert list(d["groups"]) == ["ns5", "baseline"] and d["groups"]["ns5"]["k"] == 10
-    d = run_json(capsys, "analyze", spec, "fisher", "--db", url, "--by", "lr", "--lockin",
-                 "0.8", "--groups", "0.003,0.001", "--alternative", "greater")
+    d = run_json(
+        capsys,
+        "analyze",
+        spec,
+        "fisher",
+        "--db",
+        url,
+        "--by",
+        "lr",
+        "--lockin",
+        "0.8",
+        "--groups",
+        "0.003,0.001",
+        "--alternative",
+        "greater",
+    )
     assert d["groups"]["0.003"] == {"k": 9, "n": 12, "rate": 0.75}
     assert d["p_value"] == pytest.approx(fisher_exact([[9, 3], [5, 7]], "greater").pvalue)
     bad = tmp_path / "bad.yaml"
@@ -115,15 +131,18 @@ def test_spec_analysis_block_with_flags_over_it(url, tmp_path, capsys):
     assert code == 2 and "analysis: lockn" in err
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["nosuch"], "unknown analysis 'nosuch'"),
-    (["fisher", "--by", "colour"], "--by 'colour': no such parameter"),
-    (["fisher", "--by", "variant", "--groups", "ns5,ns6"], "no group 'ns6'"),
-    (["fisher", "--by", "lr,variant"], "compares two groups, found 4"),
-    (["fisher"], "needs --by"),
-    (["hazard", "--formula", "np.log(t) + C(colour)"], "--formula"),
-    (["lockin", "--metric", "worst"], "metric"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["nosuch"], "unknown analysis 'nosuch'"),
+        (["fisher", "--by", "colour"], "--by 'colour': no such parameter"),
+        (["fisher", "--by", "variant", "--groups", "ns5,ns6"], "no group 'ns6'"),
+        (["fisher", "--by", "lr,variant"], "compares two groups, found 4"),
+        (["fisher"], "needs --by"),
+        (["hazard", "--formula", "np.log(t) + C(colour)"], "--formula"),
+        (["lockin", "--metric", "worst"], "metric"),
+    ],
+)
 def test_errors_are_one_line_exit_2(url, capsys, argv, msg):
     code, out, err = run(capsys, "analyze", "cli", *argv, "--db", url)
     assert code == 2 and out == ""

@@ -1,5 +1,6 @@
 """Loading a sweep into pandas: parameter columns and aliases, the status filter, and
 ``--where`` evaluated safely away from the store."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,19 +15,34 @@ GRID = [1, 200, 400, 600]
 
 
 def _rec(seed, variant, vocab, lr, status="completed", final=0.9):
-    return {"params": {"arm": "mlstm", "seed": seed, "lr": lr, "optim.lr": lr / 10,
-                       "model.lr": lr * 10, "tag.variant": variant, "task.vocab_size": vocab,
-                       "task.seq_len": 768, "flags.conv": seed % 2 == 0,
-                       "model.dims": [32, 64]},
-            "trace": [{"step": s, "acc": 0.03 if s < 600 else final} for s in GRID],
-            "status": status}
+    return {
+        "params": {
+            "arm": "mlstm",
+            "seed": seed,
+            "lr": lr,
+            "optim.lr": lr / 10,
+            "model.lr": lr * 10,
+            "tag.variant": variant,
+            "task.vocab_size": vocab,
+            "task.seq_len": 768,
+            "flags.conv": seed % 2 == 0,
+            "model.dims": [32, 64],
+        },
+        "trace": [{"step": s, "acc": 0.03 if s < 600 else final} for s in GRID],
+        "status": status,
+    }
 
 
 @pytest.fixture
 def store(db_url):
     engine, _ = open_store_engine(db_url)
-    recs = [_rec(s, v, vocab, lr) for s in range(2) for v in ("baseline", "ns5")
-            for vocab in (80, 88) for lr in (1e-3, 3e-3)]
+    recs = [
+        _rec(s, v, vocab, lr)
+        for s in range(2)
+        for v in ("baseline", "ns5")
+        for vocab in (80, 88)
+        for lr in (1e-3, 3e-3)
+    ]
     recs.append(_rec(9, "ns5", 96, 1e-2, status="failed", final=0.01))
     write_records(engine, "grid", recs)
     write_records(engine, "other", [_rec(0, "baseline", 80, 1e-3)])
@@ -36,9 +52,23 @@ def store(db_url):
 def test_load_exposes_params_under_full_short_and_formula_names(store):
     trials, evals = oa.load(store, "grid")
     assert len(trials) == 16 and len(evals) == 16 * len(GRID)
-    for col in ("trial_id", "key", "status", "tag.variant", "variant", "tag_variant",
-                "task.vocab_size", "vocab_size", "task_vocab_size", "flags.conv", "conv",
-                "optim.lr", "optim_lr", "model_lr", "lr"):
+    for col in (
+        "trial_id",
+        "key",
+        "status",
+        "tag.variant",
+        "variant",
+        "tag_variant",
+        "task.vocab_size",
+        "vocab_size",
+        "task_vocab_size",
+        "flags.conv",
+        "conv",
+        "optim.lr",
+        "optim_lr",
+        "model_lr",
+        "lr",
+    ):
         assert col in trials.columns, col
     # "lr" is the top-level parameter, never an alias of optim.lr or model.lr.
     assert (trials["lr"] * 10 == trials["model.lr"]).all()

@@ -1,6 +1,7 @@
 """Discrete-time hazard fits: known ratios recovered from data simulated with them, the
 fit straight from the store equal to statsmodels called directly on intervals the test
 builds itself, the collapsed-rows fit equal to the row-by-row fit, and CI coverage."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,23 +41,30 @@ def simulate(rng, n_per_cell: int, link: str, collapse_p: float = 0.02):
                     if state == "plateau":
                         h = hazard_of(eta0 + TRUE["t"] * np.log(s / 1000), link)
                         ev = rng.random() < h
-                        intervals.append({"t": s, "event": int(ev), "lr": lr,
-                                          "variant": variant})
+                        intervals.append({"t": s, "event": int(ev), "lr": lr, "variant": variant})
                         if ev:
                             state = "escaped"
                         elif rng.random() < collapse_p:
                             state = "dead"
                     accs.append({"plateau": 0.02, "escaped": 0.93, "dead": 0.0}[state])
-                records.append({
-                    "params": {"arm": "mlstm", "seed": seed, "lr": lr, "batch_size": 16,
-                               "tag": {"variant": variant}, "task": {"vocab_size": 80}},
-                    "trace": [{"step": s, "acc": a, "loss": 1.0} for s, a in zip(GRID, accs)]})
+                records.append(
+                    {
+                        "params": {
+                            "arm": "mlstm",
+                            "seed": seed,
+                            "lr": lr,
+                            "batch_size": 16,
+                            "tag": {"variant": variant},
+                            "task": {"vocab_size": 80},
+                        },
+                        "trace": [{"step": s, "acc": a, "loss": 1.0} for s, a in zip(GRID, accs)],
+                    }
+                )
     return records, pd.DataFrame(intervals)
 
 
 FORMULA = "np.log(t) + C(lr) + C(variant)"
-TERMS = {"C(lr)[T.0.003]": TRUE["lr"], "C(variant)[T.ns5]": TRUE["ns5"],
-         "np.log(t)": TRUE["t"]}
+TERMS = {"C(lr)[T.0.003]": TRUE["lr"], "C(variant)[T.ns5]": TRUE["ns5"], "np.log(t)": TRUE["t"]}
 
 
 @pytest.mark.parametrize("link", ["logit", "cloglog"])
@@ -79,8 +87,7 @@ def test_hazard_from_the_store_recovers_known_ratios_and_matches_statsmodels(db_
         assert t["hr"] == pytest.approx(np.exp(t["coef"]))
         assert t["z"] == pytest.approx(t["coef"] / t["se"])
     # The same likelihood, built without any of the project's code.
-    fam = sm.families.Binomial(link=sm.families.links.Logit() if link == "logit"
-                               else sm.families.links.CLogLog())
+    fam = sm.families.Binomial(link=sm.families.links.Logit() if link == "logit" else sm.families.links.CLogLog())
     direct = smf.glm("event ~ " + FORMULA, data=intervals, family=fam).fit(tol=1e-12)
     for name in ["Intercept", *TERMS]:
         assert terms[name]["coef"] == pytest.approx(direct.params[name], rel=1e-6, abs=1e-9)
@@ -93,9 +100,14 @@ def _frame(records):
     """Person-period frame of records, through the project's events and expansion."""
     rows, params = [], []
     for i, r in enumerate(records):
-        params.append({"trial_id": i, "lr": r["params"]["lr"],
-                       "variant": r["params"]["tag"]["variant"],
-                       "batch_size": r["params"]["batch_size"]})
+        params.append(
+            {
+                "trial_id": i,
+                "lr": r["params"]["lr"],
+                "variant": r["params"]["tag"]["variant"],
+                "batch_size": r["params"]["batch_size"],
+            }
+        )
         rows += [(i, p["step"], p["acc"]) for p in r["trace"]]
     evals = pd.DataFrame(rows, columns=["trial_id", "step", "acc"])
     trials = pd.DataFrame(params).set_index("trial_id")
@@ -123,13 +135,11 @@ def test_escape_law_basis_recovers_heat_and_noise_elasticities():
     rows = []
     for lr in (1e-3, 3e-3, 1e-2):
         for batch in (4, 8, 16, 32, 64):
-            eta0 = -1.0 + heat * np.log(lr / 3e-3) + noise * np.log((lr ** 2 / batch)
-                                                                    / (3e-3 ** 2 / 16))
+            eta0 = -1.0 + heat * np.log(lr / 3e-3) + noise * np.log((lr**2 / batch) / (3e-3**2 / 16))
             for _ in range(150):
                 for s in GRID[1:]:
                     ev = rng.random() < hazard_of(eta0 - 2.5 + 0.5 * np.log(s / 1000), "logit")
-                    rows.append({"trial_id": len(rows), "t": s, "event": int(ev), "lr": lr,
-                                 "batch_size": batch})
+                    rows.append({"trial_id": len(rows), "t": s, "event": int(ev), "lr": lr, "batch_size": batch})
                     if ev:
                         break
     pp = pd.DataFrame(rows)
@@ -145,9 +155,11 @@ def test_collapsed_fit_equals_the_row_by_row_fit():
     records, _ = simulate(rng, 25, "logit")
     pp = _frame(records)
     pp["task.vocab_size"] = np.where(pp["trial_id"] % 3 == 0, 88, 80)
-    for formula in ("np.log(t) + C(lr) * C(variant)",
-                    "np.log(t) + C(variant) + C(Q('task.vocab_size'))",
-                    "np.log(t) + np.log(lr) + I(2*np.log(lr) - np.log(batch_size))"):
+    for formula in (
+        "np.log(t) + C(lr) * C(variant)",
+        "np.log(t) + C(variant) + C(Q('task.vocab_size'))",
+        "np.log(t) + np.log(lr) + I(2*np.log(lr) - np.log(batch_size))",
+    ):
         used = formula_columns("event ~ " + formula, pp.columns)
         assert used is not None and "t" in used
         fast = fit_hazard(pp, formula, collapse=True)

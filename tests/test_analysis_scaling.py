@@ -2,6 +2,7 @@
 statsmodels, recovery of a known boundary from simulated grids, the best-of-seeds reduction
 against brute force, and the command end to end on a database shaped like
 ``sweeps/recall_scaling.yaml``."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,7 @@ def test_probit_fit_without_floor_is_the_binomial_probit_glm():
     x = np.linspace(-2.5, 3.0, 31)
     y = rng.binomial(150, norm.cdf(-0.4 + 1.3 * x)) / 150
     f = fit_probit(x, y, 0.0)
-    glm = sm.GLM(y, sm.add_constant(x),
-                 family=sm.families.Binomial(link=sm.families.links.Probit())).fit(scale="X2")
+    glm = sm.GLM(y, sm.add_constant(x), family=sm.families.Binomial(link=sm.families.links.Probit())).fit(scale="X2")
     assert np.allclose([f.alpha, f.beta], glm.params, rtol=1e-5, atol=1e-6)
     assert np.allclose(f.cov, glm.cov_params(), rtol=1e-3)
     assert math.isclose(f.x50, -glm.params[0] / glm.params[1], rel_tol=1e-5)
@@ -76,9 +76,18 @@ def simulated_trials(kappa=0.5, vocabs=(256, 1024, 8192), seeds=3, seed=0) -> pd
                         acc = rng.binomial(4096, p) / 4096
                         if s > 0:
                             acc *= rng.uniform(0.2, 0.9)
-                        rows.append({"task": "ar_scaling", "vocab_size": V, "n_facts": nf,
-                                     "d_model": D, "d_state": N, "n_layers": 1, "seed": s,
-                                     "metric_acc": acc})
+                        rows.append(
+                            {
+                                "task": "ar_scaling",
+                                "vocab_size": V,
+                                "n_facts": nf,
+                                "d_model": D,
+                                "d_state": N,
+                                "n_layers": 1,
+                                "seed": s,
+                                "metric_acc": acc,
+                            }
+                        )
     return pd.DataFrame(rows)
 
 
@@ -88,14 +97,17 @@ def test_best_of_seeds_grid_points_match_brute_force():
     pts = grid_points(trials, cfg)
     assert len(pts) == 3 * 25 and set(pts["n_seeds"]) == {3}
     for _, row in pts.sample(10, random_state=0).iterrows():
-        sub = trials[(trials["d_model"] == row["D"]) & (trials["d_state"] == row["N_eff"])
-                     & (trials["n_facts"] == row["Nf"])]
+        sub = trials[
+            (trials["d_model"] == row["D"]) & (trials["d_state"] == row["N_eff"]) & (trials["n_facts"] == row["Nf"])
+        ]
         assert row["acc"] == sub["metric_acc"].max()
         assert row["r"] == row["N_eff"] * row["D"] / row["Nf"]
         assert row["floor"] == 1 / row["Nf"]
     mean = grid_points(trials, parse_config({"scaling": {"seeds": "mean"}}))
-    assert np.allclose(sorted(mean["acc"]), sorted(
-        trials.groupby(["vocab_size", "d_model", "d_state", "n_facts"])["metric_acc"].mean()))
+    assert np.allclose(
+        sorted(mean["acc"]),
+        sorted(trials.groupby(["vocab_size", "d_model", "d_state", "n_facts"])["metric_acc"].mean()),
+    )
     assert len(grid_points(trials, parse_config({"scaling": {"seeds": "all"}}))) == len(trials)
 
 
@@ -106,14 +118,14 @@ def test_scaling_fit_recovers_a_known_boundary():
     assert abs(g.law.kappa - kappa) / kappa < 0.02
     assert g.law.c_law_ci[0] <= 8.0 <= g.law.c_law_ci[1]
     for v in g.vocabs:
-        truth = 2 * math.log(v.V) / kappa ** 2
+        truth = 2 * math.log(v.V) / kappa**2
         assert abs(v.r_star - truth) / truth < 0.05, (v.V, v.r_star, truth)
         assert v.r_star_ci[0] < truth < v.r_star_ci[1]
     # The free boundaries grow like ln V: slope 1 on ln ln V.
     assert g.slope_ci[0] < 1.0 < g.slope_ci[1] and abs(g.slope - 1.0) < 0.2
     table = res.summary
     assert list(table["V"]) == [256, 1024, 8192]
-    assert np.allclose(table["law_r_star"], 2 * np.log(table["V"]) / g.law.kappa ** 2)
+    assert np.allclose(table["law_r_star"], 2 * np.log(table["V"]) / g.law.kappa**2)
 
 
 def test_scaling_fit_tells_a_different_law_apart():
@@ -124,8 +136,16 @@ def test_scaling_fit_tells_a_different_law_apart():
         target = 0.6 * math.log(V) ** 2  # r* grows like (ln V)^2
         for r in np.geomspace(target / 8, target * 8, 25):
             p = 1 / 32 + (1 - 1 / 32) * norm.cdf(3.0 * (math.sqrt(r) - math.sqrt(target)))
-            rows.append({"vocab_size": V, "n_facts": 32, "d_model": r * 32, "d_state": 1.0,
-                         "n_layers": 1, "metric_acc": rng.binomial(4096, p) / 4096})
+            rows.append(
+                {
+                    "vocab_size": V,
+                    "n_facts": 32,
+                    "d_model": r * 32,
+                    "d_state": 1.0,
+                    "n_layers": 1,
+                    "metric_acc": rng.binomial(4096, p) / 4096,
+                }
+            )
     res = analyze(pd.DataFrame(rows), parse_config({}))
     g = res.groups[0]
     for v in g.vocabs:
@@ -160,8 +180,9 @@ def test_analyze_scaling_end_to_end_on_the_recall_scaling_design(tmp_path, capsy
         r = p["n_layers"] * p["model.d_state"] * p["d_model"] / p["task.n_facts"]
         acc = law_acc(r, p["task.vocab_size"], p["task.n_facts"], kappa[p["task"]])
         acc = rng.binomial(2048, acc) / 2048 * (1.0 if p["seed"] == 0 else 0.5)
-        records.append({"params": p, "trace": [{"step": 1, "acc": 1 / p["task.n_facts"]},
-                                               {"step": 4000, "acc": float(acc)}]})
+        records.append(
+            {"params": p, "trace": [{"step": 1, "acc": 1 / p["task.n_facts"]}, {"step": 4000, "acc": float(acc)}]}
+        )
     db = f"sqlite:///{tmp_path / 'scaling.db'}"
     write_records(open_store_engine(db)[0], "recall_scaling", records)
     code = main(["analyze", str(SPEC), "scaling", "--db", db, "--json"])
@@ -170,11 +191,17 @@ def test_analyze_scaling_end_to_end_on_the_recall_scaling_design(tmp_path, capsy
     d = json.loads(cap.out)
     groups = {g["group"]: g for g in d["groups"]}
     # by: task / pattern / heads / n_layers / norm, from the spec's analysis block.
-    assert set(groups) == {"ar_scaling/mha/1/1/false", "mqar_scaling/mha/1/1/false",
-                           "ar_scaling/mha/1/1/true", "ar_scaling/mha/1/2/true",
-                           "ar_scaling/mha/1/4/true", "mqar_scaling/mha/4/1/false",
-                           "mqar_scaling/mka/4/1/false", "mqar_scaling/mqa/4/1/false",
-                           "mqar_scaling/mva/4/1/false"}
+    assert set(groups) == {
+        "ar_scaling/mha/1/1/false",
+        "mqar_scaling/mha/1/1/false",
+        "ar_scaling/mha/1/1/true",
+        "ar_scaling/mha/1/2/true",
+        "ar_scaling/mha/1/4/true",
+        "mqar_scaling/mha/4/1/false",
+        "mqar_scaling/mka/4/1/false",
+        "mqar_scaling/mqa/4/1/false",
+        "mqar_scaling/mva/4/1/false",
+    }
     for name, g in groups.items():
         want = 2 / kappa[name.split("/")[0]] ** 2
         assert abs(g["law"]["c_law"] - want) / want < 0.05, (name, g["law"])
@@ -183,8 +210,9 @@ def test_analyze_scaling_end_to_end_on_the_recall_scaling_design(tmp_path, capsy
     for r in rows:
         truth = 2 * math.log(r["V"]) / kappa["ar_scaling"] ** 2
         assert abs(r["r_star"] - truth) / truth < 0.1
-    code = main(["analyze", str(SPEC), "scaling", "--db", db, "--where",
-                 "task = 'ar_scaling' AND n_layers = 1 AND norm = 0"])
+    code = main(
+        ["analyze", str(SPEC), "scaling", "--db", db, "--where", "task = 'ar_scaling' AND n_layers = 1 AND norm = 0"]
+    )
     text = capsys.readouterr().out
     assert code == 0
     assert "group ar_scaling/mha/1/1/false" in text and "law: kappa = " in text

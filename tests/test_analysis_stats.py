@@ -2,6 +2,7 @@
 (SQLite and PostgreSQL), each checked against an independent computation: the seed paper's
 published p-values, hypergeometric and binomial sums by hand, full enumeration of
 relabellings, and the product-limit and log-rank formulas written out."""
+
 from __future__ import annotations
 
 import itertools
@@ -35,10 +36,11 @@ def trace(final: float, escape: int | None = None, collapse: int | None = None) 
     return out
 
 
-def rec(group: str, seed: int, final: float, escape: int | None = None,
-        collapse: int | None = None, **params) -> dict:
-    return {"params": {"arm": "mlstm", "seed": seed, "tag.group": group, **params},
-            "trace": trace(final, escape, collapse)}
+def rec(group: str, seed: int, final: float, escape: int | None = None, collapse: int | None = None, **params) -> dict:
+    return {
+        "params": {"arm": "mlstm", "seed": seed, "tag.group": group, **params},
+        "trace": trace(final, escape, collapse),
+    }
 
 
 def fisher_two_sided_by_hand(k1, n1, k2, n2):
@@ -55,17 +57,16 @@ def fisher_two_sided_by_hand(k1, n1, k2, n2):
 
 def test_fisher_reproduces_the_seed_papers_figures(db_url):
     engine, _ = open_store_engine(db_url)
-    recs = ([rec("dense", s, 0.99 if s < 1 else 0.02, 1200 if s < 1 else None)
-             for s in range(10)]
-            + [rec("distance", s, 0.99 if s < 7 else 0.03, 800 if s < 7 else None)
-               for s in range(10)]
-            + [rec("time_ramp", s, 0.02) for s in range(6)]
-            + [rec("gated", s, 0.97, 1400) for s in range(6)])
+    recs = (
+        [rec("dense", s, 0.99 if s < 1 else 0.02, 1200 if s < 1 else None) for s in range(10)]
+        + [rec("distance", s, 0.99 if s < 7 else 0.03, 800 if s < 7 else None) for s in range(10)]
+        + [rec("time_ramp", s, 0.02) for s in range(6)]
+        + [rec("gated", s, 0.97, 1400) for s in range(6)]
+    )
     write_records(engine, "curriculum", recs)
     res = oa.fisher(engine, "curriculum", by="group", compare="distance,dense")
     d = res.to_dict()
-    assert d["groups"] == {"distance": {"k": 7, "n": 10, "rate": 0.7},
-                           "dense": {"k": 1, "n": 10, "rate": 0.1}}
+    assert d["groups"] == {"distance": {"k": 7, "n": 10, "rate": 0.7}, "dense": {"k": 1, "n": 10, "rate": 0.1}}
     # 7/10 vs 1/10: p = 0.02, Fisher two-sided (001 §6).
     assert round(d["p_value"], 2) == 0.02
     assert d["p_value"] == pytest.approx(fisher_two_sided_by_hand(7, 10, 1, 10), rel=1e-10)
@@ -73,8 +74,7 @@ def test_fisher_reproduces_the_seed_papers_figures(db_url):
     one = sum(math.comb(10, x) * math.comb(10, 8 - x) for x in range(7, 9)) / math.comb(20, 8)
     assert d["p_greater"] == pytest.approx(one, rel=1e-10)
     # 6/6 vs 0/6: one-sided p = 0.0011 (001 §6): 1 / C(12, 6).
-    g = oa.fisher(engine, "curriculum", by="group", compare="gated,time_ramp",
-                  alternative="greater")
+    g = oa.fisher(engine, "curriculum", by="group", compare="gated,time_ramp", alternative="greater")
     assert g.p_value == pytest.approx(1 / math.comb(12, 6), rel=1e-10)
     assert round(g.p_value, 4) == 0.0011
     assert g.to_dict()["p_two_sided"] == pytest.approx(2 / math.comb(12, 6), rel=1e-10)
@@ -84,8 +84,9 @@ def test_permutation_test_is_exact_against_full_enumeration(db_url):
     engine, _ = open_store_engine(db_url)
     a_final = [0.99, 0.97, 0.4, 0.03, 0.95]
     b_final = [0.02, 0.03, 0.5, 0.04, 0.03, 0.9]
-    recs = ([rec("causal", s, f, 1000 if f >= 0.8 else None) for s, f in enumerate(a_final)]
-            + [rec("bidir", s, f, 1600 if f >= 0.8 else None) for s, f in enumerate(b_final)])
+    recs = [rec("causal", s, f, 1000 if f >= 0.8 else None) for s, f in enumerate(a_final)] + [
+        rec("bidir", s, f, 1600 if f >= 0.8 else None) for s, f in enumerate(b_final)
+    ]
     write_records(engine, "collision", recs)
     x = np.array(a_final + b_final)
     obs = np.mean(a_final) - np.mean(b_final)
@@ -98,10 +99,8 @@ def test_permutation_test_is_exact_against_full_enumeration(db_url):
     eps = 1e-12
     p_greater = np.mean(diffs >= obs - eps)
     p_less = np.mean(diffs <= obs + eps)
-    for alt, want in (("greater", p_greater), ("less", p_less),
-                      ("two-sided", min(1.0, 2 * min(p_greater, p_less)))):
-        res = oa.permutation(engine, "collision", by="group", compare="causal,bidir",
-                             alternative=alt).to_dict()
+    for alt, want in (("greater", p_greater), ("less", p_less), ("two-sided", min(1.0, 2 * min(p_greater, p_less)))):
+        res = oa.permutation(engine, "collision", by="group", compare="causal,bidir", alternative=alt).to_dict()
         assert res["exact"] is True and res["n_relabellings"] == math.comb(11, 5)
         assert res["p_value"] == pytest.approx(want, abs=1e-12), alt
         assert res["test_statistic"] == pytest.approx(obs)
@@ -110,7 +109,7 @@ def test_permutation_test_is_exact_against_full_enumeration(db_url):
 
 def mcnemar_by_hand(b: int, c: int) -> float:
     n = b + c
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
@@ -119,23 +118,20 @@ def test_mcnemar_matches_the_exact_binomial_by_hand(db_url):
     # 003 §4: stretching the cosine period flips 8 seeds failed -> solved, none back.
     solved_short = {0, 1, 2}
     solved_long = solved_short | {3, 4, 5, 6, 7, 8, 9, 10}
-    recs = ([rec("tmax2000", s, 0.95 if s in solved_short else 0.03,
-                 1400 if s in solved_short else None) for s in range(16)]
-            + [rec("tmax4000", s, 0.95 if s in solved_long else 0.03,
-                   1000 if s in solved_long else None) for s in range(16)])
+    recs = [
+        rec("tmax2000", s, 0.95 if s in solved_short else 0.03, 1400 if s in solved_short else None) for s in range(16)
+    ] + [rec("tmax4000", s, 0.95 if s in solved_long else 0.03, 1000 if s in solved_long else None) for s in range(16)]
     # Two seeds of a second batch size: pairing on seed alone would be ambiguous.
     recs += [rec("tmax2000", s, 0.03, batch_size=64) for s in range(2)]
     recs += [rec("tmax4000", s, 0.95, 600, batch_size=64) for s in range(2)]
     write_records(engine, "schedule", recs)
-    res = oa.mcnemar(engine, "schedule", by="group", compare="tmax4000,tmax2000",
-                     where="batch_size IS NULL").to_dict()
+    res = oa.mcnemar(engine, "schedule", by="group", compare="tmax4000,tmax2000", where="batch_size IS NULL").to_dict()
     assert (res["only_a"], res["only_b"], res["n_pairs"]) == (8, 0, 16)
     assert res["p_value"] == pytest.approx(mcnemar_by_hand(8, 0), rel=1e-12)
     assert round(res["p_value"], 3) == 0.008
     with pytest.raises(UserError, match="several trials"):
         oa.mcnemar(engine, "schedule", by="group", compare="tmax4000,tmax2000")
-    both = oa.mcnemar(engine, "schedule", by="group", compare="tmax4000,tmax2000",
-                      pair_on="seed,batch_size").to_dict()
+    both = oa.mcnemar(engine, "schedule", by="group", compare="tmax4000,tmax2000", pair_on="seed,batch_size").to_dict()
     assert (both["only_a"], both["n_pairs"]) == (10, 18)
     assert both["p_value"] == pytest.approx(mcnemar_by_hand(10, 0), rel=1e-12)
 
@@ -172,19 +168,36 @@ def logrank_by_hand(times, events, in_a):
         if n > 1:
             var += d * (n_a / n) * (1 - n_a / n) * (n - d) / (n - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(var > 0, o_e ** 2 / var, 0.0)
+        return np.where(var > 0, o_e**2 / var, 0.0)
 
 
 def test_logrank_and_km_against_hand_formulas_and_a_permutation_estimate(db_url):
     from scipy.stats import chi2
 
     engine, _ = open_store_engine(db_url)
-    base = [(1800, None), (2400, None), (None, None), (None, 1400), (None, None),
-            (3000, None), (None, None), (2200, None), (None, None)]
-    ns5 = [(600, None), (800, None), (1200, None), (None, None), (1000, None),
-           (1600, None), (800, None), (2600, None), (None, None)]
-    recs = [rec("baseline", s, 0.95 if e else (0.0 if c else 0.03), e, c)
-            for s, (e, c) in enumerate(base)]
+    base = [
+        (1800, None),
+        (2400, None),
+        (None, None),
+        (None, 1400),
+        (None, None),
+        (3000, None),
+        (None, None),
+        (2200, None),
+        (None, None),
+    ]
+    ns5 = [
+        (600, None),
+        (800, None),
+        (1200, None),
+        (None, None),
+        (1000, None),
+        (1600, None),
+        (800, None),
+        (2600, None),
+        (None, None),
+    ]
+    recs = [rec("baseline", s, 0.95 if e else (0.0 if c else 0.03), e, c) for s, (e, c) in enumerate(base)]
     recs += [rec("ns5", s, 0.95 if e else 0.03, e, c) for s, (e, c) in enumerate(ns5)]
     write_records(engine, "small", recs)
     res = oa.logrank(engine, "small", by="group").to_dict()
@@ -239,7 +252,7 @@ def logrank_k_by_hand(times, events, groups):
         o_e += dj - d * nj / n
         if n > 1:
             c = d * (n - d) / (n - 1)
-            V += c * (np.diag(nj / n) - np.outer(nj, nj) / n ** 2)
+            V += c * (np.diag(nj / n) - np.outer(nj, nj) / n**2)
     return float(o_e[:-1] @ np.linalg.solve(V[:-1, :-1], o_e[:-1]))
 
 
@@ -254,8 +267,16 @@ def test_multigroup_logrank_against_the_k_sample_formula():
         g = ["a", "b", "c"][i % 3]
         t = int(rng.choice([400, 800, 1200, 1600, 2000, 3000]))
         ev = int(t < 3000 and rng.random() < (0.9 if g == "c" else 0.5))
-        rows.append({"trial_id": i, "g": g, "time": t, "event": ev,
-                     "end": "escape" if ev else "budget", "collapse_step": np.nan})
+        rows.append(
+            {
+                "trial_id": i,
+                "g": g,
+                "time": t,
+                "event": ev,
+                "end": "escape" if ev else "budget",
+                "collapse_step": np.nan,
+            }
+        )
     df = pd.DataFrame(rows)
     res = logrank(df, oa.AnalysisConfig(by="g"))
     assert res.details["kind"] == "multi-group" and res.details["degrees_of_freedom"] == 2

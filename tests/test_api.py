@@ -1,6 +1,7 @@
 """The Python API: the README's example runs as written (a real sweep on a local Ray),
 ``load`` matches the SQL tables column for column, ``import orchestrator`` stays light, and
 every analysis result has ``.summary`` and ``.to_dict()``."""
+
 from __future__ import annotations
 
 import json
@@ -27,24 +28,24 @@ def readme_example() -> str:
 
 
 def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
-    out = subprocess.run([sys.executable, "-c", readme_example()], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", readme_example()], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
     db = tmp_path / "runs" / "api_demo.db"
     assert lines[0] == f"api_demo sqlite:///{db} {{'completed': 4}}"
-    assert lines[6] == str(["trial_id", "step", "acc", "loss", "train_loss", "step_lr",
-                            "elapsed_s"])
+    assert lines[6] == str(["trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s"])
     assert {ln.split()[0] for ln in lines[8:10]} == {"armed_gdn", "gated_deltanet"}  # by: arm
 
     from orchestrator import load
 
     trials, evals = load(str(db), "api_demo")
     with sqlite3.connect(db) as c:
-        final = pd.read_sql("SELECT key, final_acc, best_acc FROM trial_final "
-                            "WHERE sweep = 'api_demo'", c)
-        ev = pd.read_sql("SELECT trial_id, step, acc, loss, train_loss, step_lr, elapsed_s "
-                         "FROM evals ORDER BY trial_id, step", c)
+        final = pd.read_sql("SELECT key, final_acc, best_acc FROM trial_final WHERE sweep = 'api_demo'", c)
+        ev = pd.read_sql(
+            "SELECT trial_id, step, acc, loss, train_loss, step_lr, elapsed_s FROM evals ORDER BY trial_id, step", c
+        )
         params = pd.read_sql("SELECT trial_id, name FROM trial_params", c)
     m = trials.merge(final, on="key", suffixes=("", "_sql"))
     assert len(m) == 4
@@ -59,10 +60,12 @@ def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
 
 
 def test_import_orchestrator_is_light():
-    code = ("import sys, orchestrator; "
-            "heavy = [m for m in ('ray', 'pandas', 'torch', 'sqlalchemy', 'scipy') "
-            "if m in sys.modules]; print(heavy); "
-            "from orchestrator import submit, resume, load, analyze, connect; print('ok')")
+    code = (
+        "import sys, orchestrator; "
+        "heavy = [m for m in ('ray', 'pandas', 'torch', 'sqlalchemy', 'scipy') "
+        "if m in sys.modules]; print(heavy); "
+        "from orchestrator import submit, resume, load, analyze, connect; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.split() == ["[]", "ok"], out.stderr
 
@@ -71,18 +74,19 @@ def _synthetic(db: str, sweep: str = "syn") -> None:
     """Two arms x 6 seeds; arm a escapes early, arm b late or never."""
     recs = []
     steps = list(range(100, 1001, 100))
-    for arm, escapes in (("a", [200, 200, 300, 400, 400, None]),
-                         ("b", [500, 700, None, None, None, None])):
+    for arm, escapes in (("a", [200, 200, 300, 400, 400, None]), ("b", [500, 700, None, None, None, None])):
         for seed, esc in enumerate(escapes):
-            trace = [{"step": s, "acc": 0.95 if esc is not None and s >= esc else 0.05,
-                      "loss": 1.0} for s in steps]
-            recs.append({"params": {"arm": "deltanet", "seed": seed, "tag": {"g": arm},
-                                    "task": {"name": "mqar"}}, "trace": trace})
+            trace = [{"step": s, "acc": 0.95 if esc is not None and s >= esc else 0.05, "loss": 1.0} for s in steps]
+            recs.append(
+                {
+                    "params": {"arm": "deltanet", "seed": seed, "tag": {"g": arm}, "task": {"name": "mqar"}},
+                    "trace": trace,
+                }
+            )
     write_records(db, sweep, recs)
 
 
-@pytest.mark.parametrize("kind", ["lockin", "outcomes", "fisher", "permutation", "km",
-                                  "logrank", "hazard"])
+@pytest.mark.parametrize("kind", ["lockin", "outcomes", "fisher", "permutation", "km", "logrank", "hazard"])
 def test_every_analysis_result_has_summary_and_to_dict(tmp_path, kind):
     from orchestrator import analyze
 
@@ -103,8 +107,9 @@ def test_analyze_uses_the_stored_analysis_block(tmp_path):
     db = str(tmp_path / "syn.db")
     _synthetic(db)
     with connect(db).begin() as conn:
-        conn.execute(sa.text("UPDATE sweeps SET spec_text = :t"),
-                     {"t": "name: syn\nanalysis:\n  by: [tag.g]\n  lockin: 0.99\n"})
+        conn.execute(
+            sa.text("UPDATE sweeps SET spec_text = :t"), {"t": "name: syn\nanalysis:\n  by: [tag.g]\n  lockin: 0.99\n"}
+        )
     res = analyze(db, "syn", "lockin")
     assert set(res["group"]) == {"a", "b"}  # not one group "all"
     assert res.to_dict()["rows"][0]["k"] == 0  # 0.95 < 0.99: the stored threshold applied

@@ -1,4 +1,5 @@
 """``orchestrator cells`` and ``orchestrator bench cells`` through the real entry point."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,16 @@ import json
 import cells
 from orchestrator.cli import main
 
-RANK1 = {"deltanet", "gated_deltanet", "armed_gdn", "armed_gdn_fwd", "dg_rank", "dg_diag",
-         "armed_dg_rank", "armed_dg_diag"}
+RANK1 = {
+    "deltanet",
+    "gated_deltanet",
+    "armed_gdn",
+    "armed_gdn_fwd",
+    "dg_rank",
+    "dg_diag",
+    "armed_dg_rank",
+    "armed_dg_diag",
+}
 
 
 def _json(capsys, argv):
@@ -30,8 +39,25 @@ def test_cells_json_lists_every_arm_at_the_factorial_setting(capsys):
 
 
 def test_cells_flags_reach_the_rows(capsys):
-    rows = _json(capsys, ["cells", "--json", "--arms", "mamba2_ref,armed_gdn", "--mamba2-d-state", "8",
-                          "--d-model", "16", "--n-layers", "2", "--vocab-size", "80", "--knob", "heads=2"])
+    rows = _json(
+        capsys,
+        [
+            "cells",
+            "--json",
+            "--arms",
+            "mamba2_ref,armed_gdn",
+            "--mamba2-d-state",
+            "8",
+            "--d-model",
+            "16",
+            "--n-layers",
+            "2",
+            "--vocab-size",
+            "80",
+            "--knob",
+            "heads=2",
+        ],
+    )
     by_arm = {r["arm"]: r for r in rows}
     assert set(by_arm) == {"mamba2_ref", "armed_gdn"}
     assert by_arm["mamba2_ref"]["state_elements"] == 32 * 8
@@ -57,8 +83,26 @@ def test_cells_user_errors(capsys):
 
 
 def test_bench_cells_json(capsys):
-    data = _json(capsys, ["bench", "cells", "--json", "--arms", "gated_deltanet", "--arms", "mlstm",
-                          "--seq-len", "12", "--d-model", "16", "--batch", "2", "--repeats", "1"])
+    data = _json(
+        capsys,
+        [
+            "bench",
+            "cells",
+            "--json",
+            "--arms",
+            "gated_deltanet",
+            "--arms",
+            "mlstm",
+            "--seq-len",
+            "12",
+            "--d-model",
+            "16",
+            "--batch",
+            "2",
+            "--repeats",
+            "1",
+        ],
+    )
     assert [r["arm"] for r in data["rows"]] == ["gated_deltanet", "mlstm"]
     for row in data["rows"]:
         assert set(row) == {"arm", "naive_tok_s", "default_tok_s", "speedup_vs_naive"}
@@ -68,8 +112,7 @@ def test_bench_cells_json(capsys):
 
 
 def test_bench_cells_table_and_errors(capsys):
-    assert main(["bench", "cells", "--arms", "linear_mamba", "--seq-len", "8", "--batch", "1",
-                 "--repeats", "1"]) == 0
+    assert main(["bench", "cells", "--arms", "linear_mamba", "--seq-len", "8", "--batch", "1", "--repeats", "1"]) == 0
     assert "linear_mamba" in capsys.readouterr().out
     assert main(["bench", "cells", "--arms", "nope"]) == 2
     assert "unknown arm 'nope'" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Each mixer against a brute-force transcription of its equations, computed from the
 mixer's own parameters with plain loops (no ``kernels`` call, ``F.conv1d`` for the conv)."""
+
 from __future__ import annotations
 
 import math
@@ -113,14 +114,14 @@ def test_linear_mamba_patterns(pattern, gate):
     x, bm, cm = _conv(m, u @ m.in_proj.weight.T).split(widths, dim=-1)
 
     def head(z, name, h, width):
-        return z[..., :width] if name in shared else z[..., h * width:(h + 1) * width]
+        return z[..., :width] if name in shared else z[..., h * width : (h + 1) * width]
 
     y = torch.zeros(B, T, D, dtype=torch.float64)
     for h in range(heads):
         xh, bh, ch = head(x, "x", h, p), head(bm, "b", h, n), head(cm, "c", h, n)
         # a = 1: y_t = sum_{s<=t} x_s (b_s . c_t), no decay.
         scores = torch.einsum("bsn,btn->bts", bh, ch).tril()
-        y[..., h * p:(h + 1) * p] = scores @ xh
+        y[..., h * p : (h + 1) * p] = scores @ xh
     if gate:
         y = y * F.silu(u @ m.gate.weight.T)
     torch.testing.assert_close(m(u), y @ m.out.weight.T, rtol=1e-9, atol=1e-11)

@@ -1,4 +1,5 @@
 """The mLSTM's memory, its reads, and its hooks, each against an independent computation."""
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,6 @@ import torch
 import cells
 from cells.mlstm_cell import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
 from cells.whitening import frobenius_normalize, newton_schulz, polar
-
 
 
 def _inputs(b=2, h=2, t=9, d=5, seed=0, gate_scale=1.0):
@@ -197,11 +197,11 @@ def test_straight_through_halves_at_the_read():
     ns_out, ns_grads = _cell_grads("ns5", q, k, v, i, f, upstream)
     fwd_out, fwd_grads = _cell_grads("st_forward", q, k, v, i, f, upstream)
     bwd_out, bwd_grads = _cell_grads("st_backward", q, k, v, i, f, upstream)
-    torch.testing.assert_close(fwd_out, ns_out, rtol=1e-12, atol=1e-12)     # whitened value
-    torch.testing.assert_close(bwd_out, raw_out, rtol=1e-12, atol=1e-12)    # raw value
-    for got, want in zip(fwd_grads, raw_grads):                               # raw gradient
+    torch.testing.assert_close(fwd_out, ns_out, rtol=1e-12, atol=1e-12)  # whitened value
+    torch.testing.assert_close(bwd_out, raw_out, rtol=1e-12, atol=1e-12)  # raw value
+    for got, want in zip(fwd_grads, raw_grads):  # raw gradient
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-    for got, want in zip(bwd_grads, ns_grads):                                # whitened gradient
+    for got, want in zip(bwd_grads, ns_grads):  # whitened gradient
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert not torch.allclose(raw_grads[0], ns_grads[0])
 
@@ -256,8 +256,9 @@ def test_delta_write_is_the_gated_delta_rule():
     for t in range(9):
         kt = kn[:, :, t]
         outer = kt.unsqueeze(-1) * kt.unsqueeze(-2)
-        s = alpha[:, :, t, None, None] * s @ (eye - beta[:, :, t, None, None] * outer) \
-            + beta[:, :, t, None, None] * v[:, :, t].unsqueeze(-1) * kt.unsqueeze(-2)
+        s = alpha[:, :, t, None, None] * s @ (eye - beta[:, :, t, None, None] * outer) + beta[:, :, t, None, None] * v[
+            :, :, t
+        ].unsqueeze(-1) * kt.unsqueeze(-2)
         torch.testing.assert_close(got[:, :, t], (s @ q[:, :, t].unsqueeze(-1)).squeeze(-1))
     assert mixer.state_elements() == 4 * 16 * 16  # d=16 -> inner 64, 4 heads of 16
 

@@ -3,6 +3,7 @@
 Odd sizes throughout: T not a multiple of the chunk, odd head width, chunk sizes 1 (every
 position its own chunk), 4, 8 and one chunk covering everything.
 """
+
 from __future__ import annotations
 
 import math
@@ -146,14 +147,36 @@ def test_bench_cells_times_mlstm_read_variants(capsys):
     from orchestrator.cli import main
 
     labels = ["mlstm:heads=2", "mlstm:heads=2:read=ns5", "mlstm:heads=2:read=polar", "mlstm:heads=2:read=rls"]
-    assert main(["bench", "cells", "--json", "--arms", ",".join(labels), "--seq-len", "9", "--d-model", "16",
-                 "--batch", "2", "--repeats", "1"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "cells",
+                "--json",
+                "--arms",
+                ",".join(labels),
+                "--seq-len",
+                "9",
+                "--d-model",
+                "16",
+                "--batch",
+                "2",
+                "--repeats",
+                "1",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["arm"] for r in rows] == labels
     for row in rows:
         assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0
         assert abs(row["speedup_vs_naive"] - row["default_tok_s"] / row["naive_tok_s"]) < 1e-9
-    for bad, msg in (("mlstm:read", "expected ARM:key=value"), ("mlstm:impl=naive", "impl is what the bench"),
-                     ("mlstm:read=bogus", "read"), ("nope:read=ns5", "unknown arm 'nope'")):
+    for bad, msg in (
+        ("mlstm:read", "expected ARM:key=value"),
+        ("mlstm:impl=naive", "impl is what the bench"),
+        ("mlstm:read=bogus", "read"),
+        ("nope:read=ns5", "unknown arm 'nope'"),
+    ):
         assert main(["bench", "cells", "--arms", bad, "--seq-len", "4", "--batch", "1", "--repeats", "1"]) == 2
         assert msg in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Structural properties of every arm: causality bit for bit, bidirectional reads, the conv
 toggle, the default path against the naive one, and autocast."""
+
 from __future__ import annotations
 
 import pytest
@@ -160,10 +161,20 @@ def test_width_w_conv_reaches_back_exactly_w_minus_1_steps():
 
 
 NAIVE_VS_DEFAULT = [
-    ("deltanet", {}), ("gated_deltanet", {}), ("armed_gdn", {}), ("armed_gdn", {"bidirectional": True}),
-    ("dg_rank", {}), ("armed_dg_diag", {}), ("mamba2_ref", {}), ("mamba2_ref_noconv", {"heads": 2}),
-    ("linear_mamba", {"heads": 2, "pattern": "mqa"}), ("attention", {}), ("attention", {"positions": "rotary"}),
-    ("mlstm", {}), ("mlstm", {"write": "delta"}), ("mlstm", {"read": "st_forward"}),
+    ("deltanet", {}),
+    ("gated_deltanet", {}),
+    ("armed_gdn", {}),
+    ("armed_gdn", {"bidirectional": True}),
+    ("dg_rank", {}),
+    ("armed_dg_diag", {}),
+    ("mamba2_ref", {}),
+    ("mamba2_ref_noconv", {"heads": 2}),
+    ("linear_mamba", {"heads": 2, "pattern": "mqa"}),
+    ("attention", {}),
+    ("attention", {"positions": "rotary"}),
+    ("mlstm", {}),
+    ("mlstm", {"write": "delta"}),
+    ("mlstm", {"read": "st_forward"}),
 ]
 
 
@@ -184,10 +195,18 @@ def test_default_path_matches_naive(arm, knobs):
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-7, atol=1e-9, msg=name)
 
 
-@pytest.mark.parametrize("arm,knobs", [(a, {}) for a in cells.ARMS] + [
-    ("mlstm", {"read": "ns5"}), ("mlstm", {"read": "polar"}), ("mlstm", {"read": "rls"}),
-    ("mlstm", {"write": "delta"}), ("armed_gdn", {"bidirectional": True}),
-], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "arm,knobs",
+    [(a, {}) for a in cells.ARMS]
+    + [
+        ("mlstm", {"read": "ns5"}),
+        ("mlstm", {"read": "polar"}),
+        ("mlstm", {"read": "rls"}),
+        ("mlstm", {"write": "delta"}),
+        ("armed_gdn", {"bidirectional": True}),
+    ],
+    ids=lambda x: str(x),
+)
 def test_runs_under_bf16_autocast_close_to_fp32(arm, knobs):
     model = _build(arm, knobs)
     tokens = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(4))

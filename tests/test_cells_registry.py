@@ -1,4 +1,5 @@
 """The cells API: registry, knob validation, describe/state accounting, determinism, hooks."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,15 +8,35 @@ import torch
 import cells
 from cells.registry import SPECS
 
-RANK1_ARMS = ("deltanet", "gated_deltanet", "armed_gdn", "armed_gdn_fwd",
-              "dg_rank", "dg_diag", "armed_dg_rank", "armed_dg_diag")
+RANK1_ARMS = (
+    "deltanet",
+    "gated_deltanet",
+    "armed_gdn",
+    "armed_gdn_fwd",
+    "dg_rank",
+    "dg_diag",
+    "armed_dg_rank",
+    "armed_dg_diag",
+)
 FACTORIAL_VOCAB = 91  # 64 keys + 26 values + mask
 
 
 def test_registered_arms():
-    expected = {"deltanet", "gated_deltanet", "armed_gdn", "armed_gdn_fwd", "dg_rank", "dg_diag",
-                "armed_dg_rank", "armed_dg_diag", "mamba2_ref", "mamba2_ref_noconv", "attention",
-                "mlstm", "linear_mamba"}
+    expected = {
+        "deltanet",
+        "gated_deltanet",
+        "armed_gdn",
+        "armed_gdn_fwd",
+        "dg_rank",
+        "dg_diag",
+        "armed_dg_rank",
+        "armed_dg_diag",
+        "mamba2_ref",
+        "mamba2_ref_noconv",
+        "attention",
+        "mlstm",
+        "linear_mamba",
+    }
     assert set(cells.ARMS) == expected
     assert isinstance(cells.ARMS, tuple)
 
@@ -37,28 +58,39 @@ def test_knob_defaults_encode_the_arm_names():
     assert cells.knobs("mlstm")["heads"] == 4
 
 
-@pytest.mark.parametrize("arm,knobs,message", [
-    ("armd_gdn", {}, "unknown arm 'armd_gdn' (known: deltanet, gated_deltanet"),
-    ("armed_gdn", {"convv": 4}, "unknown knob 'convv' for arm 'armed_gdn' (known: bidirectional, conv, decay, heads"),
-    ("armed_gdn", {"conv": "four"}, "knob 'conv' for arm 'armed_gdn' expects int in [1, 64], got 'four'"),
-    ("armed_gdn", {"conv": 0}, "knob 'conv' for arm 'armed_gdn' expects int in [1, 64], got 0"),
-    ("armed_gdn", {"conv": True}, "knob 'conv' for arm 'armed_gdn' expects int"),
-    ("armed_gdn", {"conv": 4.0}, "knob 'conv' for arm 'armed_gdn' expects int"),
-    ("armed_gdn", {"bidirectional": "yes"}, "knob 'bidirectional' for arm 'armed_gdn' expects true or false"),
-    ("armed_gdn", {"impl": "fast"}, "knob 'impl' for arm 'armed_gdn' expects one of 'auto', 'naive'"),
-    ("armed_gdn_fwd", {"bidirectional": True}, "knob 'bidirectional' for arm 'armed_gdn_fwd' expects the fixed value False"),
-    ("deltanet", {"decay": True}, "knob 'decay' for arm 'deltanet' expects the fixed value False"),
-    ("dg_diag", {"rank1": True}, "expects the fixed value False"),
-    ("mamba2_ref_noconv", {"conv": 4}, "expects the fixed value 1"),
-    ("mlstm", {"read": "ns99"}, "knob 'read' for arm 'mlstm' expects one of 'raw'"),
-    ("mlstm", {"read": "whiten"}, "got 'whiten'"),
-    ("mlstm", {"read_blend": 1.5}, "expects number in [0, 1], got 1.5"),
-    ("mlstm", {"write": "delta", "read": "ns5"}, "write 'delta' supports only read 'raw'"),
-    ("mlstm", {"impl": "chunk"}, "impl 'chunk' applies to write 'delta' only"),
-    ("gated_deltanet", {"heads": 3}, "d_model must be divisible by heads (3)"),
-    ("attention", {"positions": "rotary", "head_dim": 5}, "rotary positions need an even head_dim"),
-    ("linear_mamba", {"pattern": "gqa"}, "knob 'pattern' for arm 'linear_mamba' expects one of 'mha'"),
-])
+@pytest.mark.parametrize(
+    "arm,knobs,message",
+    [
+        ("armd_gdn", {}, "unknown arm 'armd_gdn' (known: deltanet, gated_deltanet"),
+        (
+            "armed_gdn",
+            {"convv": 4},
+            "unknown knob 'convv' for arm 'armed_gdn' (known: bidirectional, conv, decay, heads",
+        ),
+        ("armed_gdn", {"conv": "four"}, "knob 'conv' for arm 'armed_gdn' expects int in [1, 64], got 'four'"),
+        ("armed_gdn", {"conv": 0}, "knob 'conv' for arm 'armed_gdn' expects int in [1, 64], got 0"),
+        ("armed_gdn", {"conv": True}, "knob 'conv' for arm 'armed_gdn' expects int"),
+        ("armed_gdn", {"conv": 4.0}, "knob 'conv' for arm 'armed_gdn' expects int"),
+        ("armed_gdn", {"bidirectional": "yes"}, "knob 'bidirectional' for arm 'armed_gdn' expects true or false"),
+        ("armed_gdn", {"impl": "fast"}, "knob 'impl' for arm 'armed_gdn' expects one of 'auto', 'naive'"),
+        (
+            "armed_gdn_fwd",
+            {"bidirectional": True},
+            "knob 'bidirectional' for arm 'armed_gdn_fwd' expects the fixed value False",
+        ),
+        ("deltanet", {"decay": True}, "knob 'decay' for arm 'deltanet' expects the fixed value False"),
+        ("dg_diag", {"rank1": True}, "expects the fixed value False"),
+        ("mamba2_ref_noconv", {"conv": 4}, "expects the fixed value 1"),
+        ("mlstm", {"read": "ns99"}, "knob 'read' for arm 'mlstm' expects one of 'raw'"),
+        ("mlstm", {"read": "whiten"}, "got 'whiten'"),
+        ("mlstm", {"read_blend": 1.5}, "expects number in [0, 1], got 1.5"),
+        ("mlstm", {"write": "delta", "read": "ns5"}, "write 'delta' supports only read 'raw'"),
+        ("mlstm", {"impl": "chunk"}, "impl 'chunk' applies to write 'delta' only"),
+        ("gated_deltanet", {"heads": 3}, "d_model must be divisible by heads (3)"),
+        ("attention", {"positions": "rotary", "head_dim": 5}, "rotary positions need an even head_dim"),
+        ("linear_mamba", {"pattern": "gqa"}, "knob 'pattern' for arm 'linear_mamba' expects one of 'mha'"),
+    ],
+)
 def test_validate_messages(arm, knobs, message):
     with pytest.raises(ValueError) as info:
         cells.validate(arm, knobs)
@@ -135,8 +167,9 @@ def test_parameter_bookkeeping_of_the_knobs():
     assert bi["state_elements"] == 2 * fwd["state_elements"]
     # The conv toggle of mamba2_ref keeps a width-1 conv with bias (channels: x, B, C).
     channels = 64 + 2 * 16
-    assert (cells.describe("mamba2_ref", 91)["params"] - cells.describe("mamba2_ref_noconv", 91)["params"]
-            == channels * 3)
+    assert (
+        cells.describe("mamba2_ref", 91)["params"] - cells.describe("mamba2_ref_noconv", 91)["params"] == channels * 3
+    )
 
 
 def test_state_elements_of_other_arms():

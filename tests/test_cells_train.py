@@ -6,6 +6,7 @@ step, so an arm whose recurrence or gradient were broken stays at ln(V). Losses 
 on a fixed held-out batch before and after training; everything is seeded, so the check is
 deterministic on a given machine.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """The CLI's one exit door: usage errors print click's usage message and exit 2 (typer
 vendors its own click, whose exceptions are not click's); bad input is one line and exit
 2; an unexpected error is one line naming a log with the traceback, which --debug shows."""
+
 from __future__ import annotations
 
 import subprocess
@@ -37,8 +38,13 @@ def test_usage_errors_print_usage_and_exit_2(argv, msg, capsys, tmp_path, monkey
 
 
 def test_usage_error_through_the_installed_entry_point(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "--nope"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "submit", "--nope"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2 and "No such option: --nope" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -50,8 +56,7 @@ def boom():
         raise RuntimeError("kaboom\nsecond line")
 
     yield
-    app.registered_commands[:] = [c for c in app.registered_commands
-                                  if c.name != "boom-test"]
+    app.registered_commands[:] = [c for c in app.registered_commands if c.name != "boom-test"]
 
 
 def test_unexpected_error_is_one_line_and_a_log(boom, tmp_path, monkeypatch, capsys):
@@ -75,13 +80,16 @@ def test_debug_shows_the_traceback(boom, monkeypatch):
         main(["boom-test"])
 
 
-@pytest.mark.parametrize("argv", [
-    ["resume", "x", "--db", "postgresql://127.0.0.1:1/nope"],
-    ["ls", "--db", "postgresql://127.0.0.1:1/nope"],
-    ["status", "--db", "mysql://h/db"],
-    ["db", "upgrade", "--db", "postgresql://127.0.0.1:1/nope"],
-    ["db", "upgrade", "--db", "/proc/orch-cannot-write-here.db"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["resume", "x", "--db", "postgresql://127.0.0.1:1/nope"],
+        ["ls", "--db", "postgresql://127.0.0.1:1/nope"],
+        ["status", "--db", "mysql://h/db"],
+        ["db", "upgrade", "--db", "postgresql://127.0.0.1:1/nope"],
+        ["db", "upgrade", "--db", "/proc/orch-cannot-write-here.db"],
+    ],
+)
 def test_unreachable_databases_are_one_line(argv, capsys):
     code = main(argv)
     err = capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The CLI a newcomer meets: --version, every command's help (purpose, option texts, an
 example, one database sentence), the no-database message, and `db upgrade` on unversioned
 and unknown-revision databases."""
+
 from __future__ import annotations
 
 import os
@@ -106,8 +107,7 @@ def test_db_upgrade_stamps_an_unversioned_database(tmp_path, capsys, rev):
     out = capsys.readouterr().out
     assert f"unversioned (stamped {rev}) -> {head_revision()}" in out
     with sqlite3.connect(db) as c:
-        assert c.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [
-            (head_revision(),)]
+        assert c.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchall() == [(head_revision(),)]
         assert c.execute("SELECT name FROM sweeps").fetchall() == [("s",)]
     assert main(["ls", "--db", str(db)]) == 0
 
@@ -139,15 +139,13 @@ def test_db_upgrade_stamps_and_refuses_on_every_backend(db_url, capsys):
     """The same two cases through SQLAlchemy, on SQLite and (when configured) PostgreSQL."""
     from alembic import command
 
-    from orchestrator.store.engine import (VERSION_TABLE, _alembic_config, head_revision,
-                                           make_engine)
+    from orchestrator.store.engine import VERSION_TABLE, _alembic_config, head_revision, make_engine
 
     engine = make_engine(db_url)
     with engine.begin() as conn:
         command.upgrade(_alembic_config(conn), "0001_initial")
     with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) "
-                             "VALUES ('s', 'x', 'h')"))
+        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 'x', 'h')"))
         conn.execute(sa.text(f"DROP TABLE {VERSION_TABLE}"))
     assert main(["db", "upgrade", "--db", db_url]) == 0
     assert f"unversioned (stamped 0001_initial) -> {head_revision()}" in capsys.readouterr().out
@@ -158,8 +156,7 @@ def test_db_upgrade_stamps_and_refuses_on_every_backend(db_url, capsys):
     err = capsys.readouterr().err
     assert "'zz_future'" in err and "does not know" in err and len(err.strip().splitlines()) == 1
     with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == \
-            "zz_future"
+        assert conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar() == "zz_future"
     engine.dispose()
 
 

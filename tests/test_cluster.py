@@ -3,6 +3,7 @@
 authentication with a token file), a driver that lacks the token refused in one line that
 names the fix, then a sweep on PostgreSQL whose trials ran on both nodes. The test stops
 both nodes by their process ids (each started in a session of its own)."""
+
 from __future__ import annotations
 
 import os
@@ -21,11 +22,9 @@ import sqlalchemy as sa
 
 from conftest import POSTGRES_URL, make_pg_schema_url
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")]
 
-RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; "
-       "sys.argv[0] = 'ray'; main()"]
+RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"]
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 SPEC = """name: two_nodes
 fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: gated_deltanet}
@@ -44,11 +43,22 @@ def free_port() -> int:
 def _node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     # A session of its own: the node's gcs_server, raylet and workers are its process group.
     return subprocess.Popen(
-        RAY + ["start", "--block", "--num-cpus=1", "--disable-usage-stats",
-               f"--dashboard-agent-listen-port={free_port()}",
-               f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-               *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-        start_new_session=True)
+        RAY
+        + [
+            "start",
+            "--block",
+            "--num-cpus=1",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            *args,
+        ],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -65,12 +75,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _wait_for_nodes(address: str, env: dict[str, str], n: int, timeout: float = 60) -> None:
-    code = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, "
-            "logging_level='ERROR'); print(sum(x['Alive'] for x in ray.nodes()))")
+    code = (
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, "
+        "logging_level='ERROR'); print(sum(x['Alive'] for x in ray.nodes()))"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = subprocess.run([sys.executable, "-c", code, address], env=env,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run([sys.executable, "-c", code, address], env=env, capture_output=True, text=True, timeout=60)
         if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
             return
         time.sleep(2)
@@ -88,9 +99,19 @@ def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
     url, drop = make_pg_schema_url()
     nodes = []
     try:
-        nodes.append(_node(["--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                            "--include-dashboard=false", f"--temp-dir={tmp / 'ray'}"],
-                           auth, tmp / "head.log"))
+        nodes.append(
+            _node(
+                [
+                    "--head",
+                    f"--port={port}",
+                    "--node-ip-address=127.0.0.1",
+                    "--include-dashboard=false",
+                    f"--temp-dir={tmp / 'ray'}",
+                ],
+                auth,
+                tmp / "head.log",
+            )
+        )
         time.sleep(3)
         nodes.append(_node([f"--address={address}"], auth, tmp / "node.log"))
         _wait_for_nodes(address, auth, 2)
@@ -100,17 +121,25 @@ def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
         # A driver without the token: refused in one line naming the fix, nothing written.
         bare = {**auth, "RAY_AUTH_MODE": "disabled"}
         bare.pop("RAY_AUTH_TOKEN_PATH")
-        r = subprocess.run(ORCH + ["submit", str(spec), "--address", address, "--db", url,
-                                   "--quiet"], env=bare, capture_output=True, text=True,
-                           timeout=180)
+        r = subprocess.run(
+            ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"],
+            env=bare,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert r.returncode == 2, r.stderr[-2000:]
         err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert len(err) == 1 and "cannot join the Ray cluster" in err[0]
         assert "RAY_AUTH_MODE=token" in err[0] and "auth_token" in err[0]
 
-        r = subprocess.run(ORCH + ["submit", str(spec), "--address", address, "--db", url,
-                                   "--quiet"], env=auth, capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run(
+            ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"],
+            env=auth,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         engine = sa.create_engine(url)
         with engine.connect() as c:

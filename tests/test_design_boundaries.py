@@ -1,4 +1,5 @@
 """Group-sequential boundaries against published tables and a Monte-Carlo check of their level."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ instead of training (the driver is under test, not training: tests/test_design_s
 runs the real thing through Ray). One stratum's contrast is decided early and its remaining
 seeds are skipped while the other runs to its last look; each runs at alpha / 2 (Bonferroni),
 checked against the boundaries computed directly."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,8 +48,9 @@ def test_stratified_driver_decides_each_stratum_on_its_own(db_url):
         batches.append([tid for tid, _, _ in batch])
         with engine.begin() as conn:
             for tid, _, params in batch:
-                repo.upsert_evals(conn, [{"trial_id": tid, "step": s, "acc": a, "loss": 1.0}
-                                         for s, a in _trace(params)])
+                repo.upsert_evals(
+                    conn, [{"trial_id": tid, "step": s, "acc": a, "loss": 1.0} for s, a in _trace(params)]
+                )
                 repo.finish_trial(conn, tid, "completed")
         return {tid: "completed" for tid, _, _ in batch}
 

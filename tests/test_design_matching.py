@@ -1,6 +1,7 @@
 """Parameter matching (``match_params``): each arm's MLP width solved to one parameter count,
 the recurrent state untouched. Counts are checked against the built models and against the
 closed form of the lever (two biased Linear layers per layer)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,7 @@ import cells
 from orchestrator.cli import main
 from orchestrator.spec import SpecError, load
 
-RECURRENT = ["armed_gdn", "gated_deltanet", "deltanet", "dg_rank", "dg_diag", "mamba2_ref",
-             "mamba2_ref_noconv"]
+RECURRENT = ["armed_gdn", "gated_deltanet", "deltanet", "dg_rank", "dg_diag", "mamba2_ref", "mamba2_ref_noconv"]
 
 
 def test_factorial_arms_matched_within_two_percent_at_1024_state(capsys):
@@ -48,8 +48,10 @@ def test_lever_adds_2d_plus_1_per_unit_per_layer_and_keeps_state():
     assert more["params"] - base["params"] == 2 * 10 * (2 * 32 + 1)
     assert more["state_elements"] == base["state_elements"] == 1024
     # mlp_hidden 0 is the ratio default (4 * d_model): same count as 128.
-    assert (cells.describe("armed_gdn", 91, d_model=32, mlp_hidden=0)["params"]
-            == cells.describe("armed_gdn", 91, d_model=32, mlp_hidden=128)["params"])
+    assert (
+        cells.describe("armed_gdn", 91, d_model=32, mlp_hidden=0)["params"]
+        == cells.describe("armed_gdn", 91, d_model=32, mlp_hidden=128)["params"]
+    )
 
 
 SPEC = """
@@ -60,12 +62,15 @@ match_params: %s
 """
 
 
-@pytest.mark.parametrize("block,needle", [
-    ("{target: 29000, tolerance: 0.02, arms: [attention, armed_gdn]}", "attention"),
-    ("{target: 100, tolerance: 0.02}", "from the target 100"),
-    ("{target: 29000, tolerance: 0}", "match_params.tolerance"),
-    ("{target: 29000, width: 3}", "match_params.width"),
-])
+@pytest.mark.parametrize(
+    "block,needle",
+    [
+        ("{target: 29000, tolerance: 0.02, arms: [attention, armed_gdn]}", "attention"),
+        ("{target: 100, tolerance: 0.02}", "from the target 100"),
+        ("{target: 29000, tolerance: 0}", "match_params.tolerance"),
+        ("{target: 29000, width: 3}", "match_params.width"),
+    ],
+)
 def test_bad_match_params_is_one_line(block, needle):
     text = SPEC % block
     if "attention" in block:

@@ -1,5 +1,6 @@
 """Power before the run: exact Fisher power vs brute force and simulation, log-rank vs Schoenfeld,
 and the ``orchestrator design power`` command."""
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,7 @@ def _casagrande_pike_smith(p0, p1, alpha=0.05, power=0.8):
     za, zb = stats.norm.isf(alpha / 2), stats.norm.isf(1 - power)
     pbar = (p0 + p1) / 2
     d = abs(p0 - p1)
-    n1 = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p0 * (1 - p0) + p1 * (1 - p1))) ** 2 / d ** 2
+    n1 = (za * math.sqrt(2 * pbar * (1 - pbar)) + zb * math.sqrt(p0 * (1 - p0) + p1 * (1 - p1))) ** 2 / d**2
     return n1 / 4 * (1 + math.sqrt(1 + 4 / (n1 * d))) ** 2
 
 
@@ -109,8 +110,23 @@ def test_logrank_power_is_seeded():
 
 
 def test_cli_fisher_json(capsys):
-    rc = main(["design", "power", "--test", "fisher", "--rates", "0.9,0.4", "--alpha", "0.05",
-               "--power", "0.8", "--looks", "8,16,24,40", "--json"])
+    rc = main(
+        [
+            "design",
+            "power",
+            "--test",
+            "fisher",
+            "--rates",
+            "0.9,0.4",
+            "--alpha",
+            "0.05",
+            "--power",
+            "0.8",
+            "--looks",
+            "8,16,24,40",
+            "--json",
+        ]
+    )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fixed"]["n"] == 17
@@ -123,26 +139,46 @@ def test_cli_fisher_json(capsys):
 
 
 def test_cli_logrank_text(capsys):
-    rc = main(["design", "power", "--test", "logrank", "--medians", "600,2400", "--budget", "3000",
-               "--looks", "4,8,12,16", "--sims", "2000"])
+    rc = main(
+        [
+            "design",
+            "power",
+            "--test",
+            "logrank",
+            "--medians",
+            "600,2400",
+            "--budget",
+            "3000",
+            "--looks",
+            "4,8,12,16",
+            "--sims",
+            "2000",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "fixed design:" in out and "Schoenfeld:" in out and "expected seeds per group" in out
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--test", "fisher", "--rates", "0.9"], "--rates needs exactly two values"),
-    (["--test", "fisher", "--rates", "0.9,1.2"], "--rates values must be in [0, 1]"),
-    (["--test", "fisher", "--rates", "0.5,0.5"], "the two groups are equal"),
-    (["--test", "fisher", "--rates", "a,b"], "--rates must be two numbers"),
-    (["--test", "fisher", "--rates", "0.9,0.4", "--alpha", "0.7"], "--alpha must be in (0, 0.5)"),
-    (["--test", "fisher", "--rates", "0.9,0.4", "--looks", "8,8"], "--looks must be positive and strictly increasing"),
-    (["--test", "fisher", "--rates", "0.9,0.4", "--spending", "haybittle"], "--spending must be"),
-    (["--test", "logrank", "--medians", "600,2400"], "needs --budget"),
-    (["--test", "logrank", "--budget", "3000"], "exactly one of --medians or --hazards"),
-    (["--test", "logrank", "--medians", "600,-1", "--budget", "3000"], "--medians values must be in (0, inf)"),
-    (["--test", "ttest", "--rates", "0.9,0.4"], "--test must be fisher or logrank"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--test", "fisher", "--rates", "0.9"], "--rates needs exactly two values"),
+        (["--test", "fisher", "--rates", "0.9,1.2"], "--rates values must be in [0, 1]"),
+        (["--test", "fisher", "--rates", "0.5,0.5"], "the two groups are equal"),
+        (["--test", "fisher", "--rates", "a,b"], "--rates must be two numbers"),
+        (["--test", "fisher", "--rates", "0.9,0.4", "--alpha", "0.7"], "--alpha must be in (0, 0.5)"),
+        (
+            ["--test", "fisher", "--rates", "0.9,0.4", "--looks", "8,8"],
+            "--looks must be positive and strictly increasing",
+        ),
+        (["--test", "fisher", "--rates", "0.9,0.4", "--spending", "haybittle"], "--spending must be"),
+        (["--test", "logrank", "--medians", "600,2400"], "needs --budget"),
+        (["--test", "logrank", "--budget", "3000"], "exactly one of --medians or --hazards"),
+        (["--test", "logrank", "--medians", "600,-1", "--budget", "3000"], "--medians values must be in (0, inf)"),
+        (["--test", "ttest", "--rates", "0.9,0.4"], "--test must be fisher or logrank"),
+    ],
+)
 def test_cli_bad_input_one_line_exit_2(capsys, args, match):
     rc = main(["design", "power", *args])
     assert rc == 2
@@ -154,7 +190,6 @@ def test_cli_bad_input_one_line_exit_2(capsys, args, match):
 def test_fisher_sequential_exact_size_below_alpha_for_every_common_rate(spending):
     # The type-I error of the discrete procedure depends on the common lock-in rate; the exact
     # enumeration shows it stays below alpha across rates (Fisher's conservatism).
-    sizes = [fisher_sequential(p, p, [8, 16, 24, 40], 0.05, spending).power
-             for p in np.linspace(0.05, 0.95, 19)]
+    sizes = [fisher_sequential(p, p, [8, 16, 24, 40], 0.05, spending).power for p in np.linspace(0.05, 0.95, 19)]
     assert max(sizes) <= 0.05
     assert max(sizes) > 0.01  # and the test is not vacuous

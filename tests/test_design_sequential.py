@@ -1,5 +1,6 @@
 """The sequential block's validation, the per-look decision, and the procedure's type-I error and
 expected seeds by simulation (known truth: equal rates / equal hazards under H0)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,13 @@ from orchestrator.design.sequential import (
 )
 
 AXES = {"arm": ["armed_gdn", "gated_deltanet", "mamba2_ref"], "seed": list(range(40))}
-BLOCK = {"compare": {"by": "arm", "groups": ["armed_gdn", "gated_deltanet"]}, "test": "fisher",
-         "looks": [8, 16, 24, 40], "alpha": 0.05, "spending": "obrien_fleming"}
+BLOCK = {
+    "compare": {"by": "arm", "groups": ["armed_gdn", "gated_deltanet"]},
+    "test": "fisher",
+    "looks": [8, 16, 24, 40],
+    "alpha": 0.05,
+    "spending": "obrien_fleming",
+}
 
 
 def _with(**kw):
@@ -41,24 +47,41 @@ def test_valid_block_parses():
     assert strata_cells(spec, AXES) == [{}]
 
 
-@pytest.mark.parametrize("block,axes,match", [
-    (_with(compare={"by": "arm", "groups": ["armed_gdn", "dg_rank"]}), AXES,
-     r"sequential\.compare\.groups: 'dg_rank' is not a value of axis 'arm'"),
-    (_with(compare={"by": "cell", "groups": ["a", "b"]}), AXES,
-     r"sequential\.compare\.by: axis 'cell' is not in the spec's axes"),
-    (_with(looks=[8, 16, 16, 40]), AXES, r"sequential\.looks: must be strictly increasing"),
-    (_with(looks=[8, 16, 24, 48]), AXES, r"sequential\.looks: last look needs 48 seeds per group but axis 'seed' has 40"),
-    (_with(alpha=0.5), AXES, r"sequential\.alpha: must be in \(0, 0\.5\), got 0\.5"),
-    (_with(alpha=0.0), AXES, r"sequential\.alpha: must be in \(0, 0\.5\)"),
-    (_with(test="ttest"), AXES, r"sequential\.test: "),
-    (_with(spending="haybittle"), AXES, r"sequential\.spending: "),
-    (_with(looks=[0, 8]), AXES, r"sequential\.looks\.0: "),
-    (_with(compare={"by": "arm", "groups": ["armed_gdn"]}), AXES, r"needs exactly 2 groups"),
-    (BLOCK, {**AXES, "K": [4, 8, 16]}, r"sequential\.strata: axis 'K' varies \(3 values\) but is not a stated stratum"),
-    (_with(strata=["L"]), {**AXES, "K": [4, 8]}, r"sequential\.strata: axis 'L' is not in the spec's axes"),
-    (_with(strata=["seed"]), AXES, r"sequential\.strata: 'seed' cannot be a stratum"),
-    (_with(bogus=1), AXES, r"sequential\.bogus: "),
-])
+@pytest.mark.parametrize(
+    "block,axes,match",
+    [
+        (
+            _with(compare={"by": "arm", "groups": ["armed_gdn", "dg_rank"]}),
+            AXES,
+            r"sequential\.compare\.groups: 'dg_rank' is not a value of axis 'arm'",
+        ),
+        (
+            _with(compare={"by": "cell", "groups": ["a", "b"]}),
+            AXES,
+            r"sequential\.compare\.by: axis 'cell' is not in the spec's axes",
+        ),
+        (_with(looks=[8, 16, 16, 40]), AXES, r"sequential\.looks: must be strictly increasing"),
+        (
+            _with(looks=[8, 16, 24, 48]),
+            AXES,
+            r"sequential\.looks: last look needs 48 seeds per group but axis 'seed' has 40",
+        ),
+        (_with(alpha=0.5), AXES, r"sequential\.alpha: must be in \(0, 0\.5\), got 0\.5"),
+        (_with(alpha=0.0), AXES, r"sequential\.alpha: must be in \(0, 0\.5\)"),
+        (_with(test="ttest"), AXES, r"sequential\.test: "),
+        (_with(spending="haybittle"), AXES, r"sequential\.spending: "),
+        (_with(looks=[0, 8]), AXES, r"sequential\.looks\.0: "),
+        (_with(compare={"by": "arm", "groups": ["armed_gdn"]}), AXES, r"needs exactly 2 groups"),
+        (
+            BLOCK,
+            {**AXES, "K": [4, 8, 16]},
+            r"sequential\.strata: axis 'K' varies \(3 values\) but is not a stated stratum",
+        ),
+        (_with(strata=["L"]), {**AXES, "K": [4, 8]}, r"sequential\.strata: axis 'L' is not in the spec's axes"),
+        (_with(strata=["seed"]), AXES, r"sequential\.strata: 'seed' cannot be a stratum"),
+        (_with(bogus=1), AXES, r"sequential\.bogus: "),
+    ],
+)
 def test_bad_blocks_are_one_line_errors(block, axes, match):
     with pytest.raises(SequentialError, match=match) as exc:
         validate_sequential(block, axes)
@@ -118,8 +141,9 @@ def _run_fisher_sweeps(spec, p0, p1, sweeps, seed):
     for s in range(sweeps):
         rec = []
         for k, n in enumerate(spec.looks, start=1):
-            r = decide_look(spec, k, {g0: FisherData(n, int(x0[s, :n].sum())),
-                                      g1: FisherData(n, int(x1[s, :n].sum()))}, rec)
+            r = decide_look(
+                spec, k, {g0: FisherData(n, int(x0[s, :n].sum())), g1: FisherData(n, int(x1[s, :n].sum()))}, rec
+            )
             rec.append(r)
             if r.stopped:
                 rejected[s] = r.decision == "reject"
@@ -157,9 +181,11 @@ def test_fisher_sequential_saves_seeds_under_the_papers_alternative():
     fixed = fisher_sample_size(0.9, 0.4, 0.05, 0.8)
     seq = fisher_sequential(0.9, 0.4, [3, 7, 10, 17], 0.05)
     assert seq.power >= 0.8 and seq.expected_n_h1 < fixed.n
-    print(f"fisher 0.9 vs 0.4 looks {spec.looks}: seeds/group used sim {used.mean():.2f}, exact "
-          f"{exact.expected_n_h1:.2f}; power {exact.power:.4f}; fixed n {fixed.n}, "
-          f"scaled looks E[n|H1] {seq.expected_n_h1:.2f}")
+    print(
+        f"fisher 0.9 vs 0.4 looks {spec.looks}: seeds/group used sim {used.mean():.2f}, exact "
+        f"{exact.expected_n_h1:.2f}; power {exact.power:.4f}; fixed n {fixed.n}, "
+        f"scaled looks E[n|H1] {seq.expected_n_h1:.2f}"
+    )
 
 
 @pytest.mark.parametrize("median", [600, 2400])
@@ -189,10 +215,11 @@ def test_logrank_vectorised_procedure_equals_decide_look():
             data = {}
             for g, b in ((g0, b0), (g1, b1)):
                 j = b[s, :n]
-                data[g] = SurvivalData(times=list((np.minimum(j, model.n_evals - 1) + 1) * 100.0),
-                                       events=list(j < model.n_evals))
+                data[g] = SurvivalData(
+                    times=list((np.minimum(j, model.n_evals - 1) + 1) * 100.0), events=list(j < model.n_evals)
+                )
             r = decide_look(spec, k, data, rec)
-            zv = logrank_z_sims(b0[s:s + 1], b1[s:s + 1], n, model.n_evals)[0]
+            zv = logrank_z_sims(b0[s : s + 1], b1[s : s + 1], n, model.n_evals)[0]
             assert r.statistic == pytest.approx(zv, abs=1e-9)
             assert (abs(zv) >= bounds[k - 1]) == (r.decision == "reject")
             rec.append(r)
@@ -205,8 +232,10 @@ def test_logrank_sequential_saves_seeds_under_alternative():
     r = logrank_sequential(model, [4, 8, 12, 16], 0.05, sims=4000, seed=3)
     assert r.expected_n_h1 < 16 and r.power > 0.8
     assert r.expected_n_h0 <= 16
-    print(f"logrank 600 vs 2400 looks [4,8,12,16]: power {r.power:.3f}, E[n|H1] "
-          f"{r.expected_n_h1:.2f}, E[n|H0] {r.expected_n_h0:.2f}")
+    print(
+        f"logrank 600 vs 2400 looks [4,8,12,16]: power {r.power:.3f}, E[n|H1] "
+        f"{r.expected_n_h1:.2f}, E[n|H0] {r.expected_n_h0:.2f}"
+    )
 
 
 def test_decide_strata_each_on_its_own():
@@ -218,8 +247,13 @@ def test_decide_strata_each_on_its_own():
     # K=4: a decisive difference at look 2; K=8: no difference
     strong = {g0: FisherData(16, 16), g1: FisherData(16, 1)}
     null = {g0: FisherData(16, 8), g1: FisherData(16, 8)}
-    look1 = decide_strata(spec, axes, 1, {(4,): {g0: FisherData(8, 8), g1: FisherData(8, 1)},
-                                          (8,): {g0: FisherData(8, 4), g1: FisherData(8, 4)}}, {})
+    look1 = decide_strata(
+        spec,
+        axes,
+        1,
+        {(4,): {g0: FisherData(8, 8), g1: FisherData(8, 1)}, (8,): {g0: FisherData(8, 4), g1: FisherData(8, 4)}},
+        {},
+    )
     assert {k: r.decision for k, r in look1.items()} == {(4,): "continue", (8,): "continue"}
     prior = {k: [r] for k, r in look1.items()}
     look2 = decide_strata(spec, axes, 2, {(4,): strong, (8,): null}, prior)

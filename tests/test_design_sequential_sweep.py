@@ -3,6 +3,7 @@ vs unarmed Gated DeltaNet, looks of 2/4/8 seeds per arm, log-rank with Pocock sp
 driver stops at the first look whose statistic crosses the boundary, the remaining seeds are
 ``skipped`` and never run, and a resume neither re-runs nor re-tests; a crash between a
 look's trials and its decision is re-decided on the same seeds, identically."""
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,10 @@ SPEC = Path(__file__).resolve().parents[1] / "sweeps" / "sequential_quick.yaml"
 
 def _looks(engine):
     with engine.connect() as c:
-        return [(r.look, r.decision, json.loads(r.record) if isinstance(r.record, str) else r.record)
-                for r in c.execute(sa.text("SELECT look, decision, record FROM sequential_looks "
-                                           "ORDER BY id"))]
+        return [
+            (r.look, r.decision, json.loads(r.record) if isinstance(r.record, str) else r.record)
+            for r in c.execute(sa.text("SELECT look, decision, record FROM sequential_looks ORDER BY id"))
+        ]
 
 
 def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys):
@@ -40,9 +42,11 @@ def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys):
     seq = load(SPEC).sequential
     n_k = seq.looks[last_look - 1]
     with engine.connect() as c:
-        rows = c.execute(sa.text(
-            "SELECT t.seed, t.status, t.error, (SELECT count(*) FROM evals e WHERE e.trial_id = t.id) "
-            "FROM trials t")).all()
+        rows = c.execute(
+            sa.text(
+                "SELECT t.seed, t.status, t.error, (SELECT count(*) FROM evals e WHERE e.trial_id = t.id) FROM trials t"
+            )
+        ).all()
     ran = [r for r in rows if r[1] != "skipped"]
     skipped = [r for r in rows if r[1] == "skipped"]
     assert {r[0] for r in ran} == set(range(n_k)) and all(r[1] == "completed" for r in ran)
@@ -81,9 +85,9 @@ def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys):
     assert redo[-1][1] == decision and redo[-1][2]["statistic"] == pytest.approx(rec["statistic"])
     with engine.connect() as c:
         n_skipped = c.execute(sa.text("SELECT count(*) FROM trials WHERE status = 'skipped'")).scalar_one()
-        n_evals_skipped = c.execute(sa.text(
-            "SELECT count(*) FROM evals e JOIN trials t ON t.id = e.trial_id "
-            "WHERE t.status = 'skipped'")).scalar_one()
+        n_evals_skipped = c.execute(
+            sa.text("SELECT count(*) FROM evals e JOIN trials t ON t.id = e.trial_id WHERE t.status = 'skipped'")
+        ).scalar_one()
     assert n_skipped == len(skipped) and n_evals_skipped == 0
     engine.dispose()
 

@@ -1,5 +1,6 @@
 """The ``sequential:`` and ``stop:`` blocks in a sweep spec: bad blocks are one line, exit 2,
 and nothing is written (the database file is not even created)."""
+
 from __future__ import annotations
 
 import pytest
@@ -72,8 +73,9 @@ def test_stop_block_takes_escape_threshold_from_analysis():
     assert sweep.spec.stop.after_escape_evals == 2 and sweep.spec.stop.escape_at == 0.7
 
 
-@pytest.mark.parametrize("stop,needle", [("{after_escape_evals: 0}", "stop.after_escape_evals"),
-                                         ("{after: 2}", "stop.after")])
+@pytest.mark.parametrize(
+    "stop,needle", [("{after_escape_evals: 0}", "stop.after_escape_evals"), ("{after: 2}", "stop.after")]
+)
 def test_bad_stop_block(stop, needle):
     with pytest.raises(SpecError, match=needle.replace(".", r"\.")):
         load(text=_spec().replace("sequential:", f"stop: {stop}\nsequential:"))

@@ -1,4 +1,5 @@
 """The vectorised Fisher and log-rank statistics against scipy, lifelines and brute force."""
+
 from __future__ import annotations
 
 import itertools
@@ -39,7 +40,7 @@ def test_hypergeometric_logrank_equals_lifelines():
         t0, e0, t1, e1 = _random_survival(rng, n0, n1)
         ref = logrank_test(t0, t1, event_observed_A=e0, event_observed_B=e1)
         z = logrank_z(t0, e0, t1, e1, variance="hypergeometric")
-        assert z ** 2 == pytest.approx(ref.test_statistic, rel=1e-9)
+        assert z**2 == pytest.approx(ref.test_statistic, rel=1e-9)
         # the sign: group 0 has more events than expected when z > 0
         zp = logrank_z(t0, e0, t1, e1)
         assert np.sign(zp) == np.sign(z)
@@ -75,8 +76,9 @@ def test_permutation_variance_by_enumerating_relabellings():
         z_h = logrank_z(t[g0], e[g0], t[~g0], e[~g0], variance="hypergeometric")
         # O - E recovered from lifelines' statistic and our hypergeometric variance agree with the scores
         assert scores[g0].sum() ** 2 == pytest.approx(
-            z_h ** 2 * _hyper_var(t[g0], e[g0], t[~g0], e[~g0]), rel=1e-9, abs=1e-12)
-        assert z_h ** 2 == pytest.approx(ref.test_statistic, rel=1e-9, abs=1e-12)
+            z_h**2 * _hyper_var(t[g0], e[g0], t[~g0], e[~g0]), rel=1e-9, abs=1e-12
+        )
+        assert z_h**2 == pytest.approx(ref.test_statistic, rel=1e-9, abs=1e-12)
         u.append(scores[g0].sum())
     u = np.array(u)
     assert u.mean() == pytest.approx(0.0, abs=1e-12)

@@ -2,6 +2,7 @@
 ends a trial N evals after a sustained escape, its trace up to the stop equals the full run's,
 the runner records the stop, the analysis keeps escape times and refuses lock-in at budget
 unless told how to impute it, and ``status`` shows the steps saved."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,19 @@ from orchestrator.store.engine import make_engine
 from orchestrator.train import Trainer
 
 # armed_gdn on masked MQAR K = 4 escapes within ~150 steps at lr 3e-3 (acc 0.92 at step 150).
-PARAMS = {"arm": "armed_gdn", "task": "mqar", "task.K": 4, "task.eval_size": 256, "d_model": 32,
-          "n_layers": 1, "batch_size": 32, "lr": 3e-3, "steps": 300, "eval_every": 50, "seed": 0}
+PARAMS = {
+    "arm": "armed_gdn",
+    "task": "mqar",
+    "task.K": 4,
+    "task.eval_size": 256,
+    "d_model": 32,
+    "n_layers": 1,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "steps": 300,
+    "eval_every": 50,
+    "seed": 0,
+}
 
 
 def test_loop_stops_n_evals_after_a_sustained_escape_and_keeps_the_prefix():
@@ -27,10 +39,9 @@ def test_loop_stops_n_evals_after_a_sustained_escape_and_keeps_the_prefix():
     # Independent reading of the rule on the full trace: the first eval (after the first)
     # from which acc >= 0.8 holds for this eval and the next one; stop at the next one.
     accs = full_trace
-    expect = next(accs[i + 1][0] for i in range(1, len(accs) - 1)
-                  if accs[i][1] >= 0.8 and accs[i + 1][1] >= 0.8)
+    expect = next(accs[i + 1][0] for i in range(1, len(accs) - 1) if accs[i][1] >= 0.8 and accs[i + 1][1] >= 0.8)
     assert stopped.stopped_at == expect < 300
-    assert trace == full_trace[:len(trace)] and trace[-1][0] == expect
+    assert trace == full_trace[: len(trace)] and trace[-1][0] == expect
     assert str(stopped.status) == "completed" and "sustained 1 evals" in stopped.stop_reason
     # An escape that is not sustained does not stop: threshold above every eval but one.
     top = max(a for _, a in full_trace[1:])
@@ -68,9 +79,12 @@ def test_sweep_with_stop_rule_records_refuses_and_imputes(tmp_path, capsys):
     assert main(["submit", str(spec), "--db", url, "-q"]) == 0
     engine = make_engine(url)
     with engine.connect() as c:
-        rows = c.execute(sa.text(
-            "SELECT t.status, t.final_step, s.step, s.budget, s.reason FROM trials t "
-            "JOIN trial_stops s ON s.trial_id = t.id ORDER BY t.seed")).all()
+        rows = c.execute(
+            sa.text(
+                "SELECT t.status, t.final_step, s.step, s.budget, s.reason FROM trials t "
+                "JOIN trial_stops s ON s.trial_id = t.id ORDER BY t.seed"
+            )
+        ).all()
     assert len(rows) == 2
     for status, final_step, step, budget, reason in rows:
         assert status == "completed" and final_step == step < budget == 300 and "escape" in reason
@@ -80,8 +94,7 @@ def test_sweep_with_stop_rule_records_refuses_and_imputes(tmp_path, capsys):
     # ... lock-in at budget is refused (one line, exit 2) unless the imputation is stated.
     assert main(["analyze", "stopper", "lockin", "--db", url]) == 2
     assert "--stopped-as solved" in capsys.readouterr().err
-    assert main(["analyze", "stopper", "lockin", "--db", url, "--stopped-as", "solved",
-                 "--json"]) == 0
+    assert main(["analyze", "stopper", "lockin", "--db", url, "--stopped-as", "solved", "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert all(r["rate"] == 1.0 for r in table), table
     # status reports the steps the rule saved: the budget minus the stop step, per trial.

@@ -1,5 +1,6 @@
 """``orchestrator export``: trials (one column per parameter), evals and the spec text, read
 back by pyarrow in a process that cannot import orchestrator, and as CSV."""
+
 from __future__ import annotations
 
 import csv
@@ -34,10 +35,18 @@ print(json.dumps({"trials": t.num_rows, "tcols": t.column_names, "evals": e.num_
 
 def _db(tmp_path) -> str:
     db = str(tmp_path / "ex.db")
-    recs = [{"params": {"arm": "deltanet", "seed": s, "model": {"impl": impl},
-                        "task": {"name": "mqar", "K": 8 * (s + 1)}},
-             "trace": [{"step": 10 * i, "acc": 0.1 * i + 0.01 * s, "loss": 1.0 / i} for i in (1, 2)]}
-            for s, impl in ((0, "auto"), (1, 3))]
+    recs = [
+        {
+            "params": {
+                "arm": "deltanet",
+                "seed": s,
+                "model": {"impl": impl},
+                "task": {"name": "mqar", "K": 8 * (s + 1)},
+            },
+            "trace": [{"step": 10 * i, "acc": 0.1 * i + 0.01 * s, "loss": 1.0 / i} for i in (1, 2)],
+        }
+        for s, impl in ((0, "auto"), (1, 3))
+    ]
     write_records(db, "ex", recs)
     engine, _ = open_store_engine(db)
     with engine.begin() as conn:
@@ -50,18 +59,17 @@ def test_export_parquet_reads_without_orchestrator(tmp_path, capsys):
     db = _db(tmp_path)
     out = tmp_path / "out"
     assert main(["export", "ex", "--format", "parquet", "--out", str(out), "--db", db]) == 0
-    assert capsys.readouterr().out.split() == [str(out / f) for f in
-                                               ("trials.parquet", "evals.parquet", "spec.yaml")]
+    assert capsys.readouterr().out.split() == [str(out / f) for f in ("trials.parquet", "evals.parquet", "spec.yaml")]
     r = subprocess.run([sys.executable, "-c", READER, str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["trials"] == 2 and got["evals"] == 4
     assert {"key", "status", "arm", "seed", "task.K", "model.impl"} <= set(got["tcols"])
     assert "K" not in got["tcols"] and "task_K" not in got["tcols"]
-    assert got["ecols"][:7] == ["trial_id", "step", "acc", "loss", "train_loss", "step_lr",
-                                "elapsed_s"]
+    assert got["ecols"][:7] == ["trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s"]
     assert got["acc"] == sorted([0.1, 0.2, 0.11, 0.21]) or all(
-        abs(a - b) < 1e-12 for a, b in zip(got["acc"], sorted([0.1, 0.2, 0.11, 0.21])))
+        abs(a - b) < 1e-12 for a, b in zip(got["acc"], sorted([0.1, 0.2, 0.11, 0.21]))
+    )
     assert sorted(got["K"]) == [8, 16] and sorted(got["impl"]) == ["3", "auto"]  # mixed: text
     assert got["rb"] == [0.5] * 4
     assert (out / "spec.yaml").read_text() == SPEC

@@ -12,6 +12,7 @@ How many kills: ``ORCH_FAULT_KILLS`` (SQLite, default 3) and ``ORCH_FAULT_KILLS_
 (``-s`` prints the kill steps). The PostgreSQL restart test stops the shared server, so it
 runs only with ``ORCH_TEST_PG_RESTART=1`` (``.ci/run`` sets it).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,7 @@ N_EVALS = 6 * 13
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 # RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
 # (or engineer) left running on this machine.
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local",
-       "ORCH_LEASE_TTL_S": "6"}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", "ORCH_LEASE_TTL_S": "6"}
 COLS = "t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics"
 
 
@@ -75,16 +75,19 @@ def _q(url: str, q: str, default=None):
 
 def _evals(url: str):
     """Every column but elapsed_s; metrics parsed (SQLite returns JSON as text)."""
-    rows = _q(url, f"SELECT {COLS} FROM evals e JOIN trials t ON t.id = e.trial_id "
-                   "ORDER BY t.key, e.step")
-    return [tuple(r[:-1]) + (json.loads(r[-1]) if isinstance(r[-1], str) else r[-1],)
-            for r in rows]
+    rows = _q(url, f"SELECT {COLS} FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step")
+    return [tuple(r[:-1]) + (json.loads(r[-1]) if isinstance(r[-1], str) else r[-1],) for r in rows]
 
 
 def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
-    return subprocess.Popen(CLI + args + ["--db", url, "--quiet", "--checkpoint-dir", str(ck)],
-                            env=env or ENV, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        CLI + args + ["--db", url, "--quiet", "--checkpoint-dir", str(ck)],
+        env=env or ENV,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +118,11 @@ def _eval_count(url: str) -> int:
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, reference, backend):
-    kills = int(os.environ.get("ORCH_FAULT_KILLS" if backend == "sqlite" else
-                               "ORCH_FAULT_KILLS_PG", "3" if backend == "sqlite" else "2"))
+    kills = int(
+        os.environ.get(
+            "ORCH_FAULT_KILLS" if backend == "sqlite" else "ORCH_FAULT_KILLS_PG", "3" if backend == "sqlite" else "2"
+        )
+    )
     rng = random.Random(11)
     url, drop = _backend(tmp_path, backend)
     try:
@@ -139,17 +145,26 @@ def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, refere
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             # Where the kill hit: rows in the table, and the last step of each running trial.
-            steps = sorted(r[0] for r in _q(
-                url, "SELECT (SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
-                     "FROM trials t WHERE status = 'running'", default=[]) if r[0] is not None)
+            steps = sorted(
+                r[0]
+                for r in _q(
+                    url,
+                    "SELECT (SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
+                    "FROM trials t WHERE status = 'running'",
+                    default=[],
+                )
+                if r[0] is not None
+            )
             log.append((_eval_count(url), steps))
         p = _start(["resume", "faults"], url, tmp_path / "ck")
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
         got = _evals(url)
-        print(f"\n{backend}: {sum(1 for e in log if e[0] != 'finished')} kills at "
-              f"(eval rows stored, last step of each running trial) {log}; "
-              f"{len(got)} rows compared")
+        print(
+            f"\n{backend}: {sum(1 for e in log if e[0] != 'finished')} kills at "
+            f"(eval rows stored, last step of each running trial) {log}; "
+            f"{len(got)} rows compared"
+        )
         assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
         assert len(got) == N_EVALS and got == reference
     finally:
@@ -180,9 +195,12 @@ def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path
     killed = None
     deadline = time.time() + 300
     while p.poll() is None and time.time() < deadline and killed is None:
-        mid = _q(url, "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
-                      "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) BETWEEN 60 AND 180",
-                 default=[(0,)])[0][0]
+        mid = _q(
+            url,
+            "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
+            "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) BETWEEN 60 AND 180",
+            default=[(0,)],
+        )[0][0]
         workers = _ray_trial_workers(p.pid) if mid else []
         if workers:
             killed = workers[0]
@@ -246,16 +264,22 @@ def test_eight_readers_against_a_sqlite_sweep_being_written(tmp_path):
 
 def _pg_ctl(action: str) -> None:
     version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def _pg_up() -> bool:
     return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"]).returncode == 0
 
 
-@pytest.mark.skipif(os.environ.get("ORCH_TEST_PG_RESTART") != "1" or not POSTGRES_URL,
-                    reason="restarts the shared PostgreSQL server: set ORCH_TEST_PG_RESTART=1")
+@pytest.mark.skipif(
+    os.environ.get("ORCH_TEST_PG_RESTART") != "1" or not POSTGRES_URL,
+    reason="restarts the shared PostgreSQL server: set ORCH_TEST_PG_RESTART=1",
+)
 @pytest.mark.parametrize("outage", ["restart", "stop30", "giveup"])
 def test_postgres_outage_mid_sweep(tmp_path, reference, outage):
     """restart / stop30: the writer rides the outage out, the sweep completes without a
@@ -266,8 +290,7 @@ def test_postgres_outage_mid_sweep(tmp_path, reference, outage):
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
         budget = "5" if outage == "giveup" else "120"
-        p = _start(["submit", str(spec)], url, tmp_path / "ck",
-                   env={**ENV, "ORCH_DB_OUTAGE_S": budget})
+        p = _start(["submit", str(spec)], url, tmp_path / "ck", env={**ENV, "ORCH_DB_OUTAGE_S": budget})
         deadline = time.time() + 300
         while p.poll() is None and time.time() < deadline and _eval_count(url) < 20:
             time.sleep(0.1)

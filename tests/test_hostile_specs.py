@@ -1,6 +1,7 @@
 """The hostile-spec corpus (tests/bad_specs/): every file is refused by `orchestrator
 submit` with exit 2 and one line on stderr, no traceback, and no database file or any other
 file written; plus the bounds that accept (merge keys, --max-trials) and the warnings."""
+
 from __future__ import annotations
 
 import os
@@ -47,12 +48,15 @@ def test_bad_spec_is_refused_and_writes_nothing(path, tmp_path, monkeypatch, cap
     assert list(tmp_path.iterdir()) == []  # no database, no runs/ folder, nothing
 
 
-@pytest.mark.parametrize("name", ["three_axes_of_1000", "latin1", "nested_list_5000",
-                                  "seed_2_pow_70"])
+@pytest.mark.parametrize("name", ["three_axes_of_1000", "latin1", "nested_list_5000", "seed_2_pow_70"])
 def test_bad_spec_through_a_real_process(name, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit",
-                        str(CORPUS / f"{name}.yaml"), "--dry-run"], capture_output=True,
-                       text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "submit", str(CORPUS / f"{name}.yaml"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert list(tmp_path.iterdir()) == []

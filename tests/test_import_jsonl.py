@@ -1,5 +1,6 @@
 """``orchestrator import``: published traces become trials; a malformed file imports
 nothing and names its bad lines."""
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,27 @@ GRID = [1, 200, 400, 600, 800]
 
 
 def _line(seed, variant="ns5", escape=600, **extra):
-    return {"params": {"arm": "mlstm", "seed": seed, "lr": 0.003,
-                       "task": {"name": "mad_recall", "vocab_size": 80}, "tag.variant": variant},
-            "trace": [{"step": s, "acc": 0.95 if escape and s >= escape else 0.02,
-                       "loss": 1.5, "train_loss": 1.4, "elapsed_s": s / 10, "c_erank": 3.5}
-                      for s in GRID], **extra}
+    return {
+        "params": {
+            "arm": "mlstm",
+            "seed": seed,
+            "lr": 0.003,
+            "task": {"name": "mad_recall", "vocab_size": 80},
+            "tag.variant": variant,
+        },
+        "trace": [
+            {
+                "step": s,
+                "acc": 0.95 if escape and s >= escape else 0.02,
+                "loss": 1.5,
+                "train_loss": 1.4,
+                "elapsed_s": s / 10,
+                "c_erank": 3.5,
+            }
+            for s in GRID
+        ],
+        **extra,
+    }
 
 
 def _write(path, objs):
@@ -35,10 +52,10 @@ def _run(capsys, *argv):
 
 
 def test_import_round_trip_and_idempotent_reimport(db_url, tmp_path, capsys):
-    f = _write(tmp_path / "pub.jsonl", [_line(0), "", _line(1, escape=None),
-                                        _line(2, variant="baseline", status="diverged")])
-    code, out, err = _run(capsys, "import", str(f), "--sweep", "published", "--db", db_url,
-                          "--json")
+    f = _write(
+        tmp_path / "pub.jsonl", [_line(0), "", _line(1, escape=None), _line(2, variant="baseline", status="diverged")]
+    )
+    code, out, err = _run(capsys, "import", str(f), "--sweep", "published", "--db", db_url, "--json")
     assert code == 0, err
     res = json.loads(out)
     assert (res["trials"], res["new_trials"], res["evals"]) == (3, 3, 15)
@@ -51,17 +68,19 @@ def test_import_round_trip_and_idempotent_reimport(db_url, tmp_path, capsys):
     assert one["acc"].tolist() == [0.02, 0.02, 0.02, 0.95, 0.95]
     engine, _ = open_store_engine(db_url)
     with engine.connect() as conn:
-        row = conn.execute(sa.text(
-            "SELECT e.metrics, e.train_loss, t.final_acc, t.best_acc, t.key FROM evals e "
-            "JOIN trials t ON t.id = e.trial_id WHERE t.seed = 0 AND e.step = 800")).one()
+        row = conn.execute(
+            sa.text(
+                "SELECT e.metrics, e.train_loss, t.final_acc, t.best_acc, t.key FROM evals e "
+                "JOIN trials t ON t.id = e.trial_id WHERE t.seed = 0 AND e.step = 800"
+            )
+        ).one()
     metrics = row[0] if isinstance(row[0], dict) else json.loads(row[0])
     assert metrics == {"c_erank": 3.5} and row[1] == 1.4
     assert (row[2], row[3]) == (0.95, 0.95) and len(row[4]) >= 16
     # The analyses read imported trials like any other.
     lr = oa.logrank(db_url, "published", by="variant", statuses="all").to_dict()
     assert lr["groups"]["ns5"]["escapes"] == 1 and lr["groups"]["baseline"]["escapes"] == 1
-    code, out, _ = _run(capsys, "import", str(f), "--sweep", "published", "--db", db_url,
-                        "--json")
+    code, out, _ = _run(capsys, "import", str(f), "--sweep", "published", "--db", db_url, "--json")
     again = json.loads(out)
     assert code == 0 and (again["new_trials"], again["evals"]) == (0, 15)
     with engine.connect() as conn:
@@ -69,23 +88,31 @@ def test_import_round_trip_and_idempotent_reimport(db_url, tmp_path, capsys):
         assert conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one() == 3
 
 
-def test_malformed_lines_are_reported_by_number_and_nothing_is_imported(db_url, tmp_path,
-                                                                         capsys):
+def test_malformed_lines_are_reported_by_number_and_nothing_is_imported(db_url, tmp_path, capsys):
     engine, _ = open_store_engine(db_url)
     bad_acc = _line(3)
     bad_acc["trace"][1]["acc"] = 1.7
     dup_step = _line(4)
     dup_step["trace"][2]["step"] = 1
-    f = _write(tmp_path / "bad.jsonl", [
-        _line(0), "{not json", _line(1), bad_acc, {"params": {"seed": 5}},
-        dup_step, _line(6, extra_key=1), [1, 2], _line(7, escape=None) | {"status": "running"},
-    ])
+    f = _write(
+        tmp_path / "bad.jsonl",
+        [
+            _line(0),
+            "{not json",
+            _line(1),
+            bad_acc,
+            {"params": {"seed": 5}},
+            dup_step,
+            _line(6, extra_key=1),
+            [1, 2],
+            _line(7, escape=None) | {"status": "running"},
+        ],
+    )
     code, out, err = _run(capsys, "import", str(f), "--sweep", "pub", "--db", db_url)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1
     assert "7 malformed line(s), nothing imported" in err
-    for n, what in ((2, "invalid JSON"), (4, "trace[1].acc"), (5, "trace"), (6, "twice"),
-                    (7, "extra_key")):
+    for n, what in ((2, "invalid JSON"), (4, "trace[1].acc"), (5, "trace"), (6, "twice"), (7, "extra_key")):
         assert f"line {n}: " in err and what in err, (n, what, err)
     assert "(and 2 more)" in err  # lines 8 (an array) and 9 (status running)
     with engine.connect() as conn:
@@ -95,8 +122,7 @@ def test_malformed_lines_are_reported_by_number_and_nothing_is_imported(db_url, 
     f2 = _write(tmp_path / "dup.jsonl", [_line(0), _line(1), _line(0)])
     code, _, err = _run(capsys, "import", str(f2), "--sweep", "pub", "--db", db_url)
     assert code == 2 and "line 3 has the same params as line 1" in err
-    code, _, err = _run(capsys, "import", str(tmp_path / "absent.jsonl"), "--sweep", "pub",
-                        "--db", db_url)
+    code, _, err = _run(capsys, "import", str(tmp_path / "absent.jsonl"), "--sweep", "pub", "--db", db_url)
     assert code == 2 and "cannot read" in err
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one() == 0
@@ -111,16 +137,20 @@ def test_import_never_writes_into_a_submitted_sweep(db_url, tmp_path, capsys):
     assert code == 2 and "created by `orchestrator submit`" in err
     assert len(err.strip().splitlines()) == 1
     with engine.connect() as conn:
-        spec, h = conn.execute(sa.text(
-            "SELECT spec_text, spec_hash FROM sweeps WHERE name = 'basin'")).one()
+        spec, h = conn.execute(sa.text("SELECT spec_text, spec_hash FROM sweeps WHERE name = 'basin'")).one()
         n = conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one()
     assert (spec, h, n) == ("name: basin\n", "abc", 0)
 
 
-@pytest.mark.parametrize("bad", ['{"params": {"a": 1}, "trace": [{"step": 1.5, "acc": 0.1}]}',
-                                 '{"params": {"a": 1}, "trace": [{"step": 1, "acc": "0.5"}]}',
-                                 '{"params": {}, "trace": [{"step": 1, "acc": 0.1}]}',
-                                 '{"params": {"a": 1}, "trace": []}'])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"params": {"a": 1}, "trace": [{"step": 1.5, "acc": 0.1}]}',
+        '{"params": {"a": 1}, "trace": [{"step": 1, "acc": "0.5"}]}',
+        '{"params": {}, "trace": [{"step": 1, "acc": 0.1}]}',
+        '{"params": {"a": 1}, "trace": []}',
+    ],
+)
 def test_each_malformed_shape_is_rejected(tmp_path, bad):
     from orchestrator.store.import_jsonl import parse_file
     from orchestrator.errors import UserError

@@ -4,6 +4,7 @@ Fast forms are compared with the naive reference in fp64 on odd shapes (T = 37, 
 Dv = 5, chunk sizes that do not divide T): output, final state and every input gradient.
 The naive reference itself is checked against the equation written with explicit matrices.
 """
+
 from __future__ import annotations
 
 import sys
@@ -125,8 +126,7 @@ def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
 
 
 def test_autocast_does_not_lower_the_recurrence_precision():
-    x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=8, dtype=torch.float32,
-                    requires_grad=False)
+    x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=8, dtype=torch.float32, requires_grad=False)
     args = [x[n] for n in ("q", "k", "v", "beta", "alpha")]
     plain = kernels.delta_rule(*args, impl="chunk", initial_state=x["initial_state"])
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -179,8 +179,13 @@ def test_unknown_impl_names_the_allowed_values():
     with pytest.raises(ValueError, match="naive, chunk, triton, auto"):
         kernels.delta_rule(x["q"], x["k"], x["v"], x["beta"], impl="fast")
     with pytest.raises(ValueError, match="naive, chunk, auto"):
-        kernels.ssd_scan(torch.zeros(1, 1, 4, 2), torch.ones(1, 1, 4), torch.zeros(1, 1, 4, 3),
-                         torch.zeros(1, 1, 4, 3), impl="triton")
+        kernels.ssd_scan(
+            torch.zeros(1, 1, 4, 2),
+            torch.ones(1, 1, 4),
+            torch.zeros(1, 1, 4, 3),
+            torch.zeros(1, 1, 4, 3),
+            impl="triton",
+        )
 
 
 def test_missing_triton_module_gives_a_clear_error_and_auto_falls_back(monkeypatch):
@@ -229,8 +234,11 @@ def test_bad_chunk_size_is_rejected(bad):
 @pytest.mark.parametrize("op", ["delta_rule", "dplr_scan", "ssd_scan"])
 @pytest.mark.parametrize("strong_decay", [False, True])
 def test_chunk_form_under_vmap_equals_each_member_alone(op, strong_decay):
-    names = {"delta_rule": ("q", "k", "v", "beta", "alpha"), "dplr_scan": ("r", "k", "v", "w", "kappa", "a"),
-             "ssd_scan": ("x", "a", "b", "c")}[op] + ("initial_state",)
+    names = {
+        "delta_rule": ("q", "k", "v", "beta", "alpha"),
+        "dplr_scan": ("r", "k", "v", "w", "kappa", "a"),
+        "ssd_scan": ("x", "a", "b", "c"),
+    }[op] + ("initial_state",)
     decay_name = {"delta_rule": "alpha", "dplr_scan": "w", "ssd_scan": "a"}[op]
     fn = getattr(kernels, op)
     members = [make_inputs(op, 2, 2, 21, 5, 4, with_state=True, seed=30 + m, requires_grad=False) for m in range(3)]

@@ -5,6 +5,7 @@ form against the reference (output, state, every gradient, fp64, odd shapes) on 
 its paths (factorised decays and explicit segment products); a = 0 against an independently
 computed diagonal scan; equivalence with the delta rule; state carry; bf16.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -73,16 +74,17 @@ def test_zero_rate_is_an_independent_diagonal_scan(impl):
     x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=True, seed=12, requires_grad=False)
     r, k, v, w, kap, _ = _args(x)
     zero = torch.zeros_like(w)
-    got_o, got_s = kernels.dplr_scan(r, k, v, w, kap, zero, impl=impl, initial_state=x["initial_state"],
-                                     chunk_size=8)
+    got_o, got_s = kernels.dplr_scan(r, k, v, w, kap, zero, impl=impl, initial_state=x["initial_state"], chunk_size=8)
     logw = torch.log(w).cumsum(dim=2)  # L[t] = sum_{j<=t} log w_j
     t_idx = torch.arange(T)
     causal = (t_idx[None, :] <= t_idx[:, None]).to(torch.float64)  # [t, s]
     decay = torch.exp(logw[:, :, :, None, :] - logw[:, :, None, :, :]) * causal[..., None]  # [t, s, i]
     scores = torch.einsum("bhti,bhtsi,bhsi->bhts", r, decay, k)
     want_o = scores @ v + torch.einsum("bhvi,bhti,bhti->bhtv", x["initial_state"], torch.exp(logw), r)
-    want_s = (torch.einsum("bhsv,bhsi,bhsi->bhvi", v, k, torch.exp(logw[:, :, -1:] - logw))
-              + x["initial_state"] * torch.exp(logw[:, :, -1])[:, :, None, :])
+    want_s = (
+        torch.einsum("bhsv,bhsi,bhsi->bhvi", v, k, torch.exp(logw[:, :, -1:] - logw))
+        + x["initial_state"] * torch.exp(logw[:, :, -1])[:, :, None, :]
+    )
     torch.testing.assert_close(got_o, want_o, rtol=0, atol=1e-10)
     torch.testing.assert_close(got_s, want_s, rtol=0, atol=1e-10)
 
@@ -94,9 +96,17 @@ def test_delta_rule_is_the_special_case_w_alpha_kappa_k(impl):
     q, k, v, beta, alpha = (x[n] for n in ("q", "k", "v", "beta", "alpha"))
     want = kernels.delta_rule(q, k, v, beta, alpha, impl="naive", initial_state=x["initial_state"])
     ones = torch.ones(B, H, T, DK, dtype=torch.float64)
-    got = kernels.dplr_scan(q, k, beta[..., None] * v, alpha[..., None] * ones, k,
-                            (alpha * beta)[..., None] * ones, impl=impl, initial_state=x["initial_state"],
-                            chunk_size=8)
+    got = kernels.dplr_scan(
+        q,
+        k,
+        beta[..., None] * v,
+        alpha[..., None] * ones,
+        k,
+        (alpha * beta)[..., None] * ones,
+        impl=impl,
+        initial_state=x["initial_state"],
+        chunk_size=8,
+    )
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-12)
 
@@ -106,8 +116,9 @@ def test_chunk_state_carry_equals_one_pass(split):
     x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=True, seed=14, requires_grad=False)
     args = _args(x)
     full_o, full_s = kernels.dplr_scan(*args, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
-    o1, s1 = kernels.dplr_scan(*(t[:, :, :split] for t in args), impl="chunk",
-                               initial_state=x["initial_state"], chunk_size=8)
+    o1, s1 = kernels.dplr_scan(
+        *(t[:, :, :split] for t in args), impl="chunk", initial_state=x["initial_state"], chunk_size=8
+    )
     o2, s2 = kernels.dplr_scan(*(t[:, :, split:] for t in args), impl="chunk", initial_state=s1, chunk_size=8)
     torch.testing.assert_close(torch.cat([o1, o2], dim=2), full_o, rtol=0, atol=1e-12)
     torch.testing.assert_close(s2, full_s, rtol=0, atol=1e-12)

@@ -4,6 +4,7 @@ Checks: the reference against the quadratic (attention-like) closed form compute
 independently; the chunk form against the reference (output, state, every gradient, fp64,
 odd shapes) on both paths; equivalence with the DPLR scan at a = 0; state carry; bf16.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -79,8 +80,9 @@ def test_chunk_state_carry_equals_one_pass(split):
     x = make_inputs("ssd_scan", B, H, T, N, P, with_state=True, seed=23, requires_grad=False)
     args = _args(x)
     full_y, full_h = kernels.ssd_scan(*args, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
-    y1, h1 = kernels.ssd_scan(*(t[:, :, :split] for t in args), impl="chunk",
-                              initial_state=x["initial_state"], chunk_size=8)
+    y1, h1 = kernels.ssd_scan(
+        *(t[:, :, :split] for t in args), impl="chunk", initial_state=x["initial_state"], chunk_size=8
+    )
     y2, h2 = kernels.ssd_scan(*(t[:, :, split:] for t in args), impl="chunk", initial_state=h1, chunk_size=8)
     torch.testing.assert_close(torch.cat([y1, y2], dim=2), full_y, rtol=0, atol=1e-12)
     torch.testing.assert_close(h2, full_h, rtol=0, atol=1e-12)

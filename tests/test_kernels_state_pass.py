@@ -6,6 +6,7 @@ and the same gradients for every argument, for each decay layout the kernels use
 a scalar per chunk as in the delta rule, a per-key-channel vector as in the DPLR scan),
 with and without injected terms, for both signs. fp64, odd sizes.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,14 @@ def _inputs(decay: str | None, inject: bool, seed: int) -> list[torch.Tensor | N
         decay_end = torch.rand(B, H, N, 1, 1, generator=gen, dtype=torch.float64).requires_grad_()
     elif decay == "vector":
         decay_end = torch.rand(B, H, N, 1, DK, generator=gen, dtype=torch.float64).requires_grad_()
-    return [rnd(B, H, DV, DK), rnd(B, H, N, C, DV), rnd(B, H, N, C, DK, scale=0.3),
-            rnd(B, H, N, C, DK, scale=0.3), decay_end, rnd(B, H, N, DV, DK) if inject else None]
+    return [
+        rnd(B, H, DV, DK),
+        rnd(B, H, N, C, DV),
+        rnd(B, H, N, C, DK, scale=0.3),
+        rnd(B, H, N, C, DK, scale=0.3),
+        decay_end,
+        rnd(B, H, N, DV, DK) if inject else None,
+    ]
 
 
 @pytest.mark.parametrize("decay", [None, "scalar", "vector"])
@@ -81,8 +88,14 @@ def test_kernel_under_vmap_matches_plain_calls(op):
         q, k = (torch.nn.functional.normalize(r(b, h, t, d), dim=-1) for _ in range(2))
         xs = (q, k, r(b, h, t, d), torch.sigmoid(r(b, h, t)), torch.sigmoid(r(b, h, t) + 2))
     else:
-        xs = (r(b, h, t, d), r(b, h, t, d) * 0.3, r(b, h, t, d), torch.exp(-0.6 * torch.sigmoid(r(b, h, t, d))),
-              torch.nn.functional.normalize(r(b, h, t, d), dim=-1), torch.sigmoid(r(b, h, t, d)))
+        xs = (
+            r(b, h, t, d),
+            r(b, h, t, d) * 0.3,
+            r(b, h, t, d),
+            torch.exp(-0.6 * torch.sigmoid(r(b, h, t, d))),
+            torch.nn.functional.normalize(r(b, h, t, d), dim=-1),
+            torch.sigmoid(r(b, h, t, d)),
+        )
     fn = getattr(kernels, op)
 
     def loss(*a):

@@ -4,6 +4,7 @@ drivers started together on one sweep: exactly one runs and every trial runs onc
 configuration error fails at once without retries, with one line in trials.error and the
 traceback in trial_errors; `device: cuda` without a GPU is refused before anything is
 written."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,7 @@ retries: 2
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 # RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
 # (or engineer) left running on this machine.
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local",
-       "ORCH_LEASE_TTL_S": "4"}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", "ORCH_LEASE_TTL_S": "4"}
 
 
 def _q(url: str, q: str):
@@ -58,24 +58,34 @@ def _q(url: str, q: str):
 
 
 def _evals(url: str):
-    return _q(url, "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics "
-                   "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step")
+    return _q(
+        url,
+        "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics "
+        "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step",
+    )
 
 
 def _submit(spec: Path, url: str, ck: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(CLI + ["submit", str(spec), "--db", url, "--quiet",
-                                   "--checkpoint-dir", str(ck), *extra],
-                            env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        CLI + ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(ck), *extra],
+        env=ENV,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         try:
-            if _q(url, "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
-                       "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
-                       "BETWEEN 40 AND 200")[0][0]:
+            if _q(
+                url,
+                "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
+                "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
+                "BETWEEN 40 AND 200",
+            )[0][0]:
                 return
         except Exception:
             pass
@@ -91,9 +101,13 @@ def reference(tmp_path_factory):
     spec = tmp / "spec.yaml"
     spec.write_text(SPEC)
     url = f"sqlite:///{tmp / 'ref.db'}"
-    res = subprocess.run(CLI + ["submit", str(spec), "--db", url, "--quiet",
-                                "--checkpoint-dir", str(tmp / "ck")],
-                         env=ENV, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        CLI + ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp / "ck")],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     rows = _evals(url)
     assert len(rows) == 6 * 13
@@ -108,10 +122,8 @@ def _backend_url(tmp_path: Path, backend: str):
     return make_pg_schema_url()
 
 
-@pytest.mark.parametrize("how,backend", [("sigint", "sqlite"), ("cancel", "postgresql"),
-                                         ("sigterm", "sqlite")])
-def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
-        tmp_path, reference, how, backend):
+@pytest.mark.parametrize("how,backend", [("sigint", "sqlite"), ("cancel", "postgresql"), ("sigterm", "sqlite")])
+def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_path, reference, how, backend):
     url, drop = _backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
@@ -120,8 +132,9 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
         _wait_mid(url, proc)
         t0 = time.time()
         if how == "cancel":
-            res = subprocess.run(CLI + ["cancel", "life", "--db", url], env=ENV,
-                                 capture_output=True, text=True, timeout=120)
+            res = subprocess.run(
+                CLI + ["cancel", "life", "--db", url], env=ENV, capture_output=True, text=True, timeout=120
+            )
             assert res.returncode == 0 and "cancel requested" in res.stderr, res.stderr
         else:
             # Ctrl-C reaches the whole foreground process group; SIGTERM just the driver.
@@ -135,9 +148,13 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
         by_status = dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
         assert "running" not in by_status and by_status.get("interrupted", 0) >= 1
         assert _q(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
-        res = subprocess.run(CLI + ["resume", "life", "--db", url, "--quiet",
-                                    "--checkpoint-dir", str(tmp_path / "ck")],
-                             env=ENV, capture_output=True, text=True, timeout=600)
+        res = subprocess.run(
+            CLI + ["resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert res.returncode == 0, res.stderr
         assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
         got = _evals(url)
@@ -162,8 +179,9 @@ def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backen
         loser = err_a if a.returncode == 2 else err_b
         lines = [ln for ln in loser.splitlines() if ln.strip()]
         assert len(lines) == 1 and "is being run by driver" in lines[0] and "pid" in lines[0]
-        assert _q(url, "SELECT status, attempts, COUNT(*) FROM trials GROUP BY status, attempts"
-                  ) == [("completed", 1, 6)]
+        assert _q(url, "SELECT status, attempts, COUNT(*) FROM trials GROUP BY status, attempts") == [
+            ("completed", 1, 6)
+        ]
         assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 13
     finally:
         drop()
@@ -185,15 +203,16 @@ def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, mo
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a checkpoint")
     url = f"sqlite:///{tmp_path / 'c.db'}"
-    assert main(["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir",
-                 str(tmp_path / "ck")]) == 1
+    assert main(["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]) == 1
     rows = {r.key: r for r in _q(url, "SELECT key, status, attempts, error FROM trials")}
     assert rows[bad_key].status == "failed" and rows[bad_key].attempts == 1
     err = rows[bad_key].error
     assert "\n" not in err and err.startswith("config error: UnpicklingError")
     assert {r.status for k, r in rows.items() if k != bad_key} == {"completed"}
-    tb = _q(url, "SELECT e.kind, e.traceback FROM trial_errors e JOIN trials t "
-                 f"ON t.id = e.trial_id WHERE t.key = '{bad_key}'")
+    tb = _q(
+        url,
+        f"SELECT e.kind, e.traceback FROM trial_errors e JOIN trials t ON t.id = e.trial_id WHERE t.key = '{bad_key}'",
+    )
     assert len(tb) == 1 and tb[0][0] == "config" and "Traceback (most recent call last)" in tb[0][1]
     capsys.readouterr()
     assert main(["status", "life", "--db", url]) == 0
@@ -231,10 +250,12 @@ def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatc
     assert main(args) == 0
 
     def snapshot():
-        return (_q(url, "SELECT key, status, steps, spec_version FROM trials ORDER BY key"),
-                _q(url, "SELECT COUNT(*) FROM evals"),
-                _q(url, "SELECT spec_text FROM sweeps"),
-                _q(url, "SELECT version, spec_hash FROM sweep_specs"))
+        return (
+            _q(url, "SELECT key, status, steps, spec_version FROM trials ORDER BY key"),
+            _q(url, "SELECT COUNT(*) FROM evals"),
+            _q(url, "SELECT spec_text FROM sweeps"),
+            _q(url, "SELECT version, spec_hash FROM sweep_specs"),
+        )
 
     before = snapshot()
     spec.write_text(small.replace("steps: 40", "steps: 20"))
@@ -245,8 +266,10 @@ def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatc
     assert "--amend" in err[0]
     assert snapshot() == before
     assert main(args + ["--amend"]) == 0
-    rows = _q(url, "SELECT steps, status, spec_version, COUNT(*) FROM trials "
-                   "GROUP BY steps, status, spec_version ORDER BY steps")
+    rows = _q(
+        url,
+        "SELECT steps, status, spec_version, COUNT(*) FROM trials GROUP BY steps, status, spec_version ORDER BY steps",
+    )
     assert [tuple(r) for r in rows] == [(20, "completed", 2, 2), (40, "superseded", 1, 2)]
     assert len(_q(url, "SELECT version FROM sweep_specs")) == 2
     capsys.readouterr()

@@ -2,6 +2,7 @@
 leases are exclusive (a race of claimers has exactly one winner), expire on the database
 clock and free a dead holder's sweep; stale trials are shown as stale; delete removes a
 sweep whole and refuses a leased one. No Ray here (tests/test_lifecycle.py runs sweeps)."""
+
 from __future__ import annotations
 
 import json
@@ -14,21 +15,44 @@ import sqlalchemy as sa
 
 from orchestrator.cli import main
 from orchestrator.store import lease, repo
-from orchestrator.store.engine import (current_revision, head_revision, make_engine,
-                                       open_store_engine)
+from orchestrator.store.engine import current_revision, head_revision, make_engine, open_store_engine
 
 
 def _fill(engine, name="s1", n_trials=3, n_steps=4):
     with engine.begin() as conn:
         sid = repo.upsert_sweep(conn, name, f"name: {name}", "h")
-        trials = [(f"k{i}", {"arm": "gated_deltanet", "task": "mqar", "seed": i, "lr": 1e-3,
-                             "batch_size": 8, "steps": n_steps * 10, "eval_every": 10})
-                  for i in range(n_trials)]
+        trials = [
+            (
+                f"k{i}",
+                {
+                    "arm": "gated_deltanet",
+                    "task": "mqar",
+                    "seed": i,
+                    "lr": 1e-3,
+                    "batch_size": 8,
+                    "steps": n_steps * 10,
+                    "eval_every": 10,
+                },
+            )
+            for i in range(n_trials)
+        ]
         ids = repo.add_trials(conn, sid, trials)
-        repo.upsert_evals(conn, [{"trial_id": ids[f"k{i}"], "step": 10 * s, "acc": 0.1 * s,
-                                  "loss": 1.0, "train_loss": 2.0, "step_lr": 1e-3,
-                                  "elapsed_s": 0.5} for i in range(n_trials)
-                                 for s in range(1, n_steps + 1)])
+        repo.upsert_evals(
+            conn,
+            [
+                {
+                    "trial_id": ids[f"k{i}"],
+                    "step": 10 * s,
+                    "acc": 0.1 * s,
+                    "loss": 1.0,
+                    "train_loss": 2.0,
+                    "step_lr": 1e-3,
+                    "elapsed_s": 0.5,
+                }
+                for i in range(n_trials)
+                for s in range(1, n_steps + 1)
+            ],
+        )
     return sid, ids
 
 
@@ -44,22 +68,30 @@ def test_lifecycle_migration_keeps_data(db_url):
         command.upgrade(_alembic_config(conn), "0002_step_lr")
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
-        conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params, status, steps) VALUES "
-                             "(1, 'a', '{}', 'running', 20), (1, 'b', '{}', 'completed', 20)"))
-        conn.execute(sa.text("INSERT INTO trial_params (trial_id, name, value_num) VALUES "
-                             "(1, 'seed', 0), (2, 'seed', 1)"))
-        conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc, step_lr) VALUES "
-                             "(1, 10, 0.5, 0.001), (2, 10, 0.25, 0.001), (2, 20, 0.75, 0.0005)"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO trials (sweep_id, key, params, status, steps) VALUES "
+                "(1, 'a', '{}', 'running', 20), (1, 'b', '{}', 'completed', 20)"
+            )
+        )
+        conn.execute(
+            sa.text("INSERT INTO trial_params (trial_id, name, value_num) VALUES (1, 'seed', 0), (2, 'seed', 1)")
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO evals (trial_id, step, acc, step_lr) VALUES "
+                "(1, 10, 0.5, 0.001), (2, 10, 0.25, 0.001), (2, 20, 0.75, 0.0005)"
+            )
+        )
 
     def snapshot():
         with engine.connect() as conn:
-            return (conn.execute(sa.text("SELECT id, key, status, steps FROM trials ORDER BY id")).all(),
-                    conn.execute(sa.text("SELECT trial_id, step, acc, step_lr FROM evals "
-                                         "ORDER BY trial_id, step")).all(),
-                    conn.execute(sa.text("SELECT trial_id, name, value_num FROM trial_params "
-                                         "ORDER BY trial_id")).all(),
-                    conn.execute(sa.text("SELECT trial_id, step, acc FROM trial_trace "
-                                         "ORDER BY trial_id, step")).all())
+            return (
+                conn.execute(sa.text("SELECT id, key, status, steps FROM trials ORDER BY id")).all(),
+                conn.execute(sa.text("SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step")).all(),
+                conn.execute(sa.text("SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id")).all(),
+                conn.execute(sa.text("SELECT trial_id, step, acc FROM trial_trace ORDER BY trial_id, step")).all(),
+            )
 
     before = snapshot()
     assert main(["db", "upgrade", "--db", db_url]) == 0
@@ -67,8 +99,9 @@ def test_lifecycle_migration_keeps_data(db_url):
     assert snapshot() == before
     with engine.connect() as conn:
         # The stored spec became version 1, the creator of the existing trials.
-        assert conn.execute(sa.text("SELECT sweep_id, version, spec_text, spec_hash "
-                                    "FROM sweep_specs")).all() == [(1, 1, "t", "h")]
+        assert conn.execute(sa.text("SELECT sweep_id, version, spec_text, spec_hash FROM sweep_specs")).all() == [
+            (1, 1, "t", "h")
+        ]
         assert conn.execute(sa.text("SELECT DISTINCT spec_version FROM trials")).all() == [(1,)]
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE trials SET status = 'interrupted' WHERE key = 'a'"))
@@ -172,7 +205,10 @@ def test_running_trial_without_heartbeat_is_stale(db_url, monkeypatch, capsys):
     assert main(["cancel", "s1", "--db", db_url]) == 0
     with engine.connect() as conn:
         assert sorted(conn.execute(sa.text("SELECT status FROM trials")).scalars()) == [
-            "interrupted", "interrupted", "pending"]
+            "interrupted",
+            "interrupted",
+            "pending",
+        ]
         assert len(repo.unfinished_trials(conn, sid)) == 3
     engine.dispose()
 
@@ -203,8 +239,10 @@ def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsy
 
     def counts():
         with engine.connect() as conn:
-            return tuple(conn.execute(sa.text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
-                         for t in ("sweeps", "trials", "trial_params", "evals", "trial_errors", "sweep_specs"))
+            return tuple(
+                conn.execute(sa.text(f"SELECT COUNT(*) FROM {t}")).scalar_one()
+                for t in ("sweeps", "trials", "trial_params", "evals", "trial_errors", "sweep_specs")
+            )
 
     full = counts()
     assert full == (2, 6, 42, 24, 1, 2)
@@ -256,7 +294,13 @@ def test_design_diff_supersedes_and_revives(db_url):
         repo.apply_design(conn, sid, back)
         rows = dict(conn.execute(sa.text("SELECT key, status FROM trials")).all())
         versions = dict(conn.execute(sa.text("SELECT key, spec_version FROM trials")).all())
-    assert rows == {"k0": "pending", "k1": "pending", "k2": "pending",
-                    "n0": "superseded", "n1": "superseded", "n2": "superseded"}
+    assert rows == {
+        "k0": "pending",
+        "k1": "pending",
+        "k2": "pending",
+        "n0": "superseded",
+        "n1": "superseded",
+        "n2": "superseded",
+    }
     assert versions == {"k0": 1, "k1": 1, "k2": 1, "n0": 2, "n1": 2, "n2": 2}
     engine.dispose()

@@ -1,6 +1,7 @@
 """Without triton (no wheels off Linux): every arm builds and trains a step, impl="auto" never
 routes to Triton, impl="triton" is refused in one line, and the CLI validates a spec. Run in a
 subprocess whose import system refuses ``triton``, as on a Mac laptop."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,13 @@ print("RESULT " + json.dumps(out))
 
 
 def test_everything_works_without_triton():
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "sweeps" / "quickstart.yaml")],
-                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(ROOT / "sweeps" / "quickstart.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[7:])
     assert res["triton_importable"] is False and res["triton_loaded"] is False

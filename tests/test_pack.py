@@ -1,5 +1,6 @@
 """Seed packs: a pack of N equals N lone trials (fp32 tolerance on CPU), members keep their
 own status and checkpoints, and a diverging member does not stop the others."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,14 +9,23 @@ import torch
 from orchestrator.train import Trainer
 from orchestrator.train.pack import PackTrainer, pack_signature
 
-BASE = {"arm": "armed_gdn", "task": "mqar", "task.K": 8, "task.eval_size": 64, "d_model": 16,
-        "n_layers": 1, "batch_size": 16, "steps": 30, "eval_every": 10, "lr": 3e-3,
-        "rebinding": True}
+BASE = {
+    "arm": "armed_gdn",
+    "task": "mqar",
+    "task.K": 8,
+    "task.eval_size": 64,
+    "d_model": 16,
+    "n_layers": 1,
+    "batch_size": 16,
+    "steps": 30,
+    "eval_every": 10,
+    "lr": 3e-3,
+    "rebinding": True,
+}
 
 
 def _lone(params):
-    return [(p.step, p.acc, p.loss, p.train_loss, p.metrics["rebind_acc"])
-            for p in Trainer(params).run()]
+    return [(p.step, p.acc, p.loss, p.train_loss, p.metrics["rebind_acc"]) for p in Trainer(params).run()]
 
 
 def _packed(members):
@@ -45,8 +55,7 @@ def test_pack_of_three_equals_three_lone_trials(arm):
 
 
 def test_pack_with_grad_clip_and_cosine_and_data_seed():
-    members = [{**BASE, "seed": s, "data_seed": 10 + s, "grad_clip": 0.05, "schedule": "cosine"}
-               for s in (3, 4)]
+    members = [{**BASE, "seed": s, "data_seed": 10 + s, "grad_clip": 0.05, "schedule": "cosine"} for s in (3, 4)]
     _, packed = _packed(members)
     for m, trace in zip(members, packed):
         _close(_lone(m), trace)
@@ -92,8 +101,10 @@ def test_a_diverging_member_does_not_stop_the_others():
     assert set(rest) == {0, 2}
     for j in (0, 2):
         assert pt.members[j].status == "completed"
-        _close(_lone(members[j]), [(p.step, p.acc, p.loss, p.train_loss, p.metrics["rebind_acc"])
-                                   for p in pt.members[j].trace])
+        _close(
+            _lone(members[j]),
+            [(p.step, p.acc, p.loss, p.train_loss, p.metrics["rebind_acc"]) for p in pt.members[j].trace],
+        )
 
 
 def test_only_seed_may_differ():

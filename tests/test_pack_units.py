@@ -1,5 +1,6 @@
 """How trials are grouped into seed packs (runner.tune_runner.make_units): ``pack_seeds: auto``
 sizes packs from the cluster's slots, a number keeps its meaning, configs never mix."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,17 @@ def _trials(n_seeds: int, lrs=(1e-3,)):
 
 
 def _units(trials, pack_seeds, slots, max_cpu=2.0):
-    return make_units("s", trials, checkpoint_root=Path("/tmp/ck"), cpu=1.0, gpu=0.0,
-                      pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=0.0, slots=slots)
+    return make_units(
+        "s",
+        trials,
+        checkpoint_root=Path("/tmp/ck"),
+        cpu=1.0,
+        gpu=0.0,
+        pack_seeds=pack_seeds,
+        max_cpu=max_cpu,
+        max_gpu=0.0,
+        slots=slots,
+    )
 
 
 def test_auto_fills_the_cluster_slots():

@@ -1,6 +1,7 @@
 """Every command on a SQLite path with `#`, `?`, `%`, spaces and non-ASCII reaches that file
 and only it; every command that prints stored values prints them as stored (rich markup in
 a sweep name, a parameter value or an error is text, never styling and never a crash)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,12 +19,17 @@ ERROR = "[/x] boom [bold red]red[/bold red]"
 
 
 def _fill(db: str) -> None:
-    recs = [{"params": {"arm": "mlstm", "seed": s, "task": "mad_recall", "tag.variant": v,
-                        "lr": 0.003},
-             "trace": [{"step": t, "acc": 0.9 if (t >= 400 and s % 2) else 0.01, "loss": 1.0}
-                       for t in (1, 200, 400, 600)],
-             **({"status": "failed", "error": ERROR} if s == 5 else {})}
-            for s in range(6) for v in MARKUP]
+    recs = [
+        {
+            "params": {"arm": "mlstm", "seed": s, "task": "mad_recall", "tag.variant": v, "lr": 0.003},
+            "trace": [
+                {"step": t, "acc": 0.9 if (t >= 400 and s % 2) else 0.01, "loss": 1.0} for t in (1, 200, 400, 600)
+            ],
+            **({"status": "failed", "error": ERROR} if s == 5 else {}),
+        }
+        for s in range(6)
+        for v in MARKUP
+    ]
     write_records(db, "mk", recs, source="t")
     eng, _ = open_store_engine(db)
     with eng.begin() as c:  # a name the CLI would refuse today, as an older database may hold
@@ -44,8 +50,7 @@ def _run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_every_command_on_an_odd_path_and_markup_shown_as_stored(odd_dir, tmp_path, capsys,
-                                                                   monkeypatch):
+def test_every_command_on_an_odd_path_and_markup_shown_as_stored(odd_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     db = str(odd_dir / "a b#c?%20ü.db")
     code, out, err = _run(capsys, "db", "upgrade", "--db", db)
@@ -65,8 +70,7 @@ def test_every_command_on_an_odd_path_and_markup_shown_as_stored(odd_dir, tmp_pa
     code, out, err = _run(capsys, "sql", "SELECT name FROM sweeps ORDER BY name", "--db", db)
     assert code == 0, err
     assert ODD_SWEEP in out
-    code, out, err = _run(capsys, "sql", "SELECT DISTINCT error FROM trials WHERE error "
-                          "IS NOT NULL", "--db", db)
+    code, out, err = _run(capsys, "sql", "SELECT DISTINCT error FROM trials WHERE error IS NOT NULL", "--db", db)
     assert code == 0 and ERROR in out, err
 
     code, out, err = _run(capsys, "analyze", "mk", "outcomes", "--by", "tag.variant", "--db", db)
@@ -75,20 +79,20 @@ def test_every_command_on_an_odd_path_and_markup_shown_as_stored(odd_dir, tmp_pa
         assert text in out
 
     rep = tmp_path / "rep"
-    code, out, err = _run(capsys, "report", "mk", "--db", db, "--out", str(rep), "--by",
-                          "tag.variant")
+    code, out, err = _run(capsys, "report", "mk", "--db", db, "--out", str(rep), "--by", "tag.variant")
     assert code == 0, err
     assert (rep / "index.html").exists() and MARKUP[0] in out
 
     spec = odd_dir / "s p#e?c ü.yaml"
-    spec.write_text("name: t\nfixed: {task: mqar, task.K: 8, arm: armed_gdn, d_model: 16, "
-                    "n_layers: 1}\nbudget: {steps: 20, eval_every: 10}\n")
+    spec.write_text(
+        "name: t\nfixed: {task: mqar, task.K: 8, arm: armed_gdn, d_model: 16, "
+        "n_layers: 1}\nbudget: {steps: 20, eval_every: 10}\n"
+    )
     code, out, err = _run(capsys, "submit", str(spec), "--db", db, "--dry-run")
     assert code == 0 and "1 trials" in out, err
 
     f = odd_dir / "i m#p?ü.jsonl"
-    f.write_text('{"params": {"arm": "mlstm", "seed": 99, "task": "mad_recall"}, '
-                 '"trace": [{"step": 1, "acc": 0.5}]}\n')
+    f.write_text('{"params": {"arm": "mlstm", "seed": 99, "task": "mad_recall"}, "trace": [{"step": 1, "acc": 0.5}]}\n')
     code, out, err = _run(capsys, "import", str(f), "--sweep", "mk2", "--db", db)
     assert code == 0, err
     # nothing was created next to the file: no `we` or `a b` stubs of a cut-off path
@@ -100,8 +104,12 @@ def test_every_command_on_an_odd_path_and_markup_shown_as_stored(odd_dir, tmp_pa
 def test_sql_reads_the_file_it_is_given_not_a_cut_off_path(tmp_path, capsys):
     plain, hashed = tmp_path / "other.db", tmp_path / "other.db#copy"
     for path, name in ((plain, "plain"), (hashed, "hashed")):
-        write_records(str(path), name, [{"params": {"arm": "mlstm", "seed": 1, "task": "x"},
-                                         "trace": [{"step": 1, "acc": 0.1}]}], source="t")
+        write_records(
+            str(path),
+            name,
+            [{"params": {"arm": "mlstm", "seed": 1, "task": "x"}, "trace": [{"step": 1, "acc": 0.1}]}],
+            source="t",
+        )
     h = hashlib.sha256(plain.read_bytes()).hexdigest()
     code, out, err = _run(capsys, "sql", "SELECT name FROM sweeps", "--db", str(hashed), "--csv")
     assert code == 0 and out.splitlines() == ["name", "hashed"], err

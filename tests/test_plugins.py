@@ -3,6 +3,7 @@
 or an entry point (a dist-info folder on the path: what ``pip install`` would write). The
 plugin lists in ``orchestrator cells`` / ``tasks``, validates its knobs like a built-in, and
 a 2-trial sweep runs it on Ray workers."""
+
 from __future__ import annotations
 
 import json
@@ -104,8 +105,7 @@ def _env(*paths: Path, **extra: str) -> dict[str, str]:
 
 
 def _run(argv, env, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(ORCH + argv, env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(ORCH + argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_entry_points_list_the_plugin(plugin, tmp_path):
@@ -114,8 +114,8 @@ def test_entry_points_list_the_plugin(plugin, tmp_path):
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[orchestrator.cells]\ncummean = myplug.cells\n\n"
-        "[orchestrator.tasks]\ntiny_recall = myplug.tasks\n")
+        "[orchestrator.cells]\ncummean = myplug.cells\n\n[orchestrator.tasks]\ntiny_recall = myplug.tasks\n"
+    )
     env = _env(plugin, tmp_path / "site")
     cells = _run(["cells", "--json", "--arms", "cummean,deltanet"], env, tmp_path)
     assert cells.returncode == 0, cells.stderr
@@ -131,16 +131,17 @@ def test_entry_points_list_the_plugin(plugin, tmp_path):
 
 def test_plugin_knobs_validate_like_built_ins(plugin, tmp_path):
     env = _env(plugin)
-    for bad, msg in (("model.scale: 2.0", "model.scale: 9.0"),
-                     ("d_model: 16", "d_model: 8\n  model.scale: 5.0")):
+    for bad, msg in (("model.scale: 2.0", "model.scale: 9.0"), ("d_model: 16", "d_model: 8\n  model.scale: 5.0")):
         spec = tmp_path / "bad.yaml"
-        spec.write_text(SPEC.replace("model.scale: 2.0", msg) if bad.startswith("model")
-                        else SPEC.replace("d_model: 16\n", "d_model: 8\n").replace(
-                            "model.scale: 2.0", "model.scale: 5.0"))
+        spec.write_text(
+            SPEC.replace("model.scale: 2.0", msg)
+            if bad.startswith("model")
+            else SPEC.replace("d_model: 16\n", "d_model: 8\n").replace("model.scale: 2.0", "model.scale: 5.0")
+        )
         r = _run(["submit", str(spec), "--dry-run"], env, tmp_path)
         assert r.returncode == 2, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
-        assert ("scale" in r.stderr and ("8" in r.stderr or "d_model >= 16" in r.stderr)), r.stderr
+        assert "scale" in r.stderr and ("8" in r.stderr or "d_model >= 16" in r.stderr), r.stderr
     spec = tmp_path / "noplug.yaml"
     spec.write_text(SPEC.replace("plugins: [myplug.cells, myplug.tasks]\n", ""))
     r = _run(["submit", str(spec), "--dry-run"], env, tmp_path)
@@ -157,13 +158,17 @@ def test_a_two_trial_sweep_runs_the_plugin_on_ray_workers(plugin, tmp_path):
     env = _env(plugin)
     r = _run(["submit", str(spec), "--db", str(db), "--quiet"], env, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    q = ("SELECT f.arm, f.task, f.seed, f.status, f.final_step, round(f.final_acc, 4) AS "
-         "final_acc, t.host, t.node_id IS NOT NULL AS on_ray FROM trial_final f "
-         "JOIN trials t ON t.id = f.trial_id WHERE f.sweep = 'plug' ORDER BY f.seed")
+    q = (
+        "SELECT f.arm, f.task, f.seed, f.status, f.final_step, round(f.final_acc, 4) AS "
+        "final_acc, t.host, t.node_id IS NOT NULL AS on_ray FROM trial_final f "
+        "JOIN trials t ON t.id = f.trial_id WHERE f.sweep = 'plug' ORDER BY f.seed"
+    )
     out = _run(["sql", q, "--db", str(db), "--json"], env, tmp_path)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     print(_run(["sql", q, "--db", str(db)], {**env, "COLUMNS": "120"}, tmp_path).stdout)
     assert [(x["arm"], x["task"], x["seed"], x["status"], x["final_step"]) for x in rows] == [
-        ("cummean", "tiny_recall", 0, "completed", 20), ("cummean", "tiny_recall", 1, "completed", 20)]
+        ("cummean", "tiny_recall", 0, "completed", 20),
+        ("cummean", "tiny_recall", 1, "completed", 20),
+    ]
     assert all(0.0 <= x["final_acc"] <= 1.0 and x["on_ray"] == 1 for x in rows)

@@ -1,6 +1,7 @@
 """Ray start-up: without --address the driver always starts its own local Ray, whatever a
 dead `ray start` cluster left in the temp folder; with --address, a cluster that does not
 answer is one line within the bounded join time."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,14 @@ def stale_ray_tmp():
 
 def _cli(args, env, cwd, timeout):
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=cwd,
-                       capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return r, time.monotonic() - t0
 
 
@@ -69,8 +76,9 @@ def test_address_of_a_dead_cluster_is_one_line(stale_ray_tmp, tmp_path):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(SPEC)
     for address in (f"127.0.0.1:{_dead_port()}", "127.0.0.1:notaport"):
-        r, took = _cli(["submit", str(spec), "--db", str(tmp_path / "o.db"), "--address",
-                        address, "-q"], env, tmp_path, 120)
+        r, took = _cli(
+            ["submit", str(spec), "--db", str(tmp_path / "o.db"), "--address", address, "-q"], env, tmp_path, 120
+        )
         assert r.returncode == 2, r.stderr[-2000:]
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "cannot join the Ray cluster" in lines[0], r.stderr[-2000:]

@@ -1,5 +1,6 @@
 """``orchestrator report``: the basin-map table layout from a spec's analysis block, the
 figures, and the HTML page opened in headless Chromium with every figure loaded."""
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,18 @@ def records():
                         else:
                             a = 0.012
                         accs.append({"step": s, "acc": a, "loss": 4.0 - 3.0 * a})
-                    out.append({"params": {"arm": "mlstm", "seed": seed, "lr": lr,
-                                           "tag": {"variant": variant},
-                                           "task": {"name": "mad_recall", "vocab_size": vocab,
-                                                    "seq_len": 768}},
-                                "trace": accs})
+                    out.append(
+                        {
+                            "params": {
+                                "arm": "mlstm",
+                                "seed": seed,
+                                "lr": lr,
+                                "tag": {"variant": variant},
+                                "task": {"name": "mad_recall", "vocab_size": vocab, "seq_len": 768},
+                            },
+                            "trace": accs,
+                        }
+                    )
     return out
 
 
@@ -87,7 +95,7 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
     a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
     assert lines[a + 1].split() == ["lr=0.001", "lr=0.003", "lr=0.01"]
     assert lines[a + 2].split() == ["vocab_size", "group"]
-    rows = lines[a + 3:a + 9]
+    rows = lines[a + 3 : a + 9]
     for i, (vocab, variant) in enumerate([(v, g) for v in VOCABS for g in VARIANTS]):
         want = []
         for lr in LRS:
@@ -97,8 +105,7 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
             # step where the curve is at or below one half.
             from lifelines import KaplanMeierFitter
 
-            kmf = KaplanMeierFitter().fit([f[1] or f[2] or GRID[-1] for f in fates],
-                                          [f[1] is not None for f in fates])
+            kmf = KaplanMeierFitter().fit([f[1] or f[2] or GRID[-1] for f in fates], [f[1] is not None for f in fates])
             sf = kmf.survival_function_.iloc[:, 0]
             hit = sf.index[sf.to_numpy() <= 0.5 + 1e-9]
             med = f"{hit[0]:g}" if len(hit) else "-"
@@ -106,9 +113,10 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
         assert rows[i].split()[-9:] == want, (vocab, variant, rows[i])
     b = lines.index("B. log-rank on escape times by variant (collapse censors)")
     assert lines[b + 1].startswith("  pooled: baseline ")
-    cell_lines = lines[b + 2:b + 11]
+    cell_lines = lines[b + 2 : b + 11]
     assert [ln.split(":")[0].strip() for ln in cell_lines] == [
-        f"vocab_size={v} lr={lr:g}" for v in VOCABS for lr in LRS]
+        f"vocab_size={v} lr={lr:g}" for v in VOCABS for lr in LRS
+    ]
     # The hazard fit, with its run-intervals counted here from the fates.
     n_int = n_esc = 0
     for variant in VARIANTS:
@@ -118,8 +126,10 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
                     _, esc, col = fate(variant, lr, vocab, s)
                     n_int += (esc or col or GRID[-1]) // 200
                     n_esc += esc is not None
-    assert (f"C. discrete-time hazard fit ({n_int} run-intervals, {n_esc} escapes, logit "
-            "link): event ~ np.log(t) + C(lr) + C(vocab_size) + C(variant)") in text
+    assert (
+        f"C. discrete-time hazard fit ({n_int} run-intervals, {n_esc} escapes, logit "
+        "link): event ~ np.log(t) + C(lr) + C(vocab_size) + C(variant)"
+    ) in text
     assert re.search(r"C\(variant\)\[T\.ns5\]\s+\S+", text)
     assert "D. lock-in (final acc >= 0.8)" in text
     assert f"wrote {out_dir / 'index.html'}" in text
@@ -129,9 +139,26 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
     for name in ("km.png", "basin.png", "traces.png", "hazard.png"):
         assert f'src="{name}"' in html
     # Flags override the spec's block; --json carries the same tables.
-    d = json.loads(_report(capsys, "report", spec, "--db", db_url, "--out", tmp_path / "r2",
-                           "--by", "lr", "--cells", "vocab_size", "--lockin", "0.95",
-                           "--formula", "np.log(t) + C(lr)", "--json"))
+    d = json.loads(
+        _report(
+            capsys,
+            "report",
+            spec,
+            "--db",
+            db_url,
+            "--out",
+            tmp_path / "r2",
+            "--by",
+            "lr",
+            "--cells",
+            "vocab_size",
+            "--lockin",
+            "0.95",
+            "--formula",
+            "np.log(t) + C(lr)",
+            "--json",
+        )
+    )
     assert d["config"]["by"] == ["lr"] and d["config"]["lockin"] == 0.95
     assert d["hazard"]["formula"] == "event ~ np.log(t) + C(lr)"
     assert {r["group"] for r in d["lockin"]} == {"0.001", "0.003", "0.01"}
@@ -139,15 +166,24 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
     assert len(d["logrank_cells"]) == 3 and d["logrank"]["kind"] == "multi-group"
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
-IMG_CHECK = ("<script>window.addEventListener('load', () => {"
-             "const im = Array.from(document.images);"
-             "const ok = im.filter(i => i.complete && i.naturalWidth > 0).length;"
-             "const d = document.createElement('div'); d.id = 'img-check';"
-             "d.textContent = 'loaded=' + ok + ' total=' + im.length;"
-             "document.body.appendChild(d);});</script></body>")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+IMG_CHECK = (
+    "<script>window.addEventListener('load', () => {"
+    "const im = Array.from(document.images);"
+    "const ok = im.filter(i => i.complete && i.naturalWidth > 0).length;"
+    "const d = document.createElement('div'); d.id = 'img-check';"
+    "d.textContent = 'loaded=' + ok + ' total=' + im.length;"
+    "document.body.appendChild(d);});</script></body>"
+)
 
 
 def _chromium() -> str:
@@ -155,8 +191,9 @@ def _chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is not installed: `apt-get install -y chromium` "
-                "(the report test opens the HTML in it)")
+    pytest.fail(
+        "headless Chromium is not installed: `apt-get install -y chromium` (the report test opens the HTML in it)"
+    )
 
 
 def _images_loaded(page: Path, profile: Path) -> tuple[int, int]:
@@ -164,9 +201,19 @@ def _images_loaded(page: Path, profile: Path) -> tuple[int, int]:
     check = page.with_name("check_" + page.name)
     check.write_text(page.read_text().replace("</body>", IMG_CHECK))
     proc = subprocess.run(
-        [_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-         "--virtual-time-budget=10000", "--dump-dom", check.as_uri()],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(profile)})
+        [
+            _chromium(),
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            check.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(profile)},
+    )
     m = re.search(r"loaded=(\d+) total=(\d+)", proc.stdout)
     assert m, f"chromium printed no image check (rc {proc.returncode}): {proc.stderr[-800:]}"
     return int(m[1]), int(m[2])

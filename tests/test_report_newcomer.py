@@ -1,5 +1,6 @@
 """Reports by sweep name: the stored analysis: block, the unfinished-sweep warning, one
 median escape (Kaplan-Meier) in every table, a legend for the trace colours, >= 150 dpi."""
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -22,18 +23,24 @@ def _db(tmp_path, running: int = 0) -> str:
     recs = []
     for g, fates in FATES.items():
         for seed, esc in enumerate(fates):
-            recs.append({"params": {"arm": "deltanet", "seed": seed, "tag": {"g": g},
-                                    "task": {"name": "mqar"}},
-                         "trace": [{"step": s, "acc": 0.95 if esc and s >= esc else 0.05,
-                                    "loss": 1.0} for s in STEPS]})
+            recs.append(
+                {
+                    "params": {"arm": "deltanet", "seed": seed, "tag": {"g": g}, "task": {"name": "mqar"}},
+                    "trace": [{"step": s, "acc": 0.95 if esc and s >= esc else 0.05, "loss": 1.0} for s in STEPS],
+                }
+            )
     write_records(db, "rep", recs)
     engine, _ = open_store_engine(db)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE sweeps SET spec_text = :t"), {"t": SPEC})
         conn.execute(sa.text("UPDATE trials SET status = 'completed'"))
         if running:
-            conn.execute(sa.text("UPDATE trials SET status = 'running' WHERE id IN "
-                                 f"(SELECT id FROM trials ORDER BY id DESC LIMIT {running})"))
+            conn.execute(
+                sa.text(
+                    "UPDATE trials SET status = 'running' WHERE id IN "
+                    f"(SELECT id FROM trials ORDER BY id DESC LIMIT {running})"
+                )
+            )
     return db
 
 
@@ -46,8 +53,7 @@ def test_report_by_name_uses_the_stored_analysis_block(tmp_path, capsys):
     import json
 
     db = _db(tmp_path)
-    d = json.loads(_report(capsys, "report", "rep", "--db", db, "--out", tmp_path / "r",
-                           "--json"))
+    d = json.loads(_report(capsys, "report", "rep", "--db", db, "--out", tmp_path / "r", "--json"))
     assert d["config"]["by"] == ["tag.g"] and d["config"]["lockin"] == 0.9
     assert {r["group"] for r in d["lockin"]} == {"a", "b"}
     assert d["unfinished"] is None
@@ -56,9 +62,11 @@ def test_report_by_name_uses_the_stored_analysis_block(tmp_path, capsys):
 def test_report_warns_on_an_unfinished_sweep(tmp_path, capsys):
     db = _db(tmp_path, running=3)
     text = _report(capsys, "report", "rep", "--db", db, "--out", tmp_path / "r")
-    assert text.splitlines()[0] == ("WARNING: unfinished sweep: 5 of 8 trials finished "
-                                    "(completed 5, running 3); the tables cover the finished "
-                                    "trials only")
+    assert text.splitlines()[0] == (
+        "WARNING: unfinished sweep: 5 of 8 trials finished "
+        "(completed 5, running 3); the tables cover the finished "
+        "trials only"
+    )
     page = (tmp_path / "r" / "index.html").read_text()
     assert "unfinished sweep: 5 of 8 trials finished" in page and "class='warning'" in page
 
@@ -67,16 +75,14 @@ def test_one_median_escape_everywhere_is_the_km_median(tmp_path, capsys):
     import json
 
     db = _db(tmp_path)
-    d = json.loads(_report(capsys, "report", "rep", "--db", db, "--out", tmp_path / "r",
-                           "--json"))
+    d = json.loads(_report(capsys, "report", "rep", "--db", db, "--out", tmp_path / "r", "--json"))
     outcome = {r["group"]: r["median_escape"] for r in d["outcomes"]}
     km = {g: v["median"] for g, v in d["km"]["groups"].items()}
     # Independent: lifelines' KM on the escape steps (never-escaped trials censored at the
     # last step); the median is the first step where the curve is at or below one half.
     ref = {}
     for g, fates in FATES.items():
-        kmf = KaplanMeierFitter().fit([e or STEPS[-1] for e in fates],
-                                      [e is not None for e in fates])
+        kmf = KaplanMeierFitter().fit([e or STEPS[-1] for e in fates], [e is not None for e in fates])
         sf = kmf.survival_function_.iloc[:, 0]
         ref[g] = float(sf.index[sf.to_numpy() <= 0.5 + 1e-9][0])
     assert outcome == km == ref == {"a": 200.0, "b": 700.0}  # np.median of escaped: 300, 600

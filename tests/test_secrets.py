@@ -1,5 +1,6 @@
 """A password in a spec's storage URL is never stored: not in any table, not in a log, not
 in a checkpoint, not on the console (the spec text is stored with *** in its place)."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,9 @@ def test_password_never_stored(tmp_path):
     u = sa.engine.make_url(url)
     user = u.username or os.environ.get("USER") or "root"
     schema = u.query["options"].split("=", 1)[1] if "options" in u.query else ""
-    storage = (f"postgresql://{user}:{PASSWORD}@{u.host}:{u.port}/{u.database}"
-               f"?options={quote(f'-csearch_path={schema}')}")
+    storage = (
+        f"postgresql://{user}:{PASSWORD}@{u.host}:{u.port}/{u.database}?options={quote(f'-csearch_path={schema}')}"
+    )
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
     logs = tmp_path / "logs"
     try:
@@ -51,19 +53,30 @@ def test_password_never_stored(tmp_path):
             "axes: {seed: [0, 1]}\n"
             "budget: {steps: 6, eval_every: 3}\n"
             f"storage: '{storage}'\n"
-            f"checkpoint_dir: '{tmp_path / 'ckpt'}'\n")
+            f"checkpoint_dir: '{tmp_path / 'ckpt'}'\n"
+        )
         env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "ORCH_LOG_DIR": str(logs)}
         env.pop("RAY_ADDRESS", None)
-        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(spec)],
-                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "submit", str(spec)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         assert PASSWORD not in r.stdout + r.stderr
         assert "PGPASSFILE" in r.stderr  # the warning
         eng = sa.create_engine(url)
         with eng.connect() as c:
-            tables = c.execute(sa.text(
-                "SELECT table_name FROM information_schema.tables "
-                "WHERE table_schema = current_schema()")).scalars().all()
+            tables = (
+                c.execute(
+                    sa.text("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+                )
+                .scalars()
+                .all()
+            )
             assert {"sweeps", "trials", "evals"} <= set(tables)
             n = 0
             for t in tables:
@@ -72,13 +85,15 @@ def test_password_never_stored(tmp_path):
                     assert PASSWORD not in row, t
             spec_text = c.execute(sa.text("SELECT spec_text FROM sweeps")).scalar_one()
             assert f"{user}:***@" in spec_text
-            assert c.execute(sa.text("SELECT count(*) FROM trials WHERE status = 'completed'")
-                             ).scalar_one() == 2
+            assert c.execute(sa.text("SELECT count(*) FROM trials WHERE status = 'completed'")).scalar_one() == 2
         eng.dispose()
         assert n > 2
         for root in (tmp_path, ray_tmp):
-            assert _grep_tree(root, PASSWORD.encode()) == [str(spec)] if root == tmp_path \
+            assert (
+                _grep_tree(root, PASSWORD.encode()) == [str(spec)]
+                if root == tmp_path
                 else _grep_tree(root, PASSWORD.encode()) == []
+            )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
         drop()

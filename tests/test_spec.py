@@ -1,4 +1,5 @@
 """Sweep specs: expansion, stable keys, and one clear line for every kind of bad spec."""
+
 from __future__ import annotations
 
 import subprocess
@@ -29,8 +30,7 @@ budget: {steps: 20, eval_every: 10}
 def test_expansion_counts_axes_and_keys():
     sw = specs.load(text=GOOD)
     assert len(sw.trials) == 2 * 2 * 3
-    assert sw.axes == {"arm": ["gated_deltanet", "armed_gdn"], "lr": [0.001, 0.003],
-                       "seed": [0, 1, 2]}
+    assert sw.axes == {"arm": ["gated_deltanet", "armed_gdn"], "lr": [0.001, 0.003], "seed": [0, 1, 2]}
     keys = [k for k, _ in sw.trials]
     assert len(set(keys)) == len(keys)
     for key, params in sw.trials:
@@ -59,11 +59,14 @@ axes:
 zip: [[batch_size, steps]]
 exclude: [{batch_size: 4, lr: 1.0e-2}]
 """
-    sw = specs.load(text=text.replace("fixed: {task: mqar, arm: armed_gdn, d_model: 16, steps: 10, eval_every: 5}",
-                                      "fixed: {task: mqar, arm: armed_gdn, d_model: 16, eval_every: 5}"))
+    sw = specs.load(
+        text=text.replace(
+            "fixed: {task: mqar, arm: armed_gdn, d_model: 16, steps: 10, eval_every: 5}",
+            "fixed: {task: mqar, arm: armed_gdn, d_model: 16, eval_every: 5}",
+        )
+    )
     pairs = {(p["batch_size"], p["steps"], p["lr"]) for _, p in sw.trials}
-    assert pairs == {(4, 60, 0.001), (8, 40, 0.001), (8, 40, 0.01), (16, 30, 0.001),
-                     (16, 30, 0.01)}
+    assert pairs == {(4, 60, 0.001), (8, 40, 0.001), (8, 40, 0.01), (16, 30, 0.001), (16, 30, 0.01)}
     blocks = """
 name: b
 fixed: {task: mqar, d_model: 16, steps: 10, eval_every: 5}
@@ -93,31 +96,25 @@ BAD = {
     "unknown_top_key": (GOOD + "\naxis: {}\n", "axis: unknown key"),
     "missing_name": (GOOD.replace("name: t", ""), "name: required key is missing"),
     "bad_name": (GOOD.replace("name: t", "name: 'a b'"), "name: String should match"),
-    "unknown_param": (GOOD.replace("  d_model: 16", "  d_modle: 16"),
-                      "fixed.d_modle: unknown parameter 'd_modle'"),
-    "bad_namespace": (GOOD.replace("  d_model: 16", "  mdl.conv: 4"),
-                      "fixed.mdl.conv: unknown parameter"),
+    "unknown_param": (GOOD.replace("  d_model: 16", "  d_modle: 16"), "fixed.d_modle: unknown parameter 'd_modle'"),
+    "bad_namespace": (GOOD.replace("  d_model: 16", "  mdl.conv: 4"), "fixed.mdl.conv: unknown parameter"),
     "unknown_arm": (GOOD.replace("armed_gdn]", "armd_gdn]"), "armd_gdn"),
     "unknown_task": (GOOD.replace("task: mqar", "task: mqr"), "mqr"),
-    "unknown_knob": (GOOD.replace("  d_model: 16", "  d_model: 16\n  model.convv: 4"),
-                     "convv"),
+    "unknown_knob": (GOOD.replace("  d_model: 16", "  d_model: 16\n  model.convv: 4"), "convv"),
     "unknown_task_param": (GOOD.replace("task.K: 8", "task.KK: 8"), "KK"),
-    "wrong_type": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: [1e-3, fast]"),
-                   "axes.lr[1]: Input should be a valid number"),
+    "wrong_type": (
+        GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: [1e-3, fast]"),
+        "axes.lr[1]: Input should be a valid number",
+    ),
     "non_positive": (GOOD.replace("steps: 20", "steps: 0"), "budget.steps"),
-    "negative_lr": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: [-1e-3]"),
-                    "axes.lr[0]: Input should be greater than 0"),
+    "negative_lr": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: [-1e-3]"), "axes.lr[0]: Input should be greater than 0"),
     "empty_axis": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: []"), "axes.lr: empty axis"),
-    "scalar_axis": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: 0.001"),
-                    "axes.lr: Input should be"),
-    "duplicate_axis": (GOOD.replace("  n_layers: 1", "  n_layers: 1\n  lr: 0.01"),
-                       "axes.lr: duplicate axis"),
-    "duplicate_value": (GOOD.replace("seed: 0..2", "seed: [0, 1, 1]"),
-                        "axes.seed[2]: value 1 appears twice"),
+    "scalar_axis": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: 0.001"), "axes.lr: Input should be"),
+    "duplicate_axis": (GOOD.replace("  n_layers: 1", "  n_layers: 1\n  lr: 0.01"), "axes.lr: duplicate axis"),
+    "duplicate_value": (GOOD.replace("seed: 0..2", "seed: [0, 1, 1]"), "axes.seed[2]: value 1 appears twice"),
     "bad_range": (GOOD.replace("seed: 0..2", "seed: 0..x"), "axes.seed: a range must be"),
     "reversed_range": (GOOD.replace("seed: 0..2", "seed: 5..2"), "axes.seed: empty range"),
-    "list_under_fixed": (GOOD.replace("  n_layers: 1", "  n_layers: 1\n  batch_size: [1, 2]"),
-                         "fixed.batch_size"),
+    "list_under_fixed": (GOOD.replace("  n_layers: 1", "  n_layers: 1\n  batch_size: [1, 2]"), "fixed.batch_size"),
     "zip_unequal": (GOOD + "zip: [[arm, seed]]\n", "zip[0]: zipped axes must have equal lengths"),
     "zip_unknown": (GOOD + "zip: [[arm, K]]\n", "zip[0]: 'K' is not an axis"),
     "exclude_unknown": (GOOD + "exclude: [{K: 8}]\n", "exclude[0].K: 'K' is not a parameter"),
@@ -126,10 +123,11 @@ BAD = {
     "cpu_zero": (GOOD + "resources: {cpu: 0}\n", "resources.cpu: Input should be greater than 0"),
     "gpu_fraction": (GOOD + "resources: {gpu: 1.5}\n", "resources.gpu"),
     "negative_retries": (GOOD + "retries: -1\n", "retries: Input should be greater than or equal"),
-    "warmup_too_long": (GOOD.replace("eval_every: 10}", "eval_every: 10, warmup_steps: 20}"),
-                        "warmup_steps (20) must be below steps (20)"),
-    "bad_schedule": (GOOD.replace("eval_every: 10}", "eval_every: 10, schedule: linear}"),
-                     "budget.schedule"),
+    "warmup_too_long": (
+        GOOD.replace("eval_every: 10}", "eval_every: 10, warmup_steps: 20}"),
+        "warmup_steps (20) must be below steps (20)",
+    ),
+    "bad_schedule": (GOOD.replace("eval_every: 10}", "eval_every: 10, schedule: linear}"), "budget.schedule"),
 }
 
 
@@ -153,8 +151,11 @@ def test_bad_spec_is_one_line_exit_2_and_no_db_write(case, tmp_path, capsys):
 def test_missing_file_and_real_entry_point(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: []"))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(bad),
-                           "--db", str(tmp_path / "x.db")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "submit", str(bad), "--db", str(tmp_path / "x.db")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {bad}: axes.lr: empty axis (give at least one value)"
     assert "Traceback" not in proc.stderr
@@ -168,5 +169,7 @@ def test_dry_run_json(tmp_path, capsys):
     import json
 
     out = json.loads(capsys.readouterr().out)
-    assert out == {"trials": 12, "axes": {"arm": ["gated_deltanet", "armed_gdn"],
-                                          "lr": [0.001, 0.003], "seed": [0, 1, 2]}}
+    assert out == {
+        "trials": 12,
+        "axes": {"arm": ["gated_deltanet", "armed_gdn"], "lr": [0.001, 0.003], "seed": [0, 1, 2]},
+    }

@@ -1,6 +1,7 @@
 """``orchestrator sql`` on both backends: the statement runs exactly as written, every write
 is refused by the connection (bytes / rows unchanged), stacked statements are refused by
 the tokenizer, and a long query is cancelled at --timeout."""
+
 from __future__ import annotations
 
 import hashlib
@@ -89,9 +90,13 @@ PG_WRITES = [
 
 
 def _fill(url: str) -> None:
-    recs = [{"params": {"arm": "mlstm", "seed": s, "task": "mad_recall"},
-             "trace": [{"step": t, "acc": 0.1 * s, "loss": 1.0} for t in (1, 2, 3)]}
-            for s in range(3)]
+    recs = [
+        {
+            "params": {"arm": "mlstm", "seed": s, "task": "mad_recall"},
+            "trace": [{"step": t, "acc": 0.1 * s, "loss": 1.0} for t in (1, 2, 3)],
+        }
+        for s in range(3)
+    ]
     engine, _ = open_store_engine(url)
     write_records(engine, "w", recs, source="t")
     engine.dispose()  # closes the writer (a late close would checkpoint the WAL mid-test)
@@ -101,17 +106,24 @@ def _fingerprint(url: str) -> object:
     path = sqlite_path(url)
     if path is not None:
         # (an empty -wal file is no content: a reader of a WAL database may create one)
-        return tuple(hashlib.sha256(p.read_bytes() if p.exists() else b"").hexdigest()
-                     for p in (path, path.with_name(path.name + "-wal")))
+        return tuple(
+            hashlib.sha256(p.read_bytes() if p.exists() else b"").hexdigest()
+            for p in (path, path.with_name(path.name + "-wal"))
+        )
     eng = sa.create_engine(url)
     try:
         with eng.connect() as c:
-            tables = sorted(c.execute(sa.text(
-                "SELECT table_name FROM information_schema.tables "
-                "WHERE table_schema = current_schema()")).scalars())
-            return tables, [c.execute(sa.text(f'SELECT md5(coalesce(string_agg(t::text, \',\' '
-                                              f'ORDER BY t::text), \'\')) FROM "{t}" t')).scalar()
-                            for t in tables]
+            tables = sorted(
+                c.execute(
+                    sa.text("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+                ).scalars()
+            )
+            return tables, [
+                c.execute(
+                    sa.text(f"SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM \"{t}\" t")
+                ).scalar()
+                for t in tables
+            ]
     finally:
         eng.dispose()
 
@@ -151,14 +163,13 @@ QUOTED = [
     ("SELECT ';' AS s, '--' AS d", [";,--"]),
     ("SELECT count(*) AS n FROM evals -- trailing comment", ["9"]),
     ("SELECT count(*) AS n FROM evals /* ; DELETE FROM evals */;", ["9"]),
-    ("SELECT \"step\" FROM evals WHERE step = 2 AND acc = 0", ["2"]),
+    ('SELECT "step" FROM evals WHERE step = 2 AND acc = 0', ["2"]),
 ]
 
 
 def test_statement_runs_unchanged(filled, capsys):
     pg = not filled.startswith("sqlite")
-    cases = QUOTED + ([("SELECT $$;$$ AS d", [";"]), ("SELECT $t$ -- ; $t$ AS d", [" -- ; "])]
-                      if pg else [])
+    cases = QUOTED + ([("SELECT $$;$$ AS d", [";"]), ("SELECT $t$ -- ; $t$ AS d", [" -- ; "])] if pg else [])
     for q, want in cases:
         code, out, err = _run(capsys, "sql", "--db", filled, "--csv", "--", q)
         assert code == 0, (q, err)
@@ -169,8 +180,11 @@ def test_statement_runs_unchanged(filled, capsys):
 
 def test_timeout_cancels_a_long_query(filled, capsys):
     pg = not filled.startswith("sqlite")
-    q = ("SELECT pg_sleep(30)" if pg else
-         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c")
+    q = (
+        "SELECT pg_sleep(30)"
+        if pg
+        else "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    )
     code, _, err = _run(capsys, "sql", q, "--db", filled, "--timeout", "0.5")
     assert code == 2 and "timeout" in err and len(err.strip().splitlines()) == 1
     code, _, err = _run(capsys, "sql", "SELECT 1", "--db", filled, "--timeout", "-1")
@@ -194,22 +208,25 @@ def test_reader_role_cannot_use_admin_functions(capsys):
     try:
         _fill(url)
         os.environ["ORCH_TEST_READER_PW"] = "s3cret-reader"
-        code, out, err = _run(capsys, "db", "create-reader", role, "--db", url,
-                              "--password-env", "ORCH_TEST_READER_PW")
+        code, out, err = _run(capsys, "db", "create-reader", role, "--db", url, "--password-env", "ORCH_TEST_READER_PW")
         assert code == 0, err
         assert "s3cret-reader" not in out
         u = sa.engine.make_url(url).set(username=role, password="s3cret-reader")
         rurl = u.render_as_string(hide_password=False)
-        code, out, err = _run(capsys, "sql", "SELECT count(*) AS n FROM evals", "--db", rurl,
-                              "--csv")
+        code, out, err = _run(capsys, "sql", "SELECT count(*) AS n FROM evals", "--db", rurl, "--csv")
         assert code == 0 and out.splitlines()[1] == "9", err
         with admin.connect() as c:
             admin_pid = c.execute(sa.text("SELECT pg_backend_pid()")).scalar()
             before = _fingerprint(url)
-            for q in [f"SELECT pg_terminate_backend({admin_pid})", "SELECT pg_reload_conf()",
-                      "SELECT pg_stat_reset()", "SELECT pg_read_file('/etc/hostname')",
-                      "SELECT lo_import('/etc/hostname')", "DELETE FROM evals",
-                      "SELECT pg_cancel_backend(" + str(admin_pid) + ")"]:
+            for q in [
+                f"SELECT pg_terminate_backend({admin_pid})",
+                "SELECT pg_reload_conf()",
+                "SELECT pg_stat_reset()",
+                "SELECT pg_read_file('/etc/hostname')",
+                "SELECT lo_import('/etc/hostname')",
+                "DELETE FROM evals",
+                "SELECT pg_cancel_backend(" + str(admin_pid) + ")",
+            ]:
                 code, out, err = _run(capsys, "sql", q, "--db", rurl)
                 assert code == 2 and len(err.strip().splitlines()) == 1, (q, code, out, err)
             # the admin's session survived, and nothing changed
@@ -218,16 +235,16 @@ def test_reader_role_cannot_use_admin_functions(capsys):
     finally:
         os.environ.pop("ORCH_TEST_READER_PW", None)
         with admin.connect() as c:
-            if c.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"),
-                         {"r": role}).scalar():
+            if c.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).scalar():
                 schema = c.execute(sa.text("SELECT current_schema()")).scalar()
                 db = c.execute(sa.text("SELECT current_database()")).scalar()
-                for st in (f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"',
-                           f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{schema}" '
-                           f'REVOKE SELECT ON TABLES FROM "{role}"',
-                           f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"',
-                           f'REVOKE ALL ON DATABASE "{db}" FROM "{role}"',
-                           f'DROP ROLE IF EXISTS "{role}"'):
+                for st in (
+                    f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"',
+                    f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{schema}" REVOKE SELECT ON TABLES FROM "{role}"',
+                    f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"',
+                    f'REVOKE ALL ON DATABASE "{db}" FROM "{role}"',
+                    f'DROP ROLE IF EXISTS "{role}"',
+                ):
                     c.execute(sa.text(st))
         admin.dispose()
         drop()

@@ -1,5 +1,6 @@
 """The store on SQLite and PostgreSQL: migrations, models == migrations, upserts, views,
 the schema gate, and read-only SQL."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from alembic.runtime.migration import MigrationContext
 from orchestrator.cli import main
 from orchestrator.errors import UserError
 from orchestrator.store import repo
-from orchestrator.store.engine import (VERSION_TABLE, current_revision, ensure_schema,
-                                       head_revision, make_engine, open_store_engine)
+from orchestrator.store.engine import (
+    VERSION_TABLE,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    make_engine,
+    open_store_engine,
+)
 from orchestrator.store.models import Base, Trial
 from orchestrator.store.readonly import readonly_query
 
@@ -21,15 +28,39 @@ from orchestrator.store.readonly import readonly_query
 def _fill(engine, n_trials=3, n_steps=4):
     with engine.begin() as conn:
         sid = repo.upsert_sweep(conn, "s1", "name: s1", "h")
-        trials = [(f"k{i}", {"arm": "armed_gdn" if i % 2 else "gated_deltanet", "task": "mqar",
-                             "seed": i, "lr": 1e-3, "batch_size": 8, "steps": n_steps * 10,
-                             "eval_every": 10, "model.conv": 4, "task.K": 16, "tag.v": "x"})
-                  for i in range(n_trials)]
+        trials = [
+            (
+                f"k{i}",
+                {
+                    "arm": "armed_gdn" if i % 2 else "gated_deltanet",
+                    "task": "mqar",
+                    "seed": i,
+                    "lr": 1e-3,
+                    "batch_size": 8,
+                    "steps": n_steps * 10,
+                    "eval_every": 10,
+                    "model.conv": 4,
+                    "task.K": 16,
+                    "tag.v": "x",
+                },
+            )
+            for i in range(n_trials)
+        ]
         ids = repo.add_trials(conn, sid, trials)
-        rows = [{"trial_id": ids[f"k{i}"], "step": 10 * s, "acc": 0.1 * s + 0.01 * i,
-                 "loss": 1.0 / (s + 1), "train_loss": 2.0, "step_lr": 1e-3, "elapsed_s": float(s),
-                 "metrics": {"rebind_acc": 0.04}}
-                for i in range(n_trials) for s in range(1, n_steps + 1)]
+        rows = [
+            {
+                "trial_id": ids[f"k{i}"],
+                "step": 10 * s,
+                "acc": 0.1 * s + 0.01 * i,
+                "loss": 1.0 / (s + 1),
+                "train_loss": 2.0,
+                "step_lr": 1e-3,
+                "elapsed_s": float(s),
+                "metrics": {"rebind_acc": 0.04},
+            }
+            for i in range(n_trials)
+            for s in range(1, n_steps + 1)
+        ]
         repo.upsert_evals(conn, rows)
     return sid, ids
 
@@ -43,10 +74,12 @@ def test_migrate_empty_to_head_and_models_match(db_url):
     assert {"sweeps", "trials", "trial_params", "evals", VERSION_TABLE} <= set(insp.get_table_names())
     assert {"trial_trace", "trial_final"} <= set(insp.get_view_names())
     with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True,
-                                                     "version_table": VERSION_TABLE})
-        diff = [d for d in compare_metadata(ctx, Base.metadata)
-                if not (d[0] == "remove_table" and d[1].name == VERSION_TABLE)]
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "version_table": VERSION_TABLE})
+        diff = [
+            d
+            for d in compare_metadata(ctx, Base.metadata)
+            if not (d[0] == "remove_table" and d[1].name == VERSION_TABLE)
+        ]
     assert diff == []
 
 
@@ -56,27 +89,27 @@ def test_upserts_are_idempotent_and_views_answer(db_url):
     with engine.begin() as conn:
         # Re-reporting a step rewrites it; it never duplicates it.
         repo.upsert_evals(conn, [{"trial_id": ids["k0"], "step": 40, "acc": 0.99, "loss": 0.1}])
-        again = repo.add_trials(conn, sid, [("k0", {"arm": "x", "task": "y"}), ("k9", {
-            "arm": "armed_gdn", "task": "mqar", "seed": 9})])
+        again = repo.add_trials(
+            conn, sid, [("k0", {"arm": "x", "task": "y"}), ("k9", {"arm": "armed_gdn", "task": "mqar", "seed": 9})]
+        )
         assert again["k0"] == ids["k0"] and again["k9"] not in ids.values()
         repo.finish_trial(conn, ids["k0"], "completed")
     with engine.connect() as conn:
-        n = conn.execute(sa.text("SELECT COUNT(*) FROM evals WHERE trial_id = :t"),
-                         {"t": ids["k0"]}).scalar_one()
+        n = conn.execute(sa.text("SELECT COUNT(*) FROM evals WHERE trial_id = :t"), {"t": ids["k0"]}).scalar_one()
         assert n == 4
-        final = conn.execute(sa.text(
-            "SELECT final_step, final_acc, best_acc FROM trial_final WHERE key = 'k0'")).one()
+        final = conn.execute(sa.text("SELECT final_step, final_acc, best_acc FROM trial_final WHERE key = 'k0'")).one()
         assert (final.final_step, final.final_acc, final.best_acc) == (40, 0.99, 0.99)
-        trace = conn.execute(sa.text(
-            "SELECT step, acc FROM trial_trace WHERE sweep = 's1' AND seed = 1 ORDER BY step")).all()
+        trace = conn.execute(
+            sa.text("SELECT step, acc FROM trial_trace WHERE sweep = 's1' AND seed = 1 ORDER BY step")
+        ).all()
         assert [r.step for r in trace] == [10, 20, 30, 40]
         t = conn.execute(sa.text("SELECT status, final_acc FROM trials WHERE key='k0'")).one()
         assert t.status == "completed" and t.final_acc == 0.99
-        knob = conn.execute(sa.text(
-            "SELECT COUNT(*) FROM trial_params WHERE name = 'task.K' AND value_num = 16")).scalar_one()
+        knob = conn.execute(
+            sa.text("SELECT COUNT(*) FROM trial_params WHERE name = 'task.K' AND value_num = 16")
+        ).scalar_one()
         assert knob == 3
-        label = conn.execute(sa.text(
-            "SELECT value_text FROM trial_params WHERE name = 'tag.v' LIMIT 1")).scalar_one()
+        label = conn.execute(sa.text("SELECT value_text FROM trial_params WHERE name = 'tag.v' LIMIT 1")).scalar_one()
         assert label == "x"
 
 
@@ -111,10 +144,12 @@ WRITES = [
 
 def _snapshot(engine):
     with engine.connect() as conn:
-        return (conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one(),
-                conn.execute(sa.text("SELECT COUNT(*) FROM sweeps")).scalar_one(),
-                sorted(sa.inspect(engine).get_table_names()),
-                conn.execute(sa.text("SELECT status FROM trials ORDER BY id")).scalars().all())
+        return (
+            conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one(),
+            conn.execute(sa.text("SELECT COUNT(*) FROM sweeps")).scalar_one(),
+            sorted(sa.inspect(engine).get_table_names()),
+            conn.execute(sa.text("SELECT status FROM trials ORDER BY id")).scalars().all(),
+        )
 
 
 def test_sql_is_read_only(db_url):
@@ -132,8 +167,10 @@ def test_sql_is_read_only(db_url):
 def test_sql_command_csv_and_refusal(db_url, capsys):
     engine, url = open_store_engine(db_url)
     _fill(engine)
-    assert main(["sql", "SELECT key, step, acc FROM trial_trace WHERE key = 'k2' ORDER BY step",
-                 "--db", url, "--csv"]) == 0
+    assert (
+        main(["sql", "SELECT key, step, acc FROM trial_trace WHERE key = 'k2' ORDER BY step", "--db", url, "--csv"])
+        == 0
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0] == "key,step,acc" and len(out) == 5 and out[1].startswith("k2,10,")
     assert main(["sql", "DELETE FROM evals", "--db", url]) == 2
@@ -172,10 +209,10 @@ def test_step_lr_migration_keeps_data(db_url):
         command.upgrade(_alembic_config(conn), "0001_initial")
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
-        conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params, lr) "
-                             "VALUES (1, 'k', '{}', 0.003)"))
-        conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc, lr) VALUES "
-                             "(1, 1, 0.5, 0.0015), (1, 2, 0.75, 0.003)"))
+        conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params, lr) VALUES (1, 'k', '{}', 0.003)"))
+        conn.execute(
+            sa.text("INSERT INTO evals (trial_id, step, acc, lr) VALUES (1, 1, 0.5, 0.0015), (1, 2, 0.75, 0.003)")
+        )
     assert current_revision(engine) == "0001_initial"
     main(["db", "upgrade", "--db", db_url])
     assert current_revision(engine) == head_revision()

@@ -2,6 +2,7 @@
 trial counts the papers state or imply are pinned (each with its derivation), the designs
 carry the papers' structure, and ``orchestrator report sweeps/basin_map.yaml`` prints the
 basin map's table layout from traces shaped like its design. No training here."""
+
 from __future__ import annotations
 
 import json
@@ -103,9 +104,19 @@ def test_table_sweeps_say_what_they_reproduce_and_carry_an_analysis(name):
 
 def test_factorial_designs():
     f = _load("factorial")
-    assert Counter(p["arm"] for _, p in f.trials) == {a: 9 for a in (
-        "armed_gdn", "gated_deltanet", "deltanet", "dg_rank", "dg_diag", "mamba2_ref",
-        "mamba2_ref_noconv", "attention")}
+    assert Counter(p["arm"] for _, p in f.trials) == {
+        a: 9
+        for a in (
+            "armed_gdn",
+            "gated_deltanet",
+            "deltanet",
+            "dg_rank",
+            "dg_diag",
+            "mamba2_ref",
+            "mamba2_ref_noconv",
+            "attention",
+        )
+    }
     assert {(p["d_model"], p["n_layers"]) for _, p in f.trials} == {(32, 1)}
     assert all(p["model.d_state"] == 16 for _, p in f.trials if p["arm"].startswith("mamba2"))
     h = _load("factorial_k32_hardened")
@@ -114,10 +125,8 @@ def test_factorial_designs():
     assert {per_arm[a] for a in per_arm if a not in ("deltanet", "gated_deltanet")} == {10}
     assert all(p["rebinding"] and p["task.K"] == 32 for _, p in h.trials)
     t = _load("transition_hardened")
-    assert {(p["arm"], p["task.K"]) for _, p in t.trials} >= {("armed_dg_diag", 16),
-                                                            ("mamba2_ref", 32)}
-    assert all(_count(t, arm=a, **{"task.K": k}) == 10 for a, k in
-               {(p["arm"], p["task.K"]) for _, p in t.trials})
+    assert {(p["arm"], p["task.K"]) for _, p in t.trials} >= {("armed_dg_diag", 16), ("mamba2_ref", 32)}
+    assert all(_count(t, arm=a, **{"task.K": k}) == 10 for a, k in {(p["arm"], p["task.K"]) for _, p in t.trials})
     lr = _load("lr_sensitivity")
     assert {p["lr"] for _, p in lr.trials if p["arm"] == "gated_deltanet"} == {3e-4, 1e-3, 3e-3}
     assert {p["lr"] for _, p in lr.trials if p["arm"] == "armed_gdn"} == {1e-3, 3e-3, 1e-2}
@@ -132,13 +141,18 @@ def test_haystack_curriculum_collision_length_designs():
     assert {(p["n_layers"], p["model.heads"]) for _, p in w.trials} == {(2, 2)}
     c = _load("curriculum")
     rows = Counter(p["tag.row"] for _, p in c.trials)
-    assert rows == {"bidir_dense": 10, "bidir_curriculum": 10, "bidir_dense_curriculum": 10,
-                    "causal_dense_curriculum": 10, "attention_absolute": 5,
-                    "attention_rotary": 10}
-    assert all(p["task.L"] == 64 and p["batch_size"] == 256 and p["steps"] == 3000
-               for _, p in c.trials)
-    assert {(p["task.dense"], p["task.curriculum"]) for _, p in c.trials
-            if p["tag.row"] == "bidir_curriculum"} == {(1, "uniform")}
+    assert rows == {
+        "bidir_dense": 10,
+        "bidir_curriculum": 10,
+        "bidir_dense_curriculum": 10,
+        "causal_dense_curriculum": 10,
+        "attention_absolute": 5,
+        "attention_rotary": 10,
+    }
+    assert all(p["task.L"] == 64 and p["batch_size"] == 256 and p["steps"] == 3000 for _, p in c.trials)
+    assert {(p["task.dense"], p["task.curriculum"]) for _, p in c.trials if p["tag.row"] == "bidir_curriculum"} == {
+        (1, "uniform")
+    }
     col = _load("collision")
     assert _count(col, **{"tag.row": "noconv", "task.curriculum": "ramp"}) == 10
     assert _count(col, **{"tag.row": "attention_rotary", "task.curriculum": "ramp"}) == 10
@@ -155,24 +169,41 @@ def test_haystack_curriculum_collision_length_designs():
 
 def test_scaffold_study_designs():
     b = _load("basin_map")
-    assert all(p["schedule"] == "constant" and p["steps"] == 3000 and p["batch_size"] == 16
-               and p["eval_every"] == 200 and p["task.seq_len"] == 768 for _, p in b.trials)
-    assert {(p["model.read"], p["tag.variant"]) for _, p in b.trials} == {
-        ("raw", "baseline"), ("ns5", "ns5")}
-    assert all(_count(b, lr=lr, **{"task.vocab_size": v, "tag.variant": g}) == 8
-               for lr in (1e-3, 3e-3, 1e-2) for v in (80, 88, 96) for g in ("baseline", "ns5"))
+    assert all(
+        p["schedule"] == "constant"
+        and p["steps"] == 3000
+        and p["batch_size"] == 16
+        and p["eval_every"] == 200
+        and p["task.seq_len"] == 768
+        for _, p in b.trials
+    )
+    assert {(p["model.read"], p["tag.variant"]) for _, p in b.trials} == {("raw", "baseline"), ("ns5", "ns5")}
+    assert all(
+        _count(b, lr=lr, **{"task.vocab_size": v, "tag.variant": g}) == 8
+        for lr in (1e-3, 3e-3, 1e-2)
+        for v in (80, 88, 96)
+        for g in ("baseline", "ns5")
+    )
     bl = _load("batch_lr")
     budget = {4: 6000, 8: 4000, 16: 3000, 32: 2000, 64: 2000}
     assert {(p["batch_size"], p["steps"]) for _, p in bl.trials} == set(budget.items())
     assert all(_count(bl, batch_size=bs, lr=lr) == 8 for bs in budget for lr in (1e-3, 3e-3, 1e-2))
     bn = _load("batch_ns5")
     assert Counter((p["tag.variant"], p["batch_size"]) for _, p in bn.trials) == {
-        ("ns5", 4): 8, ("ns5", 8): 8, ("ns5", 16): 16,
-        ("baseline", 4): 8, ("baseline", 8): 8, ("baseline", 16): 16}
+        ("ns5", 4): 8,
+        ("ns5", 8): 8,
+        ("ns5", 16): 16,
+        ("baseline", 4): 8,
+        ("baseline", 8): 8,
+        ("baseline", 16): 16,
+    }
     sc = _load("schedule_confound")
     scheds = {(p["tag.sched"], p["schedule"], p["cosine_steps"], p["steps"]) for _, p in sc.trials}
-    assert scheds == {("cos2000", "cosine", 2000, 2000), ("cos4000", "cosine", 4000, 4000),
-                      ("constant", "constant", None, 2000)}
+    assert scheds == {
+        ("cos2000", "cosine", 2000, 2000),
+        ("cos4000", "cosine", 4000, 4000),
+        ("constant", "constant", None, 2000),
+    }
     el = _load("elimination")
     variants = Counter(p["tag.variant"] for _, p in el.trials)
     assert set(variants.values()) == {16} and len(variants) == 12
@@ -191,8 +222,7 @@ def test_recall_scaling_design():
     nd = sorted({p["d_model"] * p["model.d_state"] for p in grid})
     assert nd[0] == 64 and nd[-1] == 16384
     assert {p["n_layers"] for _, p in r.trials if p["model.norm"]} == {1, 2, 4}
-    assert {p["model.pattern"] for _, p in r.trials if p["model.heads"] == 4} == {
-        "mha", "mva", "mqa", "mka"}
+    assert {p["model.pattern"] for _, p in r.trials if p["model.heads"] == 4} == {"mha", "mva", "mqa", "mka"}
     assert {p["arm"] for _, p in r.trials} == {"linear_mamba"}
 
 
@@ -249,15 +279,19 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
     for i, (vocab, variant) in enumerate((v, g) for v in (80, 88, 96) for g in ("baseline", "ns5")):
         want = []
         for lr in (1e-3, 3e-3, 1e-2):
-            fates = [_fate(p) for p in trials if p["lr"] == lr and p["task.vocab_size"] == vocab
-                     and p["tag.variant"] == variant]
+            fates = [
+                _fate(p)
+                for p in trials
+                if p["lr"] == lr and p["task.vocab_size"] == vocab and p["tag.variant"] == variant
+            ]
             counts = [sum(f[0] == o for f in fates) for o in ("solved", "mid", "flat", "dead")]
             # The Kaplan-Meier median (lifelines; collapse and the budget censor): the first
             # step where the curve is at or below one half.
             from lifelines import KaplanMeierFitter
 
-            kmf = KaplanMeierFitter().fit([f[1] or f[2] or EVAL_STEPS[-1] for f in fates],
-                                          [f[1] is not None for f in fates])
+            kmf = KaplanMeierFitter().fit(
+                [f[1] or f[2] or EVAL_STEPS[-1] for f in fates], [f[1] is not None for f in fates]
+            )
             sf = kmf.survival_function_.iloc[:, 0]
             hit = sf.index[sf.to_numpy() <= 0.5 + 1e-9]
             med = f"{hit[0]:g}" if len(hit) else "-"
@@ -266,14 +300,15 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
     # B: log-rank ns5 vs baseline pooled and in each of the nine cells.
     b = lines.index("B. log-rank on escape times by variant (collapse censors)")
     assert lines[b + 1].startswith("  pooled: baseline ")
-    cells = [ln.split(":")[0].strip() for ln in lines[b + 2:b + 11]]
+    cells = [ln.split(":")[0].strip() for ln in lines[b + 2 : b + 11]]
     assert cells == [f"vocab_size={v} lr={lr:g}" for v in (80, 88, 96) for lr in (1e-3, 3e-3, 1e-2)]
     # Cell v88, lr 1e-3: the independent log-rank of the two groups' escape times.
     from lifelines.statistics import logrank_test
 
     def durations(variant):
-        fs = [_fate(p) for p in trials if p["lr"] == 1e-3 and p["task.vocab_size"] == 88
-              and p["tag.variant"] == variant]
+        fs = [
+            _fate(p) for p in trials if p["lr"] == 1e-3 and p["task.vocab_size"] == 88 and p["tag.variant"] == variant
+        ]
         return ([f[1] or f[2] or EVAL_STEPS[-1] for f in fs], [int(f[1] is not None) for f in fs])
 
     (ta, ea), (tb, eb) = durations("baseline"), durations("ns5")
@@ -290,8 +325,7 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
     assert "E. final accuracy: mean [min, max]" in text
     for name in ("index.html", "basin.png", "km.png", "hazard.png"):
         assert (out_dir / name).stat().st_size > 1000
-    d = json.loads(_cli(capsys, "report", SWEEPS / "basin_map.yaml", "--db", db, "--out",
-                        tmp_path / "r2", "--json"))
+    d = json.loads(_cli(capsys, "report", SWEEPS / "basin_map.yaml", "--db", db, "--out", tmp_path / "r2", "--json"))
     assert d["heatmap"] == {"x": "lr", "y": "vocab_size", "facet": "variant"}
     assert d["hazard"]["n_trials"] == 144
     n_esc = sum(_fate(p)[1] is not None for p in trials)
@@ -301,6 +335,7 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
 
 
 # ---- contrasts, horizon and the rebinding column on other tables' layouts -----------------
+
 
 def test_report_contrasts_and_horizon_on_the_schedule_confound(tmp_path, capsys):
     """Schedule confound, simulated: the cos4000 arm escapes by step 2,000 on more seeds.
@@ -322,30 +357,33 @@ def test_report_contrasts_and_horizon_on_the_schedule_confound(tmp_path, capsys)
     for _, p in sweep.trials:
         esc = escape(p)
         grid = [1] + list(range(200, steps_of[p["tag.sched"]] + 1, 200))
-        records.append({"params": p, "trace": [
-            {"step": s, "acc": 0.99 if esc is not None and s >= esc else 0.02} for s in grid]})
+        records.append(
+            {"params": p, "trace": [{"step": s, "acc": 0.99 if esc is not None and s >= esc else 0.02} for s in grid]}
+        )
     db = f"sqlite:///{tmp_path / 'sched.db'}"
     write_records(open_store_engine(db)[0], "schedule_confound", records)
-    d = json.loads(_cli(capsys, "report", SWEEPS / "schedule_confound.yaml", "--db", db,
-                        "--out", tmp_path / "rep", "--json"))
+    d = json.loads(
+        _cli(capsys, "report", SWEEPS / "schedule_confound.yaml", "--db", db, "--out", tmp_path / "rep", "--json")
+    )
     assert d["config"]["horizon"] == 2000
     by_pair = {(c["a"], c["b"]): c for c in d["contrasts"]}
     c = by_pair[("baseline/cos4000", "baseline/cos2000")]
 
     def solved(sched, variant, horizon=2000):
-        return {p["seed"]: (escape(p) is not None and escape(p) <= horizon)
-                for _, p in sweep.trials if p["tag.sched"] == sched and p["tag.variant"] == variant}
+        return {
+            p["seed"]: (escape(p) is not None and escape(p) <= horizon)
+            for _, p in sweep.trials
+            if p["tag.sched"] == sched and p["tag.variant"] == variant
+        }
 
     a_, b_ = solved("cos4000", "baseline"), solved("cos2000", "baseline")
     ka, kb = sum(a_.values()), sum(b_.values())
     assert (c["fisher"]["groups"]["baseline/cos4000"]["k"], c["fisher"]["groups"]["baseline/cos2000"]["k"]) == (ka, kb)
-    assert math.isclose(c["fisher"]["p_two_sided"],
-                        fisher_exact([[ka, 16 - ka], [kb, 16 - kb]]).pvalue, rel_tol=1e-9)
+    assert math.isclose(c["fisher"]["p_two_sided"], fisher_exact([[ka, 16 - ka], [kb, 16 - kb]]).pvalue, rel_tol=1e-9)
     only_a = sum(a_[s] and not b_[s] for s in a_)
     only_b = sum(b_[s] and not a_[s] for s in a_)
     assert c["mcnemar"]["only_a"] == only_a and c["mcnemar"]["only_b"] == only_b
-    assert math.isclose(c["mcnemar"]["p_value"],
-                        binomtest(only_a, only_a + only_b, 0.5).pvalue, rel_tol=1e-9)
+    assert math.isclose(c["mcnemar"]["p_value"], binomtest(only_a, only_a + only_b, 0.5).pvalue, rel_tol=1e-9)
 
     def times(sched, variant):
         out = []
@@ -356,19 +394,35 @@ def test_report_contrasts_and_horizon_on_the_schedule_confound(tmp_path, capsys)
         return [t for t, _ in out], [e for _, e in out]
 
     (t1, e1), (t2, e2) = times("cos2000", "ns5"), times("constant", "baseline")
-    assert math.isclose(by_pair[("ns5/cos2000", "baseline/constant")]["logrank"]["p_value"],
-                        logrank_test(t1, t2, e1, e2).p_value, rel_tol=1e-9)
+    assert math.isclose(
+        by_pair[("ns5/cos2000", "baseline/constant")]["logrank"]["p_value"],
+        logrank_test(t1, t2, e1, e2).p_value,
+        rel_tol=1e-9,
+    )
     # Without the cut, the cos4000 arm's later escapes count (13/16 -> more solved).
-    d4 = json.loads(_cli(capsys, "report", SWEEPS / "schedule_confound.yaml", "--db", db,
-                         "--out", tmp_path / "rep4", "--horizon", "4000", "--json"))
+    d4 = json.loads(
+        _cli(
+            capsys,
+            "report",
+            SWEEPS / "schedule_confound.yaml",
+            "--db",
+            db,
+            "--out",
+            tmp_path / "rep4",
+            "--horizon",
+            "4000",
+            "--json",
+        )
+    )
     c4 = {(c["a"], c["b"]): c for c in d4["contrasts"]}[("baseline/cos4000", "baseline/cos2000")]
     k4 = sum(solved("cos4000", "baseline", 4000).values())
     assert k4 > ka and c4["fisher"]["groups"]["baseline/cos4000"]["k"] == k4
-    text = _cli(capsys, "report", SWEEPS / "schedule_confound.yaml", "--db", db, "--out",
-                tmp_path / "rep5")
+    text = _cli(capsys, "report", SWEEPS / "schedule_confound.yaml", "--db", db, "--out", tmp_path / "rep5")
     assert "traces cut at step 2000" in text.splitlines()[0]
-    assert any(ln.startswith("  baseline/cos4000 vs baseline/cos2000: mean ")
-               and "McNemar p = " in ln for ln in text.splitlines())
+    assert any(
+        ln.startswith("  baseline/cos4000 vs baseline/cos2000: mean ") and "McNemar p = " in ln
+        for ln in text.splitlines()
+    )
 
 
 def test_report_accuracy_table_shows_the_rebinding_control(tmp_path, capsys):
@@ -378,36 +432,44 @@ def test_report_accuracy_table_shows_the_rebinding_control(tmp_path, capsys):
 
     sweep = _load("factorial_k32_hardened")
     rng = np.random.default_rng(7)
-    level = {"armed_gdn": 0.98, "dg_rank": 0.65, "dg_diag": 0.39, "mamba2_ref": 0.59,
-             "mamba2_ref_noconv": 0.15, "deltanet": 0.56, "gated_deltanet": 0.52}
+    level = {
+        "armed_gdn": 0.98,
+        "dg_rank": 0.65,
+        "dg_diag": 0.39,
+        "mamba2_ref": 0.59,
+        "mamba2_ref_noconv": 0.15,
+        "deltanet": 0.56,
+        "gated_deltanet": 0.52,
+    }
     finals, records = {}, []
     for _, p in sweep.trials:
         final = float(np.clip(level[p["arm"]] + rng.normal(0, 0.05), 0, 1))
         finals[(p["arm"], p["seed"])] = final
         rb = 0.03 + 0.001 * p["seed"]
-        trace = [{"step": s, "acc": final * min(1.0, s / 3000), "rebind_acc": rb}
-                 for s in (1, 1000, 2000, 3000)]
+        trace = [{"step": s, "acc": final * min(1.0, s / 3000), "rebind_acc": rb} for s in (1, 1000, 2000, 3000)]
         records.append({"params": p, "trace": trace})
     db = f"sqlite:///{tmp_path / 'k32.db'}"
     write_records(open_store_engine(db)[0], "factorial_k32_hardened", records)
-    text = _cli(capsys, "report", SWEEPS / "factorial_k32_hardened.yaml", "--db", db, "--out",
-                tmp_path / "rep")
+    text = _cli(capsys, "report", SWEEPS / "factorial_k32_hardened.yaml", "--db", db, "--out", tmp_path / "rep")
     lines = text.splitlines()
     e = lines.index("E. final accuracy: mean [min, max] rb mean rebinding-control accuracy")
     row = next(ln for ln in lines[e:] if ln.strip().startswith("deltanet "))
     vals = [finals[("deltanet", s)] for s in range(20)]
     rb = np.mean([0.03 + 0.001 * s for s in range(20)])
-    assert (f"{np.mean(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}] rb {rb:.3f}"
-            in row), row
-    d = json.loads(_cli(capsys, "report", SWEEPS / "factorial_k32_hardened.yaml", "--db", db,
-                        "--out", tmp_path / "rep2", "--json"))
+    assert f"{np.mean(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}] rb {rb:.3f}" in row, row
+    d = json.loads(
+        _cli(capsys, "report", SWEEPS / "factorial_k32_hardened.yaml", "--db", db, "--out", tmp_path / "rep2", "--json")
+    )
     c = next(c for c in d["contrasts"] if (c["a"], c["b"]) == ("dg_rank", "dg_diag"))
     xa = [finals[("dg_rank", s)] for s in range(10)]
     xb = [finals[("dg_diag", s)] for s in range(10)]
-    want = permutation_test((xa, xb), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
-                            vectorized=True, n_resamples=100_000,
-                            rng=np.random.default_rng(0)).pvalue
+    want = permutation_test(
+        (xa, xb),
+        lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+        vectorized=True,
+        n_resamples=100_000,
+        rng=np.random.default_rng(0),
+    ).pvalue
     assert math.isclose(c["permutation"]["p_value"], want, rel_tol=1e-9)
     assert c["mcnemar"] is not None  # both arms hold seeds 0-9 once each
-    assert next(x for x in d["contrasts"] if x["b"] == "gated_deltanet"
-                and x["a"] == "deltanet")["mcnemar"] is not None
+    assert next(x for x in d["contrasts"] if x["b"] == "gated_deltanet" and x["a"] == "deltanet")["mcnemar"] is not None

@@ -1,5 +1,6 @@
 """Task suite: registry and validation, shapes and masks, determinism, answers by brute-force
 decoding, eval/train stream disjointness, layouts of the gap tasks, sampling primitives."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,16 +26,21 @@ SMALL = {
     "s5": {"depth": 6, "score": "all", "eval_size": 300},
     "mad_recall": {"seq_len": 96, "eval_size": 300},
     "ar_scaling": {"vocab_size": 512, "n_facts": 16, "seq_len": 64, "eval_size": 300},
-    "mqar_scaling": {"vocab_size": 512, "n_facts": 16, "seq_len": 96, "n_queries": 12,
-                     "eval_size": 300},
+    "mqar_scaling": {"vocab_size": 512, "n_facts": 16, "seq_len": 96, "n_queries": 12, "eval_size": 300},
 }
-ANSWERS_PER_ROW = {"mqar": 8, "haystack": 2, "collision": 1, "s5": 6, "mad_recall": 96,
-                   "ar_scaling": 1, "mqar_scaling": 12}
+ANSWERS_PER_ROW = {
+    "mqar": 8,
+    "haystack": 2,
+    "collision": 1,
+    "s5": 6,
+    "mad_recall": 96,
+    "ar_scaling": 1,
+    "mqar_scaling": 12,
+}
 
 
 def test_registry_names_and_params():
-    assert tasks.NAMES == ("mqar", "haystack", "collision", "s5", "mad_recall", "ar_scaling",
-                           "mqar_scaling")
+    assert tasks.NAMES == ("mqar", "haystack", "collision", "s5", "mad_recall", "ar_scaling", "mqar_scaling")
     for name in tasks.NAMES:
         p = tasks.params(name)
         assert p["eval_size"] == 1024
@@ -44,27 +50,39 @@ def test_registry_names_and_params():
     assert tasks.params("haystack")["gate_threshold"] == 0.6
 
 
-@pytest.mark.parametrize("name,params,message", [
-    ("mqr", {}, "unknown task 'mqr' (known: mqar, haystack, collision, s5, mad_recall, "
-                "ar_scaling, mqar_scaling)"),
-    ("mqar", {"KK": 3}, "unknown parameter 'KK' for task 'mqar' (known: K, n_keys, n_values, "
-                        "eval_size)"),
-    ("mqar", {"K": -3}, "parameter 'K' for task 'mqar' expects int >= 1, got -3"),
-    ("mqar", {"K": 8.0}, "parameter 'K' for task 'mqar' expects int >= 1, got 8.0"),
-    ("mqar", {"K": 65}, "parameter 'K' for task 'mqar' expects int <= n_keys (64), got 65"),
-    ("haystack", {"curriculum": "rmp"}, "parameter 'curriculum' for task 'haystack' expects one "
-                                        "of 'none', 'uniform', 'ramp', 'gated', got 'rmp'"),
-    ("haystack", {"gap": 3, "curriculum": "ramp"}, "parameter 'gap' for task 'haystack' expects "
-                                                   "None when curriculum is 'ramp', got 3"),
-    ("haystack", {"L": 64, "gap": 28}, "parameter 'gap' for task 'haystack' expects int <= max "
-                                       "gap 27 (pairs), got 28"),
-    ("collision", {"n_distractor_keys": 4}, "unknown parameter 'n_distractor_keys'"),
-    ("s5", {"score": "last"}, "parameter 'score' for task 's5' expects one of 'final', 'all', "
-                              "got 'last'"),
-    ("mad_recall", {"seq_len": 101}, "parameter 'seq_len' for task 'mad_recall' expects an even int"),
-    ("mqar_scaling", {"n_facts": 64, "seq_len": 200}, "parameter 'seq_len' for task "
-                                                      "'mqar_scaling' expects int >= 256"),
-])
+@pytest.mark.parametrize(
+    "name,params,message",
+    [
+        ("mqr", {}, "unknown task 'mqr' (known: mqar, haystack, collision, s5, mad_recall, ar_scaling, mqar_scaling)"),
+        ("mqar", {"KK": 3}, "unknown parameter 'KK' for task 'mqar' (known: K, n_keys, n_values, eval_size)"),
+        ("mqar", {"K": -3}, "parameter 'K' for task 'mqar' expects int >= 1, got -3"),
+        ("mqar", {"K": 8.0}, "parameter 'K' for task 'mqar' expects int >= 1, got 8.0"),
+        ("mqar", {"K": 65}, "parameter 'K' for task 'mqar' expects int <= n_keys (64), got 65"),
+        (
+            "haystack",
+            {"curriculum": "rmp"},
+            "parameter 'curriculum' for task 'haystack' expects one of 'none', 'uniform', 'ramp', 'gated', got 'rmp'",
+        ),
+        (
+            "haystack",
+            {"gap": 3, "curriculum": "ramp"},
+            "parameter 'gap' for task 'haystack' expects None when curriculum is 'ramp', got 3",
+        ),
+        (
+            "haystack",
+            {"L": 64, "gap": 28},
+            "parameter 'gap' for task 'haystack' expects int <= max gap 27 (pairs), got 28",
+        ),
+        ("collision", {"n_distractor_keys": 4}, "unknown parameter 'n_distractor_keys'"),
+        ("s5", {"score": "last"}, "parameter 'score' for task 's5' expects one of 'final', 'all', got 'last'"),
+        ("mad_recall", {"seq_len": 101}, "parameter 'seq_len' for task 'mad_recall' expects an even int"),
+        (
+            "mqar_scaling",
+            {"n_facts": 64, "seq_len": 200},
+            "parameter 'seq_len' for task 'mqar_scaling' expects int >= 256",
+        ),
+    ],
+)
 def test_validation_messages(name, params, message):
     with pytest.raises(ValueError) as exc:
         tasks.validate(name, params)
@@ -94,7 +112,8 @@ def test_train_batch_shapes_masks_and_answers(name):
             assert decode(task, seq) == {task.seq_len - 1: int(y[b, -1])}
         elif name == "s5":
             assert _s5_train_targets(seq, task.mask_token) == {
-                t: int(v) for t, v in enumerate(y[b].tolist()) if v != IGNORE}
+                t: int(v) for t, v in enumerate(y[b].tolist()) if v != IGNORE
+            }
         else:
             assert decode(task, seq) == {t: int(v) for t, v in enumerate(y[b].tolist()) if v != IGNORE}
 
@@ -132,7 +151,7 @@ def test_eval_batches_sizes_determinism_and_answers(name):
 
 def test_s5_final_scoring_and_eval_device_argument():
     task = tasks.build("s5", depth=4, eval_size=10)
-    (x, y), = task.eval_batches(0, device="cpu")
+    ((x, y),) = task.eval_batches(0, device="cpu")
     assert ((y != IGNORE).sum(1) == 1).all() and (y[:, -1] != IGNORE).all()
     assert x.device.type == "cpu"
 
@@ -158,9 +177,14 @@ def test_stream_seeds_are_disjoint():
     assert not (train & evals) and not (train & rebind) and not (evals & rebind)
 
 
-@pytest.mark.parametrize("name,params", [("mqar", {"K": 4, "eval_size": 512}),
-                                         ("s5", {"depth": 4, "eval_size": 512}),
-                                         ("collision", {"L": 24, "eval_size": 512})])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("mqar", {"K": 4, "eval_size": 512}),
+        ("s5", {"depth": 4, "eval_size": 512}),
+        ("collision", {"L": 24, "eval_size": 512}),
+    ],
+)
 def test_no_eval_sequence_in_training_stream(name, params):
     """100K training sequences from several data seeds share no row with the eval set. The same
     check on a stream that replays the eval generator finds every row, so it can fail."""
@@ -207,10 +231,10 @@ def test_haystack_layout_gap_and_tokens():
     fixed = tasks.build("haystack", L=64, gap=5)
     xf, _ = fixed.train_batch(8, gen)
     assert (_leading_pads(xf, fixed.pad_token) == 64 - 8 - 10 - 2).all()
-    (xe, _), = fixed.eval_batches(0)[:1]
+    ((xe, _),) = fixed.eval_batches(0)[:1]
     assert (_leading_pads(xe, fixed.pad_token) == 0).all()  # eval always at the maximum gap
     odd = tasks.build("haystack", L=65, eval_size=4)
-    (xo, _), = odd.eval_batches(0)
+    ((xo, _),) = odd.eval_batches(0)
     assert (_leading_pads(xo, odd.pad_token) == 1).all()
 
 
@@ -284,13 +308,12 @@ def test_scaling_tasks_at_50k_vocab_and_4k_context():
     for task in (ar, mq):
         x, y = task.train_batch(4, gen)
         assert x.shape == (4, 4096) and task.vocab_size == 50000
-        keys = x[:, 0:2 * task.Nf:2]
+        keys = x[:, 0 : 2 * task.Nf : 2]
         assert (keys >= 1).all() and (keys < 25000).all()
         assert all(len(set(r)) == task.Nf for r in keys.tolist())
-        assert (x[:, 1:2 * task.Nf:2] >= 25000).all()
+        assert (x[:, 1 : 2 * task.Nf : 2] >= 25000).all()
         for b in range(4):
-            assert decode(task, x[b].tolist()) == {t: int(v) for t, v in enumerate(y[b].tolist())
-                                                   if v != IGNORE}
+            assert decode(task, x[b].tolist()) == {t: int(v) for t, v in enumerate(y[b].tolist()) if v != IGNORE}
     assert ((y != IGNORE).sum(1) == 1024).all()
 
 
@@ -322,8 +345,7 @@ def test_sample_distinct_is_a_uniform_ordered_subset(method):
 
 
 # One case per path: small n (top-k), rejection, first-distinct (twice), large-k top-k, edges.
-@pytest.mark.parametrize("n,k", [(64, 8), (25000, 64), (5000, 100), (24999, 1024), (3000, 2000),
-                                 (10, 10), (7, 0)])
+@pytest.mark.parametrize("n,k", [(64, 8), (25000, 64), (5000, 100), (24999, 1024), (3000, 2000), (10, 10), (7, 0)])
 def test_sample_distinct_paths(n, k):
     x = sample_distinct(300, n, k, torch.Generator().manual_seed(0))
     assert x.shape == (300, k)

@@ -1,4 +1,5 @@
 """``orchestrator tasks``, ``orchestrator tasks --floors``, ``tasks selftest``, ``bench tasks``."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,9 @@ def test_floors_json_at_published_settings(capsys):
     assert sorted(mqar) == [8, 16, 32]
     assert mqar[32]["no_binding"] == pytest.approx(0.0685, abs=5e-4)
     assert mqar[32]["value_marginal"] == pytest.approx(1 / 26)
-    mad = sorted(r["params"]["vocab_size"] for r in rows if r["task"] == "mad_recall"
-                 and r["params"].get("seq_len") == 768)
+    mad = sorted(
+        r["params"]["vocab_size"] for r in rows if r["task"] == "mad_recall" and r["params"].get("seq_len") == 768
+    )
     assert mad == [80, 88, 96]
     coll = next(r for r in rows if r["task"] == "collision")
     assert coll["floors"]["positional"] == pytest.approx(0.264, abs=1e-3)
@@ -55,8 +57,7 @@ def test_selftest_passes(capsys):
 
 
 def test_bench_tasks_prints_figures(capsys):
-    code, out, err = _run(capsys, "bench", "tasks", "--json", "--only", "s5", "--reps", "1",
-                          "--batch", "4")
+    code, out, err = _run(capsys, "bench", "tasks", "--json", "--only", "s5", "--reps", "1", "--batch", "4")
     assert code == 0, err
     rows = json.loads(out)
     assert [r["params"]["depth"] for r in rows] == [2, 4, 8, 16]

@@ -1,4 +1,5 @@
 """Curriculum state machines: uniform, time-based ramp, success-gated ramp; checkpoint round trip."""
+
 from __future__ import annotations
 
 import io
@@ -63,8 +64,14 @@ def test_gated_never_retreats_and_advances_only_above_threshold():
     rng = random.Random(0)
     for trial in range(50):
         accs = [min(1.0, max(0.0, rng.gauss(rng.uniform(0.3, 0.9), 0.2))) for _ in range(600)]
-        cur = GatedGap(max_gap=40, start=rng.randrange(5), threshold=0.6, every=rng.choice([1, 10, 25]),
-                       step=rng.choice([1, 3]), ema=rng.choice([0.0, 0.9]))
+        cur = GatedGap(
+            max_gap=40,
+            start=rng.randrange(5),
+            threshold=0.6,
+            every=rng.choice([1, 10, 25]),
+            step=rng.choice([1, 3]),
+            ema=rng.choice([0.0, 0.9]),
+        )
         caps, ests = [], []
         for i, a in enumerate(accs):
             caps.append(cur.state()["cap"])
@@ -93,8 +100,9 @@ def test_gated_holds_below_threshold_and_climbs_above():
     assert caps[-1] == max(caps) and len(set(caps[60:])) == 1
 
 
-@pytest.mark.parametrize("make", [lambda: UniformGap(27), lambda: RampGap(60, 3, 200),
-                                  lambda: GatedGap(60, 1, 0.6, 7, 4, 0.8)])
+@pytest.mark.parametrize(
+    "make", [lambda: UniformGap(27), lambda: RampGap(60, 3, 200), lambda: GatedGap(60, 1, 0.6, 7, 4, 0.8)]
+)
 def test_state_survives_checkpoint_round_trip(make):
     rng = random.Random(1)
     accs = [rng.random() ** 0.3 for _ in range(400)]

@@ -4,6 +4,7 @@ Each strategy reads the sequence in plain Python (it never looks at the targets)
 guess per scored position, and is scored against the targets; the empirical rate must match
 the task's analytic floor within a few binomial standard errors.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,7 @@ def test_mqar_floors_by_monte_carlo(K):
         slot = rng.randrange(K)
         return seq[2 * slot + 1] if seq[2 * slot] == seq[t - 1] else -1
 
-    for strat, key in ((random_table_value, "no_binding"), (random_value, "value_marginal"),
-                       (random_slot, "table")):
+    for strat, key in ((random_table_value, "no_binding"), (random_value, "value_marginal"), (random_slot, "table")):
         acc, n = _play(task, strat)
         assert _close(acc, floors[key], n), (key, acc, floors[key])
 

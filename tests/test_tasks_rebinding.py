@@ -1,5 +1,6 @@
 """The rebinding control: the derangement's guarantees, the rebound eval sets, and what the
 control is for (a genuine retriever collapses, a value-salience heuristic does not)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -64,12 +65,18 @@ def test_rebinding_not_applicable_to_s5():
     assert tasks.build("s5").rebinding_batches(0) is None
 
 
-@pytest.mark.parametrize("name,params", [
-    ("mqar", {"K": 8}), ("mqar", {"K": 32}), ("haystack", {"L": 64, "dense": 4}),
-    ("collision", {"L": 64}), ("mad_recall", {"seq_len": 128}),
-    ("ar_scaling", {"vocab_size": 256, "n_facts": 8, "seq_len": 32}),
-    ("mqar_scaling", {"vocab_size": 256, "n_facts": 8, "seq_len": 48}),
-])
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("mqar", {"K": 8}),
+        ("mqar", {"K": 32}),
+        ("haystack", {"L": 64, "dense": 4}),
+        ("collision", {"L": 64}),
+        ("mad_recall", {"seq_len": 128}),
+        ("ar_scaling", {"vocab_size": 256, "n_facts": 8, "seq_len": 32}),
+        ("mqar_scaling", {"vocab_size": 256, "n_facts": 8, "seq_len": 48}),
+    ],
+)
 def test_rebinding_sets(name, params):
     task = tasks.build(name, **params, eval_size=300)
     check = task_check(task, name)
@@ -97,7 +104,7 @@ def test_infeasible_rows_are_left_unscored():
                 assert (y1[b] == IGNORE).all()
                 n_unscored += 1
             else:
-                assert ((y1[b] != IGNORE).sum() == 2)
+                assert (y1[b] != IGNORE).sum() == 2
     assert 150 < n_unscored < 360  # about half of the rows
 
 

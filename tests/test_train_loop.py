@@ -1,5 +1,6 @@
 """The training loop without Ray or SQL: eval grid, determinism, checkpoint round trips,
 divergence, schedules."""
+
 from __future__ import annotations
 
 import math
@@ -10,9 +11,19 @@ import torch
 from orchestrator.train import Trainer
 from orchestrator.train.schedule import lr_multiplier
 
-BASE = {"arm": "armed_gdn", "task": "mqar", "task.K": 8, "d_model": 16, "n_layers": 1,
-        "batch_size": 16, "steps": 30, "eval_every": 10, "lr": 3e-3, "seed": 1,
-        "task.eval_size": 64}
+BASE = {
+    "arm": "armed_gdn",
+    "task": "mqar",
+    "task.K": 8,
+    "d_model": 16,
+    "n_layers": 1,
+    "batch_size": 16,
+    "steps": 30,
+    "eval_every": 10,
+    "lr": 3e-3,
+    "seed": 1,
+    "task.eval_size": 64,
+}
 
 
 def _trace(tr):
@@ -62,8 +73,7 @@ def test_checkpoint_of_another_config_is_refused():
 
 
 def test_nan_loss_ends_as_diverged_with_trace_kept():
-    tr = Trainer({**BASE, "lr": 1e12, "grad_clip": None, "steps": 200, "eval_every": 1,
-                  "weight_decay": 0.0})
+    tr = Trainer({**BASE, "lr": 1e12, "grad_clip": None, "steps": 200, "eval_every": 1, "weight_decay": 0.0})
     trace = list(tr.run())
     assert tr.status == "diverged"
     assert "non-finite" in tr.error
@@ -78,8 +88,7 @@ def test_schedules():
     assert lr_multiplier(50, schedule="cosine", **kw) == pytest.approx(0.5)
     # A period longer than the budget stops partway down (the schedule confound).
     assert lr_multiplier(100, schedule="cosine", cosine_steps=200, **kw) == pytest.approx(0.5)
-    assert lr_multiplier(300, schedule="cosine", cosine_steps=200, min_lr_ratio=0.1, **kw) == \
-        pytest.approx(0.1)
+    assert lr_multiplier(300, schedule="cosine", cosine_steps=200, min_lr_ratio=0.1, **kw) == pytest.approx(0.1)
     tr = Trainer({**BASE, "schedule": "cosine", "warmup_steps": 5, "steps": 20})
     lrs = {p.step: p.lr for p in tr.run()}
     assert lrs[1] == pytest.approx(3e-3 / 5) and lrs[20] == pytest.approx(0.0, abs=1e-12)

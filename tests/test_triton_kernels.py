@@ -21,6 +21,7 @@ With CUDA the same cases run on the GPU (plus bigger ones), uninterpreted.
 References: a float64 loop written here (``_ref_*``), and the operators' ``naive`` form
 (``kernels.delta_rule``/``kernels.dplr_scan``) whenever those exist.
 """
+
 from __future__ import annotations
 
 import functools
@@ -128,8 +129,9 @@ def _naive_operator_fn(op: str):
 
 CASES: dict[str, dict] = {
     "delta_alpha_s0": dict(op="delta_rule", B=2, H=2, T=37, DK=6, DV=5, alpha=True, s0=True),
-    "delta_plain_rowblocks": dict(op="delta_rule", B=1, H=2, T=37, DK=6, DV=5, alpha=False, s0=False,
-                                  block_v=2, chunk=5),
+    "delta_plain_rowblocks": dict(
+        op="delta_rule", B=1, H=2, T=37, DK=6, DV=5, alpha=False, s0=False, block_v=2, chunk=5
+    ),
     "delta_one_chunk_pow2": dict(op="delta_rule", B=3, H=1, T=16, DK=8, DV=8, alpha=True, s0=True, chunk=16),
     "dplr_s0": dict(op="dplr_scan", B=2, H=2, T=37, DK=6, DV=5, s0=True),
     "dplr_rowblocks_one_chunk": dict(op="dplr_scan", B=1, H=2, T=37, DK=5, DV=6, s0=False, block_v=4, chunk=37),
@@ -163,8 +165,15 @@ def make_inputs(case: dict, seed: int = 0, device: str = "cpu") -> list[torch.Te
         alpha = gate(B, H, T, lo=0.5) if case["alpha"] else None
         xs = [rnd(B, H, T, DK), unit(B, H, T, DK), rnd(B, H, T, DV), gate(B, H, T), alpha, s0]
     else:
-        xs = [rnd(B, H, T, DK), rnd(B, H, T, DK) / DK**0.5, rnd(B, H, T, DV), gate(B, H, T, DK, lo=0.5),
-              unit(B, H, T, DK), gate(B, H, T, DK), s0]
+        xs = [
+            rnd(B, H, T, DK),
+            rnd(B, H, T, DK) / DK**0.5,
+            rnd(B, H, T, DV),
+            gate(B, H, T, DK, lo=0.5),
+            unit(B, H, T, DK),
+            gate(B, H, T, DK),
+            s0,
+        ]
     return [None if x is None else x.to(device) for x in xs]
 
 
@@ -222,14 +231,21 @@ def isolated(test):
     The fresh process is this file run as a script (``python tests/test_triton_kernels.py
     TEST_NAME JSON_KWARGS``), where triton is first imported under the interpreter.
     """
+
     @functools.wraps(test)
     def wrapper(**kwargs):
         if IN_PROCESS:
             with _interpret_env(not ON_CUDA):
                 return test(**kwargs)
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        proc = subprocess.run([sys.executable, __file__, test.__name__, json.dumps(kwargs)], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, __file__, test.__name__, json.dumps(kwargs)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, f"{test.__name__} failed in a subprocess:\n{proc.stderr[-4000:]}"
 
     return wrapper
@@ -344,8 +360,10 @@ def test_triton_dispatcher_routes_to_these_kernels():
     delta_rule, dplr_scan = _naive_operator_fn("delta_rule"), _naive_operator_fn("dplr_scan")
     if delta_rule is None or dplr_scan is None:
         pytest.fail("operators of issue 3 (kernels.delta_rule / kernels.dplr_scan) missing")
-    for op, fn, direct in (("delta_alpha_s0", delta_rule, triton_ops.delta_rule_triton),
-                           ("dplr_s0", dplr_scan, triton_ops.dplr_scan_triton)):
+    for op, fn, direct in (
+        ("delta_alpha_s0", delta_rule, triton_ops.delta_rule_triton),
+        ("dplr_s0", dplr_scan, triton_ops.dplr_scan_triton),
+    ):
         xs = make_inputs(CASES[op], device=DEVICE)
         o1, s1 = fn(*xs[:-1], impl="triton", initial_state=xs[-1])
         o2, s2 = direct(*xs)
@@ -371,8 +389,9 @@ print(json.dumps(out))
 def test_triton_kernels_compile_for_pascal_sm61_without_atomics_or_bf16():
     """Lower every kernel variant to a cubin for sm_61 (ptxas included), no GPU needed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # The checks have teeth: an atomic kernel fails ptxas for sm_61, and the scan counts it.

@@ -1,6 +1,7 @@
 """`orchestrator ui` without a browser: a real server process against a real SQLite file and
 the local PostgreSQL; the incremental trace cursor, 404s, a bad --where, a missing
 database, and that serving never changes the database file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,19 +32,19 @@ def _write_sweep(url: str) -> dict[str, int]:
         ids = repo.add_trials(conn, sid, keyed)
         for k, _ in keyed:
             repo.mark_running(conn, ids[k])
-        repo.upsert_evals(conn, [{"trial_id": ids[k], "step": s, "acc": 0.1 * s / 10, "loss": 1.0}
-                                 for k, _ in keyed for s in (1, 10, 20)])
+        repo.upsert_evals(
+            conn,
+            [{"trial_id": ids[k], "step": s, "acc": 0.1 * s / 10, "loss": 1.0} for k, _ in keyed for s in (1, 10, 20)],
+        )
         repo.finish_trial(conn, ids[keyed[0][0]], "completed")
     engine.dispose()
-    return {"done": ids[keyed[0][0]], "running": ids[keyed[1][0]],
-            "key_running": keyed[1][0]}
+    return {"done": ids[keyed[0][0]], "running": ids[keyed[1][0]], "key_running": keyed[1][0]}
 
 
 def _append(url: str, tid: int, steps) -> None:
     engine, _ = open_store_engine(url)
     with engine.begin() as conn:
-        repo.upsert_evals(conn, [{"trial_id": tid, "step": s, "acc": 0.5, "loss": 0.5}
-                                 for s in steps])
+        repo.upsert_evals(conn, [{"trial_id": tid, "step": s, "acc": 0.5, "loss": 0.5} for s in steps])
         repo.touch(conn, [tid])
     engine.dispose()
 
@@ -55,8 +56,7 @@ def _rows(answer: dict) -> list[tuple[int, int]]:
 
 def _digest(url: str) -> dict[str, str]:
     path = sqlite_path(url)
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.parent.glob(path.name + "*"))}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.parent.glob(path.name + "*"))}
 
 
 def test_incremental_cursor_sends_only_new_rows(db_url):
@@ -64,8 +64,7 @@ def test_incremental_cursor_sends_only_new_rows(db_url):
     with ui_server(db_url) as base:
         code, first = get_json(base + "/api/sweeps/live/traces")
         assert code == 200
-        assert sorted(_rows(first)) == sorted((i, s) for i in (ids["done"], ids["running"])
-                                              for s in (1, 10, 20))
+        assert sorted(_rows(first)) == sorted((i, s) for i in (ids["done"], ids["running"]) for s in (1, 10, 20))
         # Nothing written since: nothing sent.
         code, again = get_json(base + "/api/sweeps/live/traces?since=" + first["cursor"])
         assert code == 200 and again["n"] == 0 and _rows(again) == []
@@ -94,8 +93,7 @@ def test_incremental_cursor_sends_only_new_rows(db_url):
         by_id = {t["trial_id"]: t for t in trials["trials"]}
         assert by_id[ids["running"]]["step"] == 50 and by_id[ids["done"]]["step"] == 20
         assert trials["varying"] == ["arm"]
-        code, filtered = get_json(base + "/api/sweeps/live/trials?where="
-                                  + urllib.parse.quote("arm = 'b'"))
+        code, filtered = get_json(base + "/api/sweeps/live/trials?where=" + urllib.parse.quote("arm = 'b'"))
         assert [t["trial_id"] for t in filtered["trials"]] == [ids["running"]]
         code, km = get_json(base + "/api/sweeps/live/km?by=arm")
         assert code == 200 and set(km["groups"]) == {"a", "b"}
@@ -118,8 +116,7 @@ def test_the_ui_engine_cannot_write(db_url):
     _write_sweep(db_url)
     engine, _ = readonly_engine(db_url)
     try:
-        for stmt in ("UPDATE trials SET status = 'failed'", "DELETE FROM evals",
-                     "CREATE TABLE x (i INTEGER)"):
+        for stmt in ("UPDATE trials SET status = 'failed'", "DELETE FROM evals", "CREATE TABLE x (i INTEGER)"):
             with pytest.raises(sa.exc.DBAPIError):
                 with engine.begin() as conn:
                     conn.execute(sa.text(stmt))
@@ -128,8 +125,7 @@ def test_the_ui_engine_cannot_write(db_url):
     writer, _ = open_store_engine(db_url)
     with writer.connect() as conn:
         assert conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one() == 6
-        assert conn.execute(sa.text("SELECT COUNT(*) FROM trials WHERE status = 'failed'")
-                            ).scalar_one() == 0
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM trials WHERE status = 'failed'")).scalar_one() == 0
     writer.dispose()
 
 
@@ -145,9 +141,14 @@ def test_not_found_bad_where_and_read_only(tmp_path, capsys):
         assert code == 404 and b"has no trial" in body
         assert get(base + "/api/sweeps/nope/traces")[0] == 404
         assert get(base + "/no/such/page")[0] == 404
-        for path in ("/sweeps/live", "/api/sweeps", "/api/sweeps/live/trials",
-                     "/api/sweeps/live/traces?full=1", "/api/sweeps/live/km?by=arm",
-                     "/static/plotly.min.js"):
+        for path in (
+            "/sweeps/live",
+            "/api/sweeps",
+            "/api/sweeps/live/trials",
+            "/api/sweeps/live/traces?full=1",
+            "/api/sweeps/live/km?by=arm",
+            "/static/plotly.min.js",
+        ):
             assert get(base + path)[0] == 200, path
         cond = "bogus_param > 1"
         code, bad = get_json(base + "/api/sweeps/live/trials?where=" + urllib.parse.quote(cond))
@@ -159,8 +160,7 @@ def test_not_found_bad_where_and_read_only(tmp_path, capsys):
     wal = sqlite_path(url).with_name("ui.db-wal")
     assert not wal.exists() or wal.stat().st_size == 0
     # The same one line `orchestrator analyze` prints for the same condition.
-    assert main(["analyze", "live", "km", "--db", url, "--where", cond,
-                 "--status", "all"]) == 2
+    assert main(["analyze", "live", "km", "--db", url, "--where", cond, "--status", "all"]) == 2
     cli_line = capsys.readouterr().err.strip()
     assert code == 400 and bad["error"] == cli_line
 

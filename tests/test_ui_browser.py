@@ -1,6 +1,7 @@
 """The dashboard in a real browser: headless Debian Chromium driven by Selenium against a
 real `orchestrator ui` process while a real sweep (Ray, training steps) writes into the same
 SQLite file or PostgreSQL schema. Skips only when no Chromium is installed."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,9 +16,10 @@ import pytest
 from conftest import POSTGRES_URL, make_pg_schema_url
 from ui_support import ROOT, get_json, ui_server
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("chromium") is None,
-                                 reason="Debian's chromium is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed"),
+]
 
 SPEC = """
 name: watched
@@ -46,8 +48,7 @@ def _driver():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-              "--window-size=1400,1800"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800"):
         opts.add_argument(a)
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
     return webdriver.Chrome(service=Service(driver_path), options=opts)
@@ -80,8 +81,22 @@ def _watch(db_url: str, tmp_path: Path) -> None:
     spec.write_text(SPEC)
     log = open(tmp_path / "submit.log", "w")
     sweep = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", db_url, "--quiet",
-         "--checkpoint-dir", str(tmp_path / "ck")], cwd=ROOT, stdout=log, stderr=log)
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "submit",
+            str(spec),
+            "--db",
+            db_url,
+            "--quiet",
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+    )
     driver = None
     try:
         # The ui needs a schema to open: the submit creates it with the sweep's first write.
@@ -98,6 +113,7 @@ def _watch(db_url: str, tmp_path: Path) -> None:
                     eng.dispose()
             except Exception:
                 return False
+
         _wait(has_sweep, 180, "the sweep to be recorded", every=0.5)  # Ray start under load
         with ui_server(db_url) as base:
             driver = _driver()
@@ -108,20 +124,25 @@ def _watch(db_url: str, tmp_path: Path) -> None:
             assert names == ["watched"]
 
             driver.get(base + "/sweeps/watched")
-            first = _wait(lambda: (lambda r: r if r[0] == N_TRIALS else None)(
-                driver.execute_script(_COUNT_JS)), 60, "one line per trial")
+            first = _wait(
+                lambda: (lambda r: r if r[0] == N_TRIALS else None)(driver.execute_script(_COUNT_JS)),
+                60,
+                "one line per trial",
+            )
             # The growth below is only seen if the sweep is still writing now.
             assert sweep.poll() is None, "the sweep ended before the page loaded; lengthen it"
             # Points grow with no reload while the sweep runs.
-            _wait(lambda: driver.execute_script(_COUNT_JS)[1] > first[1], 90,
-                  "the plotted points to grow")
+            _wait(lambda: driver.execute_script(_COUNT_JS)[1] > first[1], 90, "the plotted points to grow")
             grown = driver.execute_script(_COUNT_JS)
             assert sweep.wait(timeout=180) == 0, (tmp_path / "submit.log").read_text()[-2000:]
             # Every eval row of the finished sweep ends up plotted, still without a reload.
             code, tr = get_json(base + "/api/sweeps/watched/traces")
             total = tr["n"]
-            final = _wait(lambda: (lambda r: r if r[1] == total else None)(driver.execute_script(_COUNT_JS)),
-                          30, f"all {total} eval points to be plotted")
+            final = _wait(
+                lambda: (lambda r: r if r[1] == total else None)(driver.execute_script(_COUNT_JS)),
+                30,
+                f"all {total} eval points to be plotted",
+            )
             assert grown[1] > first[1] and final[1] == total == N_TRIALS * 21
             assert final[0] == N_TRIALS  # one line per trial
             assert final[2] == ["armed_gdn", "gated_deltanet"]  # the colour-by-arm legend
@@ -134,17 +155,20 @@ def _watch(db_url: str, tmp_path: Path) -> None:
             from selenium.webdriver.support.ui import Select
 
             Select(driver.find_element("id", "facet")).select_by_value("seed")
-            _wait(lambda: len(driver.find_elements("css selector", "#plots .facet")) == 2, 20,
-                  "two facet panels")
+            _wait(lambda: len(driver.find_elements("css selector", "#plots .facet")) == 2, 20, "two facet panels")
             assert driver.execute_script(_COUNT_JS)[0] == N_TRIALS
             Select(driver.find_element("id", "facet")).select_by_value("")
+
             # The table sorts by a clicked column (twice: descending).
             def head():
                 return driver.find_element("css selector", "#trials th[data-col='final_acc']")
+
             head().click()
             head().click()
-            accs = [float(r.find_elements("css selector", "td")[-3].text)
-                    for r in driver.find_elements("css selector", "#trials tbody tr")]
+            accs = [
+                float(r.find_elements("css selector", "td")[-3].text)
+                for r in driver.find_elements("css selector", "#trials tbody tr")
+            ]
             assert accs == sorted(accs, reverse=True)
 
             # A bad --where shows the CLI's one-line error on the page.
@@ -163,9 +187,13 @@ def _watch(db_url: str, tmp_path: Path) -> None:
             key = driver.find_element("css selector", "a.trial-link").text
             driver.get(base + "/sweeps/watched/trials/" + urllib.parse.quote(key))
             assert driver.find_element("id", "trial-key").text == key
-            n = _wait(lambda: driver.execute_script(
-                "const d = document.getElementById('trace'); return d.data && d.data[0].x.length"),
-                20, "the trial trace")
+            n = _wait(
+                lambda: driver.execute_script(
+                    "const d = document.getElementById('trace'); return d.data && d.data[0].x.length"
+                ),
+                20,
+                "the trial trace",
+            )
             assert n == 21
             driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-trial.png")))
             driver.get(base + "/sweeps/watched/trials/ffff")

@@ -1,5 +1,6 @@
 """The terminal view: steps-based ETA, the running-trials board from runner events and from
 the database (`status --watch`), and submit printing the `orchestrator ui` command."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,10 +42,11 @@ def test_board_and_watch_from_the_database(db_url, capsys):
         ids = repo.add_trials(conn, sid, keyed)
         for k, _ in keyed:
             repo.mark_running(conn, ids[k])
-        repo.upsert_evals(conn, [{"trial_id": ids[keyed[0][0]], "step": s, "acc": 0.9}
-                                 for s in (1, 50, 100)]
-                          + [{"trial_id": ids[keyed[1][0]], "step": s, "acc": 0.25}
-                             for s in (1, 40)])
+        repo.upsert_evals(
+            conn,
+            [{"trial_id": ids[keyed[0][0]], "step": s, "acc": 0.9} for s in (1, 50, 100)]
+            + [{"trial_id": ids[keyed[1][0]], "step": s, "acc": 0.25} for s in (1, 40)],
+        )
         repo.finish_trial(conn, ids[keyed[0][0]], "completed")
     board, st = board_from_db(engine, "w")
     assert board.total_steps == 200 and board.done_steps == 100 + 40
@@ -65,12 +67,13 @@ def test_board_and_watch_from_the_database(db_url, capsys):
 @pytest.mark.slow
 def test_submit_prints_the_ui_command(tmp_path, capsys):
     spec = tmp_path / "s.yaml"
-    spec.write_text("name: tiny\nfixed: {arm: gated_deltanet, task: mqar, task.K: 8, task.eval_size: 32, d_model: 8,"
-                    " n_layers: 1, batch_size: 8}\naxes: {seed: 0..1}\n"
-                    "budget: {steps: 20, eval_every: 10}\nresources: {cpu: 1}\n")
+    spec.write_text(
+        "name: tiny\nfixed: {arm: gated_deltanet, task: mqar, task.K: 8, task.eval_size: 32, d_model: 8,"
+        " n_layers: 1, batch_size: 8}\naxes: {seed: 0..1}\n"
+        "budget: {steps: 20, eval_every: 10}\nresources: {cpu: 1}\n"
+    )
     db = tmp_path / "t.db"
-    assert main(["submit", str(spec), "--db", str(db), "--checkpoint-dir",
-                 str(tmp_path / "ck")]) == 0
+    assert main(["submit", str(spec), "--db", str(db), "--checkpoint-dir", str(tmp_path / "ck")]) == 0
     err = capsys.readouterr().err
     assert f"watch it live: orchestrator ui --db {db}" in err
     assert "40/40 steps" in err

@@ -1,4 +1,5 @@
 """Helpers of the dashboard tests: a real `orchestrator ui` process on a free port."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,12 @@ def ui_server(db_url: str):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestrator.cli", "ui", "--db", db_url, "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -5,8 +5,23 @@ The project's own code is event extraction (:mod:`.events`), person-period expan
 come from scipy.stats, lifelines and statsmodels. Start with :func:`load` and the functions
 of :mod:`.api` (mirrors of ``orchestrator analyze``).
 """
-from .api import (KINDS, Prepared, config, fisher, fit, hazard, km, lockin, logrank, mcnemar,
-                  outcomes, permutation, prepare, run)
+
+from .api import (
+    KINDS,
+    Prepared,
+    config,
+    fisher,
+    fit,
+    hazard,
+    km,
+    lockin,
+    logrank,
+    mcnemar,
+    outcomes,
+    permutation,
+    prepare,
+    run,
+)
 from .config import AnalysisConfig, HeatmapConfig, parse_config
 from .data import SweepData, load, load_sweep
 from .events import trace_events, trial_events, with_events
@@ -16,9 +31,36 @@ from .report import Report, build_report, write_report
 from .results import TestResult
 
 __all__ = [
-    "KINDS", "AnalysisConfig", "HazardResult", "HeatmapConfig", "Prepared", "SweepData",
-    "TestResult", "config", "expand", "expand_reference", "fisher", "fit", "fit_hazard",
-    "hazard", "km", "load", "load_sweep", "lockin", "logrank", "mcnemar", "outcomes",
-    "parse_config", "permutation", "person_period", "prepare", "Report", "build_report",
-    "run", "trace_events", "trial_events", "with_events", "write_report",
+    "KINDS",
+    "AnalysisConfig",
+    "HazardResult",
+    "HeatmapConfig",
+    "Prepared",
+    "SweepData",
+    "TestResult",
+    "config",
+    "expand",
+    "expand_reference",
+    "fisher",
+    "fit",
+    "fit_hazard",
+    "hazard",
+    "km",
+    "load",
+    "load_sweep",
+    "lockin",
+    "logrank",
+    "mcnemar",
+    "outcomes",
+    "parse_config",
+    "permutation",
+    "person_period",
+    "prepare",
+    "Report",
+    "build_report",
+    "run",
+    "trace_events",
+    "trial_events",
+    "with_events",
+    "write_report",
 ]

@@ -10,6 +10,7 @@ overrides of its fields::
     oa.fisher(db, "curriculum", by="curriculum", compare="dense,distance").p_value
     oa.hazard(db, "basin_map", formula="np.log(t) + C(lr) + C(vocab_size) + C(variant)").summary
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,9 +54,12 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
     check_params(data.trials, cfg.by, data.params, "--by")
     check_params(data.trials, cfg.cells, data.params, "--cells")
     if cfg.heatmap is not None:
-        check_params(data.trials, [cfg.heatmap.x, cfg.heatmap.y]
-                     + ([cfg.heatmap.facet] if cfg.heatmap.facet else []), data.params,
-                     "heatmap")
+        check_params(
+            data.trials,
+            [cfg.heatmap.x, cfg.heatmap.y] + ([cfg.heatmap.facet] if cfg.heatmap.facet else []),
+            data.params,
+            "heatmap",
+        )
     trials = with_events(data.trials, data.evals, cfg)
     if cfg.stopped_as == "solved" and "stopped_at" in trials:
         # The stated imputation rule: a trial stopped after a sustained escape counts as solved.
@@ -63,9 +67,10 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
         trials.loc[stopped, "locked"] = True
         trials.loc[stopped, "outcome"] = "solved"
     if trials.empty:
-        raise UserError(f"sweep {sweep!r}: no trials with eval points match (statuses "
-                        f"{', '.join(cfg.statuses)}" + (f"; --where {cfg.where!r})" if cfg.where
-                                                        else ")"))
+        raise UserError(
+            f"sweep {sweep!r}: no trials with eval points match (statuses "
+            f"{', '.join(cfg.statuses)}" + (f"; --where {cfg.where!r})" if cfg.where else ")")
+        )
     return Prepared(data=data, trials=trials, cfg=cfg)
 
 
@@ -94,7 +99,8 @@ def run(prep: Prepared, kind: str) -> Any:
             f"{n_stopped(prep.trials)} trial(s) were ended by the spec's stop rule after their "
             f"escape, so their lock-in at budget and final accuracy are unknown: pass "
             f"--stopped-as solved to count them as solved, or use km/logrank/hazard (escape "
-            f"times are unaffected)")
+            f"times are unaffected)"
+        )
     if a.reads == "sweep":
         return a.fn(prep.data, prep.cfg, None)
     return a.fn(prep.trials, prep.cfg, prep.data.evals)
@@ -124,7 +130,13 @@ km = _one("km")
 logrank = _one("logrank")
 
 
-def hazard(db: Db, sweep: str, formula: str | None = None, link: str | None = None,
-           cfg: AnalysisConfig | None = None, **overrides: Any) -> HazardResult:
+def hazard(
+    db: Db,
+    sweep: str,
+    formula: str | None = None,
+    link: str | None = None,
+    cfg: AnalysisConfig | None = None,
+    **overrides: Any,
+) -> HazardResult:
     """Discrete-time hazard fit straight from the database (load, expand, fit)."""
     return run(prepare(db, sweep, cfg, formula=formula, link=link, **overrides), "hazard")

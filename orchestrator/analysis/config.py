@@ -15,12 +15,12 @@ Conventions (the defaults reproduce the scaffold study's released analysis scrip
 - ``horizon``: when set, every trace is cut at that step first (the evals after it are
   ignored), so "solved at step 2,000" of a 4,000-step run is one option away.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from orchestrator.errors import UserError
 from orchestrator.status import ALL, FINISHED
@@ -58,14 +58,17 @@ class ScalingConfig(BaseModel):
     N: str = Field("d_state", description="state dimension per layer")
     Nf: str = Field("n_facts", description="facts (key-value pairs) in context")
     V: str = Field("vocab_size", description="vocabulary size")
-    layers: str | None = Field("n_layers", description="multiplies N (N_eff = layers * N); "
-                                                       "null: N alone")
+    layers: str | None = Field("n_layers", description="multiplies N (N_eff = layers * N); null: N alone")
     seeds: Literal["best", "mean", "all"] = Field(
-        "best", description="per grid point: best seed (the paper's existence reading), the "
-                            "mean, or every seed as its own point")
+        "best",
+        description="per grid point: best seed (the paper's existence reading), the "
+        "mean, or every seed as its own point",
+    )
     floor: Literal["table", "marginal", "none"] | float = Field(
-        "table", description="accuracy floor the curve rises from: 1/Nf (guessing among the "
-                             "stored values), 1/(V - V//2) (value marginal), 0, or a number")
+        "table",
+        description="accuracy floor the curve rises from: 1/Nf (guessing among the "
+        "stored values), 1/(V - V//2) (value marginal), 0, or a number",
+    )
 
     @field_validator("floor")
     @classmethod
@@ -89,14 +92,13 @@ class AnalysisConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    by: list[str] = Field(default_factory=list,
-                          description="parameters whose values form the compared groups")
-    cells: list[str] = Field(default_factory=list,
-                             description="parameters that stratify: per-cell tables and tests; "
-                                         "the last one is the report table's column")
+    by: list[str] = Field(default_factory=list, description="parameters whose values form the compared groups")
+    cells: list[str] = Field(
+        default_factory=list,
+        description="parameters that stratify: per-cell tables and tests; the last one is the report table's column",
+    )
     where: str | None = Field(None, description="SQL condition on trial parameters")
-    statuses: list[str] = Field(default_factory=lambda: list(DEFAULT_STATUSES),
-                                description="trial statuses analysed")
+    statuses: list[str] = Field(default_factory=lambda: list(DEFAULT_STATUSES), description="trial statuses analysed")
     metric: Literal["final", "best"] = "final"
     lockin: float = Field(0.8, ge=0.0, le=1.0)
     mid_at: float = Field(0.2, ge=0.0, le=1.0)
@@ -113,12 +115,15 @@ class AnalysisConfig(BaseModel):
     contrasts: list[list[str]] = Field(
         default_factory=list,
         description="pairs of group labels compared within each cell (pooled without cells): "
-                    "Fisher on lock-in, permutation on mean accuracy, log-rank, and exact "
-                    "McNemar when the two groups share every pairing key")
+        "Fisher on lock-in, permutation on mean accuracy, log-rank, and exact "
+        "McNemar when the two groups share every pairing key",
+    )
     horizon: PositiveInt | None = Field(None, description="cut every trace at this step")
     stopped_as: Literal["solved"] | None = Field(
-        None, description="trials ended by the spec's stop rule have no lock-in at budget or "
-                          "final accuracy; 'solved' imputes them as solved (locked in)")
+        None,
+        description="trials ended by the spec's stop rule have no lock-in at budget or "
+        "final accuracy; 'solved' imputes them as solved (locked in)",
+    )
     scaling: ScalingConfig | None = None
 
     _lists = field_validator("by", "cells", "statuses", "pair_on", mode="before")(_name_list)
@@ -155,8 +160,7 @@ class AnalysisConfig(BaseModel):
             return list(ALL_STATUSES)
         bad = [s for s in v if s not in ALL_STATUSES]
         if bad:
-            raise ValueError(f"unknown status {bad[0]!r}; expected some of "
-                             f"{', '.join(ALL_STATUSES)} or 'all'")
+            raise ValueError(f"unknown status {bad[0]!r}; expected some of {', '.join(ALL_STATUSES)} or 'all'")
         return v
 
     @model_validator(mode="after")
@@ -164,8 +168,7 @@ class AnalysisConfig(BaseModel):
         if self.mid_at > self.lockin:
             raise ValueError(f"mid_at ({self.mid_at}) must not exceed lockin ({self.lockin})")
         if self.collapse_below >= self.escape_at:
-            raise ValueError(f"collapse_below ({self.collapse_below}) must be below escape_at "
-                             f"({self.escape_at})")
+            raise ValueError(f"collapse_below ({self.collapse_below}) must be below escape_at ({self.escape_at})")
         return self
 
     def with_overrides(self, **overrides: Any) -> AnalysisConfig:

@@ -7,6 +7,7 @@ parameter shares it, and the name with non-identifier characters as underscores 
 patsy formula can use). ``evals`` has ``trial_id, step, acc, loss``, sorted by trial and
 step. Both are read with plain SQL; nothing here writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,13 +72,13 @@ def formula_name(name: str) -> str:
     return f"_{out}" if out[:1].isdigit() else out
 
 
-def params_frame(ids: Sequence[int], keys: Sequence[str], statuses: Sequence[str],
-                 params: Sequence[dict]) -> tuple[pd.DataFrame, list[str], dict[str, str]]:
+def params_frame(
+    ids: Sequence[int], keys: Sequence[str], statuses: Sequence[str], params: Sequence[dict]
+) -> tuple[pd.DataFrame, list[str], dict[str, str]]:
     """Build the trials frame (see the module docstring) from raw trial rows."""
     flat = [{k: _hashable(v) for k, v in flatten_params(p or {}).items()} for p in params]
     names: list[str] = list(dict.fromkeys(k for f in flat for k in f))
-    frame = pd.DataFrame({"trial_id": np.asarray(ids, dtype=np.int64),
-                          "key": list(keys), "status": list(statuses)})
+    frame = pd.DataFrame({"trial_id": np.asarray(ids, dtype=np.int64), "key": list(keys), "status": list(statuses)})
     cols = {n: [f.get(n) for f in flat] for n in names if n not in META_COLUMNS}
     param_df = pd.DataFrame(cols, index=frame.index)
     param_df = param_df.infer_objects()
@@ -98,8 +99,7 @@ def params_frame(ids: Sequence[int], keys: Sequence[str], statuses: Sequence[str
                 aliases[alias] = n
                 taken.add(alias)
     if aliases:
-        frame = pd.concat([frame, pd.DataFrame({a: frame[n] for a, n in aliases.items()},
-                                               index=frame.index)], axis=1)
+        frame = pd.concat([frame, pd.DataFrame({a: frame[n] for a, n in aliases.items()}, index=frame.index)], axis=1)
     return frame, [n for n in names if n not in META_COLUMNS], aliases
 
 
@@ -118,8 +118,7 @@ def _sweep_id(conn, sweep: str) -> int:
     sid = conn.execute(sa.select(Sweep.id).where(Sweep.name == sweep)).scalar_one_or_none()
     if sid is None:
         names = [r[0] for r in conn.execute(sa.select(Sweep.name).order_by(Sweep.name))]
-        raise UserError(f"no sweep named {sweep!r} in this database"
-                        f" (sweeps: {', '.join(names[:20]) or 'none'})")
+        raise UserError(f"no sweep named {sweep!r} in this database (sweeps: {', '.join(names[:20]) or 'none'})")
     return sid
 
 
@@ -136,44 +135,65 @@ def _fetch_raw(conn, stmt) -> list[tuple]:
         cur.close()
 
 
-def load_sweep(db: str | Engine | None, sweep: str, where: str | None = None,
-               statuses: Sequence[str] = DEFAULT_STATUSES) -> SweepData:
+def load_sweep(
+    db: str | Engine | None, sweep: str, where: str | None = None, statuses: Sequence[str] = DEFAULT_STATUSES
+) -> SweepData:
     """Read one sweep's trials (with the given statuses, then ``where``) and their evals."""
     statuses = list(statuses)
     bad = [x for x in statuses if x not in ALL_STATUSES]
     if bad:
-        raise UserError(f"unknown trial status {bad[0]!r}; expected some of "
-                        f"{', '.join(ALL_STATUSES)}")
+        raise UserError(f"unknown trial status {bad[0]!r}; expected some of {', '.join(ALL_STATUSES)}")
     engine = open_engine(db)
     with engine.connect() as conn:
         sid = _sweep_id(conn, sweep)
         rows = conn.execute(
             sa.select(Trial.id, Trial.key, Trial.status, Trial.params)
-            .where(Trial.sweep_id == sid, Trial.status.in_(statuses)).order_by(Trial.id)).all()
+            .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
+            .order_by(Trial.id)
+        ).all()
         # One pass over the evals table for the whole sweep: cheaper than an IN list of
         # thousands of ids, and the where filter is applied on the frame afterwards.
-        eval_rows = _fetch_raw(conn, (
-            sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss)
-            .join(Trial, Trial.id == Eval.trial_id)
-            .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
-            .order_by(Eval.trial_id, Eval.step)))
-        looks = [dict(r.record) for r in conn.execute(
-            sa.select(SequentialLook.record).where(SequentialLook.sweep_id == sid)
-            .order_by(SequentialLook.id))]
-        skipped = conn.execute(sa.select(sa.func.count(Trial.id)).where(
-            Trial.sweep_id == sid, Trial.status == "skipped")).scalar_one()
-        skipped_steps = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(
-            Trial.sweep_id == sid, Trial.status == "skipped")).scalar_one()
-        stop_steps = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(TrialStop.budget - TrialStop.step), 0))
-                                  .join(Trial, Trial.id == TrialStop.trial_id)
-                                  .where(Trial.sweep_id == sid)).scalar_one()
-        budget_steps = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(
-            Trial.sweep_id == sid)).scalar_one()
-        stops = dict(conn.execute(sa.select(TrialStop.trial_id, TrialStop.step)
-                                  .join(Trial, Trial.id == TrialStop.trial_id)
-                                  .where(Trial.sweep_id == sid)).all())
+        eval_rows = _fetch_raw(
+            conn,
+            (
+                sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss)
+                .join(Trial, Trial.id == Eval.trial_id)
+                .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
+                .order_by(Eval.trial_id, Eval.step)
+            ),
+        )
+        looks = [
+            dict(r.record)
+            for r in conn.execute(
+                sa.select(SequentialLook.record).where(SequentialLook.sweep_id == sid).order_by(SequentialLook.id)
+            )
+        ]
+        skipped = conn.execute(
+            sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sid, Trial.status == "skipped")
+        ).scalar_one()
+        skipped_steps = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(
+                Trial.sweep_id == sid, Trial.status == "skipped"
+            )
+        ).scalar_one()
+        stop_steps = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(TrialStop.budget - TrialStop.step), 0))
+            .join(Trial, Trial.id == TrialStop.trial_id)
+            .where(Trial.sweep_id == sid)
+        ).scalar_one()
+        budget_steps = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(Trial.sweep_id == sid)
+        ).scalar_one()
+        stops = dict(
+            conn.execute(
+                sa.select(TrialStop.trial_id, TrialStop.step)
+                .join(Trial, Trial.id == TrialStop.trial_id)
+                .where(Trial.sweep_id == sid)
+            ).all()
+        )
     trials, params, aliases = params_frame(
-        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows])
+        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+    )
     # stop: the step a trial was stopped at by the spec's stop rule (NaN: ran its budget).
     trials["stopped_at"] = [float(stops[t]) if t in stops else np.nan for t in trials["trial_id"]]
     evals = pd.DataFrame.from_records(eval_rows, columns=["trial_id", "step", "acc", "loss"])
@@ -182,13 +202,22 @@ def load_sweep(db: str | Engine | None, sweep: str, where: str | None = None,
         keep = filter_trial_ids(trials, where)
         trials = trials[trials["trial_id"].isin(keep)].reset_index(drop=True)
         evals = evals[evals["trial_id"].isin(keep)].reset_index(drop=True)
-    return SweepData(sweep=sweep, trials=trials, evals=evals, params=params, aliases=aliases,
-                     looks=looks, skipped=int(skipped),
-                     saved_steps=int(skipped_steps) + int(stop_steps), budget_steps=int(budget_steps))
+    return SweepData(
+        sweep=sweep,
+        trials=trials,
+        evals=evals,
+        params=params,
+        aliases=aliases,
+        looks=looks,
+        skipped=int(skipped),
+        saved_steps=int(skipped_steps) + int(stop_steps),
+        budget_steps=int(budget_steps),
+    )
 
 
-def load(db: str | Engine | None, sweep: str, where: str | None = None,
-         statuses: Sequence[str] = DEFAULT_STATUSES) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load(
+    db: str | Engine | None, sweep: str, where: str | None = None, statuses: Sequence[str] = DEFAULT_STATUSES
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Notebook entry point: ``(trials_df, evals_df)`` of a sweep (see the module docstring)."""
     data = load_sweep(db, sweep, where=where, statuses=statuses)
     return data.trials, data.evals

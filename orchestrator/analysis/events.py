@@ -17,6 +17,7 @@ or 1, only starts the clock and is never an event):
 :func:`trial_events` is the vectorised path; :func:`trace_events` is the per-trace
 reference it is tested against.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,8 +27,21 @@ import pandas as pd
 
 from .config import AnalysisConfig
 
-EVENT_COLUMNS = ("n_evals", "first_step", "last_step", "final_acc", "best_acc", "escape_step",
-                 "collapse_step", "time", "event", "end", "outcome", "metric_acc", "locked")
+EVENT_COLUMNS = (
+    "n_evals",
+    "first_step",
+    "last_step",
+    "final_acc",
+    "best_acc",
+    "escape_step",
+    "collapse_step",
+    "time",
+    "event",
+    "end",
+    "outcome",
+    "metric_acc",
+    "locked",
+)
 OUTCOMES = ("solved", "mid", "flat", "dead")
 
 
@@ -66,10 +80,21 @@ def trace_events(trace: Sequence[tuple[int, float | None]], cfg: AnalysisConfig)
     else:
         outcome = "flat"
     metric = final if cfg.metric == "final" else best
-    return {"n_evals": n, "first_step": steps[0], "last_step": steps[-1], "final_acc": final,
-            "best_acc": best, "escape_step": escape, "collapse_step": collapse, "time": time,
-            "event": int(escape is not None), "end": end, "outcome": outcome,
-            "metric_acc": metric, "locked": bool(metric >= cfg.lockin)}
+    return {
+        "n_evals": n,
+        "first_step": steps[0],
+        "last_step": steps[-1],
+        "final_acc": final,
+        "best_acc": best,
+        "escape_step": escape,
+        "collapse_step": collapse,
+        "time": time,
+        "event": int(escape is not None),
+        "end": end,
+        "outcome": outcome,
+        "metric_acc": metric,
+        "locked": bool(metric >= cfg.lockin),
+    }
 
 
 def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
@@ -119,16 +144,27 @@ def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
     time = np.where(has_esc, escape, np.where(has_col, collapse, last))
     end = np.where(has_esc, "escape", np.where(has_col, "collapse", "budget"))
     with np.errstate(invalid="ignore"):
-        outcome = np.select([final >= cfg.lockin, has_col, final >= cfg.mid_at],
-                            ["solved", "dead", "mid"], "flat")
+        outcome = np.select([final >= cfg.lockin, has_col, final >= cfg.mid_at], ["solved", "dead", "mid"], "flat")
         metric = final if cfg.metric == "final" else best
         locked = metric >= cfg.lockin
-    out = pd.DataFrame({
-        "n_evals": gend - gstart + 1, "first_step": step[gstart], "last_step": step[gend],
-        "final_acc": final, "best_acc": best, "escape_step": escape, "collapse_step": collapse,
-        "time": time.astype(np.int64), "event": has_esc.astype(np.int64), "end": end,
-        "outcome": outcome, "metric_acc": metric, "locked": locked,
-    }, index=pd.Index(ids, name="trial_id"))
+    out = pd.DataFrame(
+        {
+            "n_evals": gend - gstart + 1,
+            "first_step": step[gstart],
+            "last_step": step[gend],
+            "final_acc": final,
+            "best_acc": best,
+            "escape_step": escape,
+            "collapse_step": collapse,
+            "time": time.astype(np.int64),
+            "event": has_esc.astype(np.int64),
+            "end": end,
+            "outcome": outcome,
+            "metric_acc": metric,
+            "locked": locked,
+        },
+        index=pd.Index(ids, name="trial_id"),
+    )
     return out
 
 

@@ -1,6 +1,7 @@
 """Report figures, drawn with matplotlib's object API on the Agg canvas (no pyplot, so a
 notebook's backend is never switched). Each function writes one file (PNG or SVG, from the
 path's suffix) and returns its path."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,7 @@ from .groups import format_value, labels, ordered
 
 MAX_TRACE_PANELS = 36
 DPI = 150  # raster figures; SVG is resolution-free
-OUTCOME_COLOURS = {"solved": "tab:green", "mid": "tab:orange", "flat": "tab:gray",
-                   "dead": "tab:red"}
+OUTCOME_COLOURS = {"solved": "tab:green", "mid": "tab:orange", "flat": "tab:gray", "dead": "tab:red"}
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -38,10 +38,11 @@ def km_figure(km_result, path: Path, title: str = "") -> Path:
         sf = kmf.survival_function_.iloc[:, 0]
         n = km_result.groups[g]["n"]
         esc = km_result.groups[g]["escapes"]
-        line, = ax.step(sf.index, sf.values, where="post", label=f"{g} ({esc}/{n} escaped)")
+        (line,) = ax.step(sf.index, sf.values, where="post", label=f"{g} ({esc}/{n} escaped)")
         ci = kmf.confidence_interval_survival_function_
-        ax.fill_between(ci.index, ci.iloc[:, 0], ci.iloc[:, 1], step="post", alpha=0.15,
-                        color=line.get_color(), linewidth=0)
+        ax.fill_between(
+            ci.index, ci.iloc[:, 0], ci.iloc[:, 1], step="post", alpha=0.15, color=line.get_color(), linewidth=0
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("fraction not yet escaped")
     ax.set_ylim(-0.02, 1.02)
@@ -51,8 +52,9 @@ def km_figure(km_result, path: Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
-def traces_figure(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig,
-                  path: Path, panel_by: Sequence[str]) -> Path:
+def traces_figure(
+    trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig, path: Path, panel_by: Sequence[str]
+) -> Path:
     """Per-seed accuracy traces: one panel per group of ``panel_by`` (at most
     :data:`MAX_TRACE_PANELS`), one line per trial coloured by its outcome, the escape
     threshold dashed."""
@@ -63,10 +65,8 @@ def traces_figure(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig
     # At least 6.4 in wide, so the title and the legend fit over a single panel.
     fig = Figure(figsize=(max(6.4, 3.0 * ncol), 2.1 * nrow + 0.9))
     axes = fig.subplots(nrow, ncol, sharex=True, sharey=True, squeeze=False).ravel()
-    starts = np.flatnonzero(np.r_[True, evals["trial_id"].to_numpy()[1:]
-                                  != evals["trial_id"].to_numpy()[:-1]])
-    bounds = dict(zip(evals["trial_id"].to_numpy()[starts],
-                      zip(starts, np.r_[starts[1:], len(evals)])))
+    starts = np.flatnonzero(np.r_[True, evals["trial_id"].to_numpy()[1:] != evals["trial_id"].to_numpy()[:-1]])
+    bounds = dict(zip(evals["trial_id"].to_numpy()[starts], zip(starts, np.r_[starts[1:], len(evals)])))
     xy = evals[["step", "acc"]].to_numpy(dtype=float)
     prefix = "/".join(panel_by) + "=" if panel_by else ""
     for ax, g in zip(axes, groups):
@@ -81,7 +81,7 @@ def traces_figure(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig
         ax.axhline(cfg.escape_at, linestyle="--", color="black", linewidth=0.6)
         ax.set_title(f"{prefix}{g} (n={len(part)})", fontsize=7)
         ax.tick_params(labelsize=7)
-    for ax in axes[len(groups):]:
+    for ax in axes[len(groups) :]:
         ax.set_visible(False)
     axes[0].set_ylim(-0.02, 1.02)
     if len(evals):
@@ -93,18 +93,21 @@ def traces_figure(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig
         last.xaxis.set_tick_params(labelbottom=True)
         last.set_xlabel("step", fontsize=8)
     height = 2.1 * nrow + 0.9
-    fig.suptitle("Per-seed accuracy traces, one line per trial, coloured by outcome",
-                 fontsize=9, y=1 - 0.12 / height)
+    fig.suptitle("Per-seed accuracy traces, one line per trial, coloured by outcome", fontsize=9, y=1 - 0.12 / height)
     from matplotlib.lines import Line2D
 
     present = [o for o in OUTCOME_COLOURS if (trials["outcome"] == o).any()] or list(OUTCOME_COLOURS)
     handles = [Line2D([], [], color=OUTCOME_COLOURS[o], label=o) for o in present]
-    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.6,
-                          label=f"escape at {cfg.escape_at:g}"))
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7,
-               frameon=False, bbox_to_anchor=(0.5, 1 - 0.32 / height))
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.45 / height, top=1 - 0.85 / height,
-                        hspace=0.5, wspace=0.12)
+    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.6, label=f"escape at {cfg.escape_at:g}"))
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=len(handles),
+        fontsize=7,
+        frameon=False,
+        bbox_to_anchor=(0.5, 1 - 0.32 / height),
+    )
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.45 / height, top=1 - 0.85 / height, hspace=0.5, wspace=0.12)
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     return path
@@ -129,8 +132,15 @@ def heatmap_figure(trials: pd.DataFrame, hm: HeatmapConfig, path: Path) -> Path:
                 if len(cell):
                     k = int((cell["outcome"] == "solved").sum())
                     frac[yi, xi] = k / len(cell)
-                    ax.text(xi, yi, f"{k}/{len(cell)}", ha="center", va="center", fontsize=8,
-                            color="white" if frac[yi, xi] < 0.5 else "black")
+                    ax.text(
+                        xi,
+                        yi,
+                        f"{k}/{len(cell)}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if frac[yi, xi] < 0.5 else "black",
+                    )
         im = ax.imshow(frac, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
         ax.set_xticks(range(len(xs)), [format_value(v) for v in xs], fontsize=8)
         ax.set_yticks(range(len(ys)), [format_value(v) for v in ys], fontsize=8)
@@ -152,8 +162,7 @@ def hazard_figure(summary: pd.DataFrame, path: Path) -> Path:
     ax = fig.add_subplot()
     y = np.arange(len(s))[::-1]
     hr, lo, hi = (s[c].to_numpy(dtype=float) for c in ("hr", "ci_low", "ci_high"))
-    ax.errorbar(hr, y, xerr=np.vstack([hr - lo, hi - hr]), fmt="o", color="tab:blue",
-                ecolor="tab:blue", capsize=3)
+    ax.errorbar(hr, y, xerr=np.vstack([hr - lo, hi - hr]), fmt="o", color="tab:blue", ecolor="tab:blue", capsize=3)
     ax.axvline(1.0, color="black", linewidth=0.7)
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())

@@ -5,6 +5,7 @@ values of several joined by ``/`` (``ns5/88``). Numbers print in their shortest 
 (``0.001``, ``1e-05``, ``3000``), booleans as ``true``/``false``. Groups are ordered by
 their values, numerically where the values are numbers.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,7 @@ def _sort_key(v):
     return (1, str(v))
 
 
-def check_params(trials: pd.DataFrame, names: Sequence[str], params: Sequence[str] = (),
-                 flag: str = "--by") -> None:
+def check_params(trials: pd.DataFrame, names: Sequence[str], params: Sequence[str] = (), flag: str = "--by") -> None:
     for n in names:
         if n not in trials.columns:
             known = ", ".join(list(params)[:40]) or "(none)"
@@ -77,14 +77,15 @@ def pick_two(available: Sequence[str], compare: Sequence[str] | None, what: str)
     if compare:
         missing = [g for g in compare if g not in available]
         if missing:
-            raise UserError(f"{what}: no group {missing[0]!r}; groups are: "
-                            f"{', '.join(available) or '(none)'}")
+            raise UserError(f"{what}: no group {missing[0]!r}; groups are: {', '.join(available) or '(none)'}")
         return compare[0], compare[1]
     if len(available) == 2:
         return available[0], available[1]
-    raise UserError(f"{what} compares two groups, found {len(available)} "
-                    f"({', '.join(available[:12]) or 'none'}): pass --groups A,B or a "
-                    "--by that forms two")
+    raise UserError(
+        f"{what} compares two groups, found {len(available)} "
+        f"({', '.join(available[:12]) or 'none'}): pass --groups A,B or a "
+        "--by that forms two"
+    )
 
 
 def cell_iter(trials: pd.DataFrame, cells: Sequence[str]):

@@ -8,6 +8,7 @@ dotted name through ``Q("task.vocab_size")``, or its aliases), ``t`` and ``k`` o
 interval, and numpy as ``np``: ``np.log(t) + C(lr) + C(vocab_size) * C(variant)``,
 ``np.log(t) + np.log(lr) + I(2*np.log(lr) - np.log(batch_size))``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,13 +34,13 @@ def normalise_formula(formula: str) -> str:
     """Accept a right-hand side (``np.log(t) + C(lr)``) or a full ``event ~ ...`` formula."""
     f = formula.strip()
     if not f:
-        raise UserError("--formula is empty; expected a right-hand side such as "
-                        "'np.log(t) + C(lr)'")
+        raise UserError("--formula is empty; expected a right-hand side such as 'np.log(t) + C(lr)'")
     if "~" in f:
         lhs, rhs = f.split("~", 1)
         if lhs.strip() != "event":
-            raise UserError(f"--formula {formula!r}: the left-hand side must be 'event' "
-                            "(or give only the right-hand side)")
+            raise UserError(
+                f"--formula {formula!r}: the left-hand side must be 'event' (or give only the right-hand side)"
+            )
         f = rhs.strip()
     return f"event ~ {f}"
 
@@ -60,12 +61,20 @@ class HazardResult:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        terms = [{"term": str(term), **{c: _num(row[c]) for c in TERM_COLUMNS}}
-                 for term, row in self.summary.iterrows()]
-        return {"formula": self.formula, "link": self.link, "n_intervals": self.n_intervals,
-                "n_events": self.n_events, "n_trials": self.n_trials,
-                "converged": self.converged, "loglik": _num(self.loglik),
-                "warnings": list(self.warnings), "terms": terms}
+        terms = [
+            {"term": str(term), **{c: _num(row[c]) for c in TERM_COLUMNS}} for term, row in self.summary.iterrows()
+        ]
+        return {
+            "formula": self.formula,
+            "link": self.link,
+            "n_intervals": self.n_intervals,
+            "n_events": self.n_events,
+            "n_trials": self.n_trials,
+            "converged": self.converged,
+            "loglik": _num(self.loglik),
+            "warnings": list(self.warnings),
+            "terms": terms,
+        }
 
 
 def _num(x) -> float | None:
@@ -110,10 +119,14 @@ def formula_columns(full: str, columns) -> list[str] | None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and node.id in cols:
                 used.add(node.id)
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                  and node.func.id == "Q" and node.args
-                  and isinstance(node.args[0], ast.Constant)
-                  and node.args[0].value in cols):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "Q"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value in cols
+            ):
                 used.add(node.args[0].value)
     return sorted(used)
 
@@ -136,8 +149,7 @@ def _glm(formula: str, data: pd.DataFrame, fam, **kw):
     return smf.glm(formula, data=data, family=fam, eval_env=0, **kw)
 
 
-def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit",
-               collapse: bool = True) -> HazardResult:
+def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit", collapse: bool = True) -> HazardResult:
     """Fit ``formula`` (right-hand side or ``event ~ ...``) on a person-period frame.
 
     With ``collapse`` the rows that share every covariate the formula reads and the event
@@ -147,12 +159,12 @@ def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit",
     full = normalise_formula(formula)
     fam = family(link)
     if pp.empty:
-        raise UserError("no run-intervals to fit: every trial has fewer than two evals, "
-                        "or --where kept none")
+        raise UserError("no run-intervals to fit: every trial has fewer than two evals, or --where kept none")
     n_events = int(pp["event"].sum())
     if n_events == 0:
-        raise UserError(f"no escapes among {len(pp)} run-intervals: nothing to fit "
-                        "(lower --escape-at or check --where)")
+        raise UserError(
+            f"no escapes among {len(pp)} run-intervals: nothing to fit (lower --escape-at or check --where)"
+        )
     used = formula_columns(full, pp.columns) if collapse else None
     notes: list[str] = []
     with warnings.catch_warnings(record=True) as wlist:
@@ -176,22 +188,36 @@ def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit",
         notes += sorted({str(w.message).splitlines()[0] for w in wlist})
     ci = res.conf_int(alpha=0.05)
     with np.errstate(over="ignore"):  # a separated term's exp(coef) is inf, shown as such
-        summary = pd.DataFrame({
-            "coef": res.params, "se": res.bse, "hr": np.exp(res.params),
-            "ci_low": np.exp(ci.iloc[:, 0]), "ci_high": np.exp(ci.iloc[:, 1]),
-            "z": res.tvalues, "p": res.pvalues,
-        })
+        summary = pd.DataFrame(
+            {
+                "coef": res.params,
+                "se": res.bse,
+                "hr": np.exp(res.params),
+                "ci_low": np.exp(ci.iloc[:, 0]),
+                "ci_high": np.exp(ci.iloc[:, 1]),
+                "z": res.tvalues,
+                "p": res.pvalues,
+            }
+        )
     summary.index.name = "term"
     # A group with no escapes (or only escapes) drives its coefficient towards infinity:
     # IRLS stops at a huge coefficient with a huge SE. Say so instead of printing a CI.
-    separated = [t for t, r in summary.iterrows()
-                 if t != "Intercept" and (not np.isfinite(r["se"]) or r["se"] > 50)]
+    separated = [t for t, r in summary.iterrows() if t != "Intercept" and (not np.isfinite(r["se"]) or r["se"] > 50)]
     if separated:
-        notes.append("(quasi-)complete separation, hazard ratio not identifiable for: "
-                     + ", ".join(map(str, separated)))
+        notes.append(
+            "(quasi-)complete separation, hazard ratio not identifiable for: " + ", ".join(map(str, separated))
+        )
     n_used = int(model.freq_weights.sum()) if used is not None else int(res.nobs)
     n_ev = int(np.sum(model.endog * model.freq_weights)) if used is not None else n_events
     converged = bool(getattr(res, "converged", True))
-    return HazardResult(formula=full, link=link, n_intervals=n_used, n_events=n_ev,
-                        n_trials=int(pp["trial_id"].nunique()), summary=summary,
-                        converged=converged, loglik=float(res.llf), warnings=notes)
+    return HazardResult(
+        formula=full,
+        link=link,
+        n_intervals=n_used,
+        n_events=n_ev,
+        n_trials=int(pp["trial_id"].nunique()),
+        summary=summary,
+        converged=converged,
+        loglik=float(res.llf),
+        warnings=notes,
+    )

@@ -11,6 +11,7 @@ collapse eval with ``event = 0``: collapse censors, as a competing risk.
 :func:`expand` is the vectorised path; :func:`expand_reference` the per-trial loop it is
 tested against.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,14 @@ def expand(evals: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     tid = evals["trial_id"].to_numpy()
     step = evals["step"].to_numpy()
     if len(tid) == 0:
-        return pd.DataFrame({"trial_id": np.array([], np.int64), "k": np.array([], np.int64),
-                             "t": np.array([], np.int64), "event": np.array([], np.int64)})
+        return pd.DataFrame(
+            {
+                "trial_id": np.array([], np.int64),
+                "k": np.array([], np.int64),
+                "t": np.array([], np.int64),
+                "event": np.array([], np.int64),
+            }
+        )
     start = np.r_[True, tid[1:] != tid[:-1]]
     gid = np.cumsum(start) - 1
     k = np.arange(len(tid)) - np.flatnonzero(start)[gid]
@@ -33,10 +40,14 @@ def expand(evals: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     end_time = np.where(known, events["time"].to_numpy()[np.maximum(pos, 0)], -1)
     esc = np.where(known, events["escape_step"].to_numpy(dtype=float)[np.maximum(pos, 0)], np.nan)
     keep = known & (k >= 1) & (step <= end_time)
-    return pd.DataFrame({
-        "trial_id": tid[keep].astype(np.int64), "k": k[keep].astype(np.int64),
-        "t": step[keep].astype(np.int64), "event": (step[keep] == esc[keep]).astype(np.int64),
-    })
+    return pd.DataFrame(
+        {
+            "trial_id": tid[keep].astype(np.int64),
+            "k": k[keep].astype(np.int64),
+            "t": step[keep].astype(np.int64),
+            "event": (step[keep] == esc[keep]).astype(np.int64),
+        }
+    )
 
 
 def expand_reference(evals: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
@@ -50,8 +61,9 @@ def expand_reference(evals: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
                 continue
             if s > ev["time"]:
                 break
-            rows.append({"trial_id": int(trial_id), "k": k, "t": s,
-                         "event": int(escape == escape and s == int(escape))})
+            rows.append(
+                {"trial_id": int(trial_id), "k": k, "t": s, "event": int(escape == escape and s == int(escape))}
+            )
     return pd.DataFrame(rows, columns=["trial_id", "k", "t", "event"]).astype(np.int64)
 
 

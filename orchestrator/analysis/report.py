@@ -18,6 +18,7 @@ plus figures: Kaplan-Meier curves per group, the basin-map heatmap (when the swe
 lr x hardness grid, or ``heatmap`` says which axes), per-seed traces and the hazard
 forest plot.
 """
+
 from __future__ import annotations
 
 import html
@@ -45,8 +46,7 @@ DEFAULT_OUT = Path("runs") / "reports"
 _NO_DB = object()  # "no database given" (None is the default database)
 
 
-def resolve_target(target: str, db: Any = _NO_DB) -> tuple[str, dict[str, Any] | None,
-                                                           str | None]:
+def resolve_target(target: str, db: Any = _NO_DB) -> tuple[str, dict[str, Any] | None, str | None]:
     """``(sweep name, analysis block or None, spec storage or None)`` of a sweep name or a
     path to a spec YAML. Given ``db``, a sweep name's block is the one stored with the
     sweep's spec, so ``report NAME`` keeps the design ``report spec.yaml`` would use."""
@@ -83,8 +83,9 @@ def resolve_target(target: str, db: Any = _NO_DB) -> tuple[str, dict[str, Any] |
     return target, None, None
 
 
-def auto_heatmap(trials: pd.DataFrame, params: list[str], cfg: AnalysisConfig,
-                 aliases: dict[str, str]) -> HeatmapConfig | None:
+def auto_heatmap(
+    trials: pd.DataFrame, params: list[str], cfg: AnalysisConfig, aliases: dict[str, str]
+) -> HeatmapConfig | None:
     """An lr x hardness grid: ``lr`` with several values and a numeric task parameter with
     several values (the first such ``task.*``); facet on the first ``by`` parameter."""
     if cfg.heatmap is not None:
@@ -97,8 +98,7 @@ def auto_heatmap(trials: pd.DataFrame, params: list[str], cfg: AnalysisConfig,
             continue
         col = trials[name]
         if pd.api.types.is_numeric_dtype(col) and col.nunique() >= 2:
-            return HeatmapConfig(x="lr", y=back.get(name, name),
-                                 facet=cfg.by[0] if cfg.by else None)
+            return HeatmapConfig(x="lr", y=back.get(name, name), facet=cfg.by[0] if cfg.by else None)
     return None
 
 
@@ -111,8 +111,7 @@ def _pivot(frame: pd.DataFrame, cells: list[str], entry: str) -> pd.DataFrame:
     rows = [*cells[:-1], "group"]
     frame = frame.assign(**{col: frame[col].map(lambda v: f"{col}={format_value(v)}")})
     order = list(dict.fromkeys(frame[col]))
-    wide = frame.pivot_table(index=rows, columns=col, values=entry, aggfunc="first",
-                             sort=False)
+    wide = frame.pivot_table(index=rows, columns=col, values=entry, aggfunc="first", sort=False)
     wide = wide.reindex(columns=order).fillna("-")
     wide.columns.name = None
     return wide
@@ -122,8 +121,7 @@ def layout_table(outcomes: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
     """Table A: one string entry per (row cell, group) x column value."""
     if outcomes.empty:
         return pd.DataFrame()
-    return _pivot(outcomes.assign(entry=outcomes.apply(tables.format_cell, axis=1)), cells,
-                  "entry")
+    return _pivot(outcomes.assign(entry=outcomes.apply(tables.format_cell, axis=1)), cells, "entry")
 
 
 def accuracy_table(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
@@ -136,11 +134,18 @@ def accuracy_table(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
         for g in ordered(sub, cfg.by):
             acc = sub.loc[labs == g, "final_acc"].astype(float)
             rb = sub.loc[labs == g, "rebind_acc"].astype(float) if has_rb else pd.Series([], dtype=float)
-            rows.append({**cell, "group": g, "n": int(len(acc)), "mean": acc.mean(),
-                         "min": acc.min(), "max": acc.max(),
-                         "rebind_mean": rb.mean() if rb.notna().any() else float("nan")})
-    return pd.DataFrame(rows, columns=[*cfg.cells, "group", "n", "mean", "min", "max",
-                                       "rebind_mean"])
+            rows.append(
+                {
+                    **cell,
+                    "group": g,
+                    "n": int(len(acc)),
+                    "mean": acc.mean(),
+                    "min": acc.min(),
+                    "max": acc.max(),
+                    "rebind_mean": rb.mean() if rb.notna().any() else float("nan"),
+                }
+            )
+    return pd.DataFrame(rows, columns=[*cfg.cells, "group", "n", "mean", "min", "max", "rebind_mean"])
 
 
 def _acc_entry(row) -> str:
@@ -177,10 +182,10 @@ def contrast_tests(trials: pd.DataFrame, cfg: AnalysisConfig) -> list[dict[str, 
             entry: dict[str, Any] = {"cell": cell, "a": a, "b": b}
             entry["fisher"] = _try("fisher", sub, pair_cfg)
             entry["permutation"] = _try("permutation", sub, pair_cfg)
-            entry["logrank"] = (_try("logrank", sub, pair_cfg)
-                                if int(ta["event"].sum() + tb["event"].sum()) > 0 else None)
-            entry["mcnemar"] = (_try("mcnemar", sub, pair_cfg)
-                                if _paired(ta, tb, cfg.pair_on) else None)
+            entry["logrank"] = (
+                _try("logrank", sub, pair_cfg) if int(ta["event"].sum() + tb["event"].sum()) > 0 else None
+            )
+            entry["mcnemar"] = _try("mcnemar", sub, pair_cfg) if _paired(ta, tb, cfg.pair_on) else None
             out.append(entry)
     return out
 
@@ -208,20 +213,20 @@ def _contrast_line(e: dict[str, Any]) -> str:
     parts = [f"{e['a']} vs {e['b']}" + (f" at {cell}" if cell else "") + ":"]
     if pm:
         ma, mb = pm["groups"][e["a"]]["mean"], pm["groups"][e["b"]]["mean"]
-        parts.append(f"mean {ma:.3f} vs {mb:.3f} (gap {ma - mb:+.3f}, permutation p = "
-                     f"{pm['p_value']:.4g});")
+        parts.append(f"mean {ma:.3f} vs {mb:.3f} (gap {ma - mb:+.3f}, permutation p = {pm['p_value']:.4g});")
     else:
         parts.append("mean - (no accuracies to permute);")
     if f:
         ga, gb = f["groups"][e["a"]], f["groups"][e["b"]]
-        parts.append(f"lock-in {ga['k']}/{ga['n']} vs {gb['k']}/{gb['n']} (Fisher p = "
-                     f"{f['p_two_sided']:.4g}, one-sided first-higher {f['p_greater']:.4g});")
+        parts.append(
+            f"lock-in {ga['k']}/{ga['n']} vs {gb['k']}/{gb['n']} (Fisher p = "
+            f"{f['p_two_sided']:.4g}, one-sided first-higher {f['p_greater']:.4g});"
+        )
     lr = e["logrank"]
     parts.append(f"log-rank p = {lr['p_value']:.4g}" if lr else "log-rank - (no escapes)")
     if e["mcnemar"]:
         mc = e["mcnemar"]
-        parts[-1] += (f"; McNemar p = {mc['p_value']:.4g} ({mc['only_a']} vs {mc['only_b']} "
-                      "discordant)")
+        parts[-1] += f"; McNemar p = {mc['p_value']:.4g} ({mc['only_a']} vs {mc['only_b']} discordant)"
     return " ".join(parts)
 
 
@@ -257,12 +262,15 @@ def attach_rebinding(prep: Prepared, db) -> Prepared:
     engine = open_engine(db)
     with engine.connect() as conn:
         for lo in range(0, len(ids), 500):
-            chunk = ids[lo:lo + 500]
+            chunk = ids[lo : lo + 500]
             for tid, step, metrics in conn.execute(
-                    sa.select(Eval.trial_id, Eval.step, Eval.metrics)
-                    .where(Eval.trial_id.in_(chunk))):
-                if step == last.get(tid) and isinstance(metrics, dict) \
-                        and isinstance(metrics.get("rebind_acc"), (int, float)):
+                sa.select(Eval.trial_id, Eval.step, Eval.metrics).where(Eval.trial_id.in_(chunk))
+            ):
+                if (
+                    step == last.get(tid)
+                    and isinstance(metrics, dict)
+                    and isinstance(metrics.get("rebind_acc"), (int, float))
+                ):
                     values[int(tid)] = float(metrics["rebind_acc"])
     rb = trials["trial_id"].map(lambda t: values.get(int(t), float("nan")))
     return replace(prep, trials=trials.assign(rebind_acc=rb.astype(float)))
@@ -293,51 +301,70 @@ class Report:
     unfinished: str | None = None  # the warning line of a sweep still running (or stopped)
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable({
-            "sweep": self.sweep, "config": self.cfg.model_dump(), "n_trials": self.n_trials,
-            "outcomes": self.outcomes, "lockin": self.lockin, "fisher": self.fisher,
-            "logrank": self.logrank, "logrank_cells": self.logrank_cells,
-            "km": self.km, "hazard": self.hazard.to_dict() if self.hazard else None,
-            "hazard_error": self.hazard_error,
-            "heatmap": self.heatmap.model_dump() if self.heatmap else None,
-            "accuracy": self.accuracy, "contrasts": self.contrasts,
-            "figures": self.figures, "html": self.html_path, "design": self.design,
-            "unfinished": self.unfinished})
+        return jsonable(
+            {
+                "sweep": self.sweep,
+                "config": self.cfg.model_dump(),
+                "n_trials": self.n_trials,
+                "outcomes": self.outcomes,
+                "lockin": self.lockin,
+                "fisher": self.fisher,
+                "logrank": self.logrank,
+                "logrank_cells": self.logrank_cells,
+                "km": self.km,
+                "hazard": self.hazard.to_dict() if self.hazard else None,
+                "hazard_error": self.hazard_error,
+                "heatmap": self.heatmap.model_dump() if self.heatmap else None,
+                "accuracy": self.accuracy,
+                "contrasts": self.contrasts,
+                "figures": self.figures,
+                "html": self.html_path,
+                "design": self.design,
+                "unfinished": self.unfinished,
+            }
+        )
 
     def text(self) -> str:
         """The tables as plain text (what ``orchestrator report`` prints)."""
         c = self.cfg
         out = ([f"WARNING: {self.unfinished}"] if self.unfinished else []) + [
-               f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
-               + (f", where {c.where}" if c.where else "")
-               + (f", traces cut at step {c.horizon}" if c.horizon else ""),
-               f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
-               f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
-               f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}", ""]
+            f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
+            + (f", where {c.where}" if c.where else "")
+            + (f", traces cut at step {c.horizon}" if c.horizon else ""),
+            f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
+            f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
+            f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}",
+            "",
+        ]
         out.append("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
         out.append(_indent(self.layout.to_string()) if not self.layout.empty else "  (none)")
         out.append("")
-        out.append(f"B. log-rank on escape times by {'/'.join(c.by) or '(no --by)'}"
-                   " (collapse censors)")
+        out.append(f"B. log-rank on escape times by {'/'.join(c.by) or '(no --by)'} (collapse censors)")
         if self.logrank:
             out.append("  pooled: " + _logrank_line(self.logrank))
         elif c.by:
             out.append("  pooled: - (no escapes, or fewer than two groups)")
         for entry in self.logrank_cells:
             cell = " ".join(f"{k}={format_value(v)}" for k, v in entry["cell"].items()) or "all"
-            out.append(f"  {cell}: " + (_logrank_line(entry) if entry.get("p_value") is not None
-                                         else f"- ({entry.get('reason')})"))
+            out.append(
+                f"  {cell}: "
+                + (_logrank_line(entry) if entry.get("p_value") is not None else f"- ({entry.get('reason')})")
+            )
         out.append("")
         if self.hazard is not None:
             h = self.hazard
-            out.append(f"C. discrete-time hazard fit ({h.n_intervals} run-intervals, "
-                       f"{h.n_events} escapes, {h.link} link): {h.formula}")
+            out.append(
+                f"C. discrete-time hazard fit ({h.n_intervals} run-intervals, "
+                f"{h.n_events} escapes, {h.link} link): {h.formula}"
+            )
             s = h.summary
             lines = [f"  {'term':<34} {'coef':>8} {'se':>7} {'z':>7}  {'exp(coef)':>9}  95% CI"]
             for term, r in s.iterrows():
-                lines.append(f"  {str(term):<34} {r['coef']:>8.3f} {r['se']:>7.3f} "
-                             f"{r['z']:>7.2f}  {r['hr']:>9.3g}  [{r['ci_low']:.3g}, "
-                             f"{r['ci_high']:.3g}]")
+                lines.append(
+                    f"  {str(term):<34} {r['coef']:>8.3f} {r['se']:>7.3f} "
+                    f"{r['z']:>7.2f}  {r['hr']:>9.3g}  [{r['ci_low']:.3g}, "
+                    f"{r['ci_high']:.3g}]"
+                )
             out.extend(lines)
             if h.warnings:
                 out.append("  warnings: " + "; ".join(h.warnings))
@@ -349,20 +376,25 @@ class Report:
         if self.fisher:
             f = self.fisher
             a, b = list(f["groups"])
-            out.append(f"  Fisher exact {a} {f['groups'][a]['k']}/{f['groups'][a]['n']} vs {b} "
-                       f"{f['groups'][b]['k']}/{f['groups'][b]['n']}: two-sided p = "
-                       f"{f['p_two_sided']:.4g}, one-sided ({a} higher) p = "
-                       f"{f['p_greater']:.4g}")
+            out.append(
+                f"  Fisher exact {a} {f['groups'][a]['k']}/{f['groups'][a]['n']} vs {b} "
+                f"{f['groups'][b]['k']}/{f['groups'][b]['n']}: two-sided p = "
+                f"{f['p_two_sided']:.4g}, one-sided ({a} higher) p = "
+                f"{f['p_greater']:.4g}"
+            )
         out.append("")
-        out.append("E. final accuracy: mean [min, max]"
-                   + (" rb mean rebinding-control accuracy" if self.accuracy.get(
-                       "rebind_mean", pd.Series(dtype=float)).notna().any() else ""))
-        out.append(_indent(self.accuracy_layout.to_string()) if not self.accuracy_layout.empty
-                   else "  (none)")
+        out.append(
+            "E. final accuracy: mean [min, max]"
+            + (
+                " rb mean rebinding-control accuracy"
+                if self.accuracy.get("rebind_mean", pd.Series(dtype=float)).notna().any()
+                else ""
+            )
+        )
+        out.append(_indent(self.accuracy_layout.to_string()) if not self.accuracy_layout.empty else "  (none)")
         if c.contrasts:
             out.append("")
-            out.append(f"F. contrasts ({c.metric} acc; permutation {c.alternative}, lock-in "
-                       f">= {c.lockin:g})")
+            out.append(f"F. contrasts ({c.metric} acc; permutation {c.alternative}, lock-in >= {c.lockin:g})")
             if self.contrasts:
                 out.extend("  " + _contrast_line(e) for e in self.contrasts)
             else:
@@ -381,10 +413,7 @@ def _indent(text: str) -> str:
 
 def _logrank_line(d: dict[str, Any]) -> str:
     parts = [f"{g} {v['escapes']}/{v['n']}" for g, v in d["groups"].items()]
-    return (f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, "
-            f"p = {d['p_value']:.4g}")
-
-
+    return f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, p = {d['p_value']:.4g}"
 
 
 def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
@@ -397,28 +426,31 @@ def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
     data, lines = prep.data, []
     if data.looks:
         lines.extend(format_looks(data.looks).splitlines())
-        lines.append(f"{data.skipped} trial(s) skipped (never run: contrast decided, or beyond "
-                     "the last look)")
+        lines.append(f"{data.skipped} trial(s) skipped (never run: contrast decided, or beyond the last look)")
     budget = prep
     stopped = n_stopped(prep.trials)
     if stopped and prep.cfg.stopped_as is None:
         keep = prep.trials["stopped_at"].isna()
         budget = Prepared(data=data, trials=prep.trials[keep].reset_index(drop=True), cfg=prep.cfg)
-        lines.append(f"{stopped} trial(s) ended by the stop rule after their escape: in B, C "
-                     "(escape times unchanged); left out of A, D, E, F (lock-in at budget and "
-                     "final accuracy unknown; --stopped-as solved counts them solved)")
+        lines.append(
+            f"{stopped} trial(s) ended by the stop rule after their escape: in B, C "
+            "(escape times unchanged); left out of A, D, E, F (lock-in at budget and "
+            "final accuracy unknown; --stopped-as solved counts them solved)"
+        )
     elif stopped:
-        lines.append(f"{stopped} trial(s) ended by the stop rule after their escape: counted as "
-                     "solved in A, D, F (--stopped-as solved); E shows their accuracy at the stop")
+        lines.append(
+            f"{stopped} trial(s) ended by the stop rule after their escape: counted as "
+            "solved in A, D, F (--stopped-as solved); E shows their accuracy at the stop"
+        )
     if data.saved_steps:
         frac = data.saved_steps / data.budget_steps if data.budget_steps else 0.0
-        lines.append(f"compute saved: {data.saved_steps:,} of {data.budget_steps:,} training "
-                     f"steps ({frac:.0%})")
+        lines.append(f"compute saved: {data.saved_steps:,} of {data.budget_steps:,} training steps ({frac:.0%})")
     return lines, budget
 
 
-def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "png",
-                 write: bool = True, db: Any = _NO_DB) -> Report:
+def build_report(
+    prep: Prepared, out_dir: str | Path | None = None, fmt: str = "png", write: bool = True, db: Any = _NO_DB
+) -> Report:
     """Compute every table, draw the figures and write ``index.html`` under ``out_dir``
     (default ``runs/reports/<sweep>``). ``db`` (the database the sweep was read from; None
     is the default database) lets table E show the rebinding control, which lives in the
@@ -451,10 +483,21 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
     except UserError as exc:
         hz_err = str(exc)
     hm = auto_heatmap(trials, prep.data.params, cfg, prep.data.aliases)
-    rep = Report(sweep=prep.data.sweep, cfg=cfg, n_trials=len(trials), outcomes=outcomes,
-                 layout=layout, lockin=lock, fisher=fisher, logrank=logrank,
-                 logrank_cells=lr_cells, km=km.to_dict(), hazard=hz, hazard_error=hz_err,
-                 heatmap=hm)
+    rep = Report(
+        sweep=prep.data.sweep,
+        cfg=cfg,
+        n_trials=len(trials),
+        outcomes=outcomes,
+        layout=layout,
+        lockin=lock,
+        fisher=fisher,
+        logrank=logrank,
+        logrank_cells=lr_cells,
+        km=km.to_dict(),
+        hazard=hz,
+        hazard_error=hz_err,
+        heatmap=hm,
+    )
     rep.accuracy = accuracy_table(budget.trials, cfg)
     rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.cells)
     rep.contrasts = contrast_tests(budget.trials, cfg)
@@ -471,8 +514,7 @@ def build_report(prep: Prepared, out_dir: str | Path | None = None, fmt: str = "
     figs = {"km": km_figure(km, out / f"km.{fmt}")}
     if hm is not None:
         figs["basin"] = heatmap_figure(trials, hm, out / f"basin.{fmt}")
-    figs["traces"] = traces_figure(trials, prep.data.evals, cfg, out / f"traces.{fmt}",
-                                   [*cfg.cells, *cfg.by])
+    figs["traces"] = traces_figure(trials, prep.data.evals, cfg, out / f"traces.{fmt}", [*cfg.cells, *cfg.by])
     if hz is not None and len(hz.summary) > 1:
         figs["hazard"] = hazard_figure(hz.summary, out / f"hazard.{fmt}")
     rep.figures = {k: p.name for k, p in figs.items()}
@@ -502,76 +544,96 @@ def _figure(rep: Report, key: str, caption: str) -> str:
     name = rep.figures.get(key)
     if not name:
         return ""
-    return (f'<figure><img src="{html.escape(name)}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="{html.escape(name)}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
 
 
 def render_html(rep: Report) -> str:
     c = rep.cfg
     e = html.escape
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(rep.sweep)} report"
-             f"</title><style>{_CSS}</style></head><body>",
-             f"<h1>Sweep <code>{e(rep.sweep)}</code></h1>",
-             (f"<p class='warning'><strong>Warning:</strong> {e(rep.unfinished)}</p>"
-              if rep.unfinished else ""),
-             f"<p class='note'>{rep.n_trials} trials (status {e(', '.join(c.statuses))})"
-             + (f", where <code>{e(c.where)}</code>" if c.where else "") +
-             f". Escape: first eval after the first with accuracy &ge; {c.escape_at:g}. "
-             f"Collapse: accuracy &lt; {c.collapse_below:g} from some eval to the end "
-             f"(censors escape, a competing risk). Solved / lock-in: {e(c.metric)} accuracy "
-             f"&ge; {c.lockin:g}; mid: final accuracy &ge; {c.mid_at:g}.</p>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(rep.sweep)} report"
+        f"</title><style>{_CSS}</style></head><body>",
+        f"<h1>Sweep <code>{e(rep.sweep)}</code></h1>",
+        (f"<p class='warning'><strong>Warning:</strong> {e(rep.unfinished)}</p>" if rep.unfinished else ""),
+        f"<p class='note'>{rep.n_trials} trials (status {e(', '.join(c.statuses))})"
+        + (f", where <code>{e(c.where)}</code>" if c.where else "")
+        + f". Escape: first eval after the first with accuracy &ge; {c.escape_at:g}. "
+        f"Collapse: accuracy &lt; {c.collapse_below:g} from some eval to the end "
+        f"(censors escape, a competing risk). Solved / lock-in: {e(c.metric)} accuracy "
+        f"&ge; {c.lockin:g}; mid: final accuracy &ge; {c.mid_at:g}.</p>",
+    ]
     parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @KM median escape step</h2>")
     parts.append(_table(rep.layout) if not rep.layout.empty else "<p>(none)</p>")
     parts.append("<h2>Lock-in rates</h2>" + _table(rep.lockin, index=False))
-    parts.append("<h2>Final accuracy: mean [min, max]</h2>"
-                 + (_table(rep.accuracy_layout) if not rep.accuracy_layout.empty
-                    else "<p>(none)</p>"))
+    parts.append(
+        "<h2>Final accuracy: mean [min, max]</h2>"
+        + (_table(rep.accuracy_layout) if not rep.accuracy_layout.empty else "<p>(none)</p>")
+    )
     if rep.contrasts:
-        parts.append("<h2>Contrasts</h2><ul>" + "".join(
-            f"<li>{e(_contrast_line(x))}</li>" for x in rep.contrasts) + "</ul>")
+        parts.append(
+            "<h2>Contrasts</h2><ul>" + "".join(f"<li>{e(_contrast_line(x))}</li>" for x in rep.contrasts) + "</ul>"
+        )
     if rep.design:
-        parts.append("<h2>Design: sequential looks, stopped trials, compute saved</h2><pre>"
-                     + e("\n".join(rep.design)) + "</pre>")
+        parts.append(
+            "<h2>Design: sequential looks, stopped trials, compute saved</h2><pre>"
+            + e("\n".join(rep.design))
+            + "</pre>"
+        )
     if rep.fisher:
         f = rep.fisher
-        parts.append(f"<p>Fisher exact: two-sided p = {f['p_two_sided']:.4g}; one-sided "
-                     f"(first group higher) p = {f['p_greater']:.4g}.</p>")
+        parts.append(
+            f"<p>Fisher exact: two-sided p = {f['p_two_sided']:.4g}; one-sided "
+            f"(first group higher) p = {f['p_greater']:.4g}.</p>"
+        )
     if rep.heatmap is not None:
-        parts.append("<h2>Basin map</h2>" + _figure(
-            rep, "basin", f"Solved fraction per {rep.heatmap.x} x {rep.heatmap.y} cell"))
+        parts.append(
+            "<h2>Basin map</h2>" + _figure(rep, "basin", f"Solved fraction per {rep.heatmap.x} x {rep.heatmap.y} cell")
+        )
     parts.append("<h2>Escape times</h2>" + _figure(rep, "km", "Kaplan-Meier curves per group"))
     lr_rows = []
     if rep.logrank:
         lr_rows.append(("pooled", _logrank_line(rep.logrank)))
     for entry in rep.logrank_cells:
         cell = " ".join(f"{k}={format_value(v)}" for k, v in entry["cell"].items()) or "all"
-        lr_rows.append((cell, _logrank_line(entry) if entry.get("p_value") is not None
-                        else f"- ({entry.get('reason')})"))
+        lr_rows.append(
+            (cell, _logrank_line(entry) if entry.get("p_value") is not None else f"- ({entry.get('reason')})")
+        )
     if lr_rows:
         parts.append(_table(pd.DataFrame(lr_rows, columns=["cell", "log-rank"]), index=False))
-    km_sum = pd.DataFrame.from_dict({g: {k: v for k, v in d.items() if k != "survival"}
-                                     for g, d in rep.km["groups"].items()}, orient="index")
+    km_sum = pd.DataFrame.from_dict(
+        {g: {k: v for k, v in d.items() if k != "survival"} for g, d in rep.km["groups"].items()}, orient="index"
+    )
     parts.append(_table(km_sum))
     parts.append("<h2>Discrete-time hazard model</h2>")
     if rep.hazard is not None:
         h = rep.hazard
-        parts.append(f"<p><code>{e(h.formula)}</code>, {e(h.link)} link: {h.n_intervals} "
-                     f"run-intervals, {h.n_events} escapes, {h.n_trials} trials.</p>")
+        parts.append(
+            f"<p><code>{e(h.formula)}</code>, {e(h.link)} link: {h.n_intervals} "
+            f"run-intervals, {h.n_events} escapes, {h.n_trials} trials.</p>"
+        )
         parts.append(_table(h.summary))
         if h.warnings:
             parts.append(f"<p class='note'>warnings: {e('; '.join(h.warnings))}</p>")
         parts.append(_figure(rep, "hazard", "exp(coef) per term with 95% CI"))
     else:
         parts.append(f"<p>Not fitted: {e(rep.hazard_error or '')}</p>")
-    parts.append("<h2>Per-seed accuracy traces</h2>" + _figure(rep, "traces",
-                                                               "Accuracy traces per cell"))
+    parts.append("<h2>Per-seed accuracy traces</h2>" + _figure(rep, "traces", "Accuracy traces per cell"))
     parts.append("<h2>Configuration</h2><pre>" + e(c.model_dump_json(indent=2)) + "</pre>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_report(db, target: str, out_dir: str | Path | None = None, fmt: str = "png",
-                 cfg: AnalysisConfig | None = None, **overrides: Any) -> Report:
+def write_report(
+    db,
+    target: str,
+    out_dir: str | Path | None = None,
+    fmt: str = "png",
+    cfg: AnalysisConfig | None = None,
+    **overrides: Any,
+) -> Report:
     """Notebook mirror of ``orchestrator report TARGET``: the spec's analysis block (when
     TARGET is a spec path), then ``cfg``/``overrides`` over it."""
     from .api import prepare

@@ -1,6 +1,7 @@
 """Result objects of the statistical tests, shaped like lifelines' ``StatisticalResult``:
 ``p_value``, ``test_statistic``, a per-group ``groups`` mapping, and ``to_dict()`` for
 ``--json`` (``{"test", "p_value", "test_statistic", "groups", ...details}``)."""
+
 from __future__ import annotations
 
 import math
@@ -43,9 +44,15 @@ class TestResult:
         return pd.DataFrame.from_dict(self.groups, orient="index")
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable({"test": self.test, "p_value": self.p_value,
-                         "test_statistic": self.test_statistic, "groups": self.groups,
-                         **self.details})
+        return jsonable(
+            {
+                "test": self.test,
+                "p_value": self.p_value,
+                "test_statistic": self.test_statistic,
+                "groups": self.groups,
+                **self.details,
+            }
+        )
 
 
 class TableResult:

@@ -26,6 +26,7 @@ Conventions (``orchestrator analyze SWEEP scaling``; columns named by
 
 Natural logarithms throughout.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,8 +89,7 @@ class ProbitFit:
     converged: bool
 
 
-def fit_probit(x: np.ndarray, y: np.ndarray, floor: np.ndarray | float = 0.0,
-               w: np.ndarray | None = None) -> ProbitFit:
+def fit_probit(x: np.ndarray, y: np.ndarray, floor: np.ndarray | float = 0.0, w: np.ndarray | None = None) -> ProbitFit:
     """Maximum quasi-likelihood fit of ``y ≈ c + (1 − c) Φ(alpha + beta x)`` with ``beta > 0``
     (accuracy rises with x). ``y`` in [0, 1] may be fractional; ``floor`` is ``c`` (a scalar
     or one value per point); ``w`` optional weights. With ``c = 0`` this is the binomial GLM
@@ -120,29 +120,42 @@ def fit_probit(x: np.ndarray, y: np.ndarray, floor: np.ndarray | float = 0.0,
         r = w * (y / mu_c - (1 - y) / (1 - mu_c)) * dmu
         return _nll(mu, y, w), -np.array([r.sum(), (r * x).sum()])
 
-    bounds = [(-BETA_MAX * (abs(x).max() + 1) - 50, BETA_MAX * (abs(x).max() + 1) + 50),
-              (1e-6 / scale, BETA_MAX)]
-    res = minimize(obj, np.array([a0, min(b0, BETA_MAX)]), jac=True, method="L-BFGS-B",
-                   bounds=bounds, options={"maxiter": 2000, "ftol": 1e-14, "gtol": 1e-10})
+    bounds = [(-BETA_MAX * (abs(x).max() + 1) - 50, BETA_MAX * (abs(x).max() + 1) + 50), (1e-6 / scale, BETA_MAX)]
+    res = minimize(
+        obj,
+        np.array([a0, min(b0, BETA_MAX)]),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=bounds,
+        options={"maxiter": 2000, "ftol": 1e-14, "gtol": 1e-10},
+    )
     a, b = (float(v) for v in res.x)
     eta = a + b * x
     mu = c + (1 - c) * _Phi(eta)
     disp = _dispersion(y, mu, w, 2)
     cov = _probit_cov(x, mu, c, eta, w, disp)
-    g = np.array([-1.0 / b, a / b ** 2])
+    g = np.array([-1.0 / b, a / b**2])
     x50 = -a / b
     var = float(g @ cov @ g) if np.all(np.isfinite(cov)) else float("nan")
-    return ProbitFit(alpha=a, beta=b, cov=cov, x50=x50,
-                     x50_se=math.sqrt(var) if var == var and var >= 0 else float("nan"),
-                     dispersion=disp, n=len(x), rmse=float(np.sqrt(np.mean((y - mu) ** 2))),
-                     at_bound=b >= BETA_MAX * 0.999, converged=bool(res.success))
+    return ProbitFit(
+        alpha=a,
+        beta=b,
+        cov=cov,
+        x50=x50,
+        x50_se=math.sqrt(var) if var == var and var >= 0 else float("nan"),
+        dispersion=disp,
+        n=len(x),
+        rmse=float(np.sqrt(np.mean((y - mu) ** 2))),
+        at_bound=b >= BETA_MAX * 0.999,
+        converged=bool(res.success),
+    )
 
 
 def _probit_cov(x, mu, c, eta, w, disp) -> np.ndarray:
     """Quasi-binomial covariance: dispersion × inverse expected information."""
     mu = np.clip(mu, 1e-12, 1 - 1e-12)
     d = (1 - c) * _phi(eta)
-    wt = w * d ** 2 / (mu * (1 - mu))
+    wt = w * d**2 / (mu * (1 - mu))
     info = np.array([[wt.sum(), (wt * x).sum()], [(wt * x).sum(), (wt * x * x).sum()]])
     try:
         return disp * np.linalg.inv(info)
@@ -164,8 +177,9 @@ class LawFit:
     rmse: float
 
 
-def fit_law(r: np.ndarray, V: np.ndarray, y: np.ndarray, floor: np.ndarray | float = 0.0,
-            w: np.ndarray | None = None) -> LawFit:
+def fit_law(
+    r: np.ndarray, V: np.ndarray, y: np.ndarray, floor: np.ndarray | float = 0.0, w: np.ndarray | None = None
+) -> LawFit:
     """One-parameter fit of the paper's law over points at any mix of vocabularies."""
     from scipy.optimize import minimize_scalar
 
@@ -179,8 +193,9 @@ def fit_law(r: np.ndarray, V: np.ndarray, y: np.ndarray, floor: np.ndarray | flo
     def mu_of(k):
         return c + (1 - c) * _Phi(k * sq - off)
 
-    res = minimize_scalar(lambda lk: _nll(mu_of(math.exp(lk)), y, w), bounds=(-12.0, 8.0),
-                          method="bounded", options={"xatol": 1e-10})
+    res = minimize_scalar(
+        lambda lk: _nll(mu_of(math.exp(lk)), y, w), bounds=(-12.0, 8.0), method="bounded", options={"xatol": 1e-10}
+    )
     k = math.exp(res.x)
     mu = mu_of(k)
     disp = _dispersion(y, mu, w, 1)
@@ -190,9 +205,16 @@ def fit_law(r: np.ndarray, V: np.ndarray, y: np.ndarray, floor: np.ndarray | flo
     se = math.sqrt(disp / info) if info > 0 else float("nan")
     # The interval of c_law = 2/kappa² maps from kappa's (a monotone transform).
     lo_k, hi_k = k - Z95 * se, k + Z95 * se
-    ci = (2 / hi_k ** 2, 2 / lo_k ** 2 if lo_k > 0 else float("inf"))
-    return LawFit(kappa=k, kappa_se=se, c_law=2 / k ** 2, c_law_ci=ci, dispersion=disp,
-                  n=len(r), rmse=float(np.sqrt(np.mean((y - mu) ** 2))))
+    ci = (2 / hi_k**2, 2 / lo_k**2 if lo_k > 0 else float("inf"))
+    return LawFit(
+        kappa=k,
+        kappa_se=se,
+        c_law=2 / k**2,
+        c_law_ci=ci,
+        dispersion=disp,
+        n=len(r),
+        rmse=float(np.sqrt(np.mean((y - mu) ** 2))),
+    )
 
 
 def _floor(spec: ScalingConfig, nf: np.ndarray, V: np.ndarray) -> np.ndarray:
@@ -215,17 +237,24 @@ def grid_points(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
         need["layers"] = spec.layers
     for role, name in need.items():
         if name not in trials.columns:
-            raise UserError(f"scaling: {role} = {name!r} is not a parameter of this sweep "
-                            "(set analysis.scaling." + role + " to its name)")
+            raise UserError(
+                f"scaling: {role} = {name!r} is not a parameter of this sweep "
+                "(set analysis.scaling." + role + " to its name)"
+            )
     frame = pd.DataFrame({"group": labels(trials, cfg.by).to_numpy()})
     for role in ("D", "N", "Nf", "V"):
         col = pd.to_numeric(trials[need[role]], errors="coerce").to_numpy(dtype=float)
         if np.isnan(col).any() or (col <= 0).any():
-            raise UserError(f"scaling: {role} ({need[role]!r}) must be a positive number on "
-                            "every trial (some are missing or not positive)")
+            raise UserError(
+                f"scaling: {role} ({need[role]!r}) must be a positive number on "
+                "every trial (some are missing or not positive)"
+            )
         frame[role] = col
-    layers = (pd.to_numeric(trials[need["layers"]], errors="coerce").fillna(1.0)
-              .to_numpy(dtype=float) if spec.layers else np.ones(len(trials)))
+    layers = (
+        pd.to_numeric(trials[need["layers"]], errors="coerce").fillna(1.0).to_numpy(dtype=float)
+        if spec.layers
+        else np.ones(len(trials))
+    )
     frame["N_eff"] = frame["N"] * layers
     frame["acc"] = trials["metric_acc"].astype(float).to_numpy()
     frame = frame[frame["acc"].notna()]
@@ -234,8 +263,7 @@ def grid_points(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
         pts = frame.assign(n_seeds=1)[keys + ["acc", "n_seeds"]]
     else:
         agg = "max" if spec.seeds == "best" else "mean"
-        pts = (frame.groupby(keys, sort=True)
-               .agg(acc=("acc", agg), n_seeds=("acc", "size")).reset_index())
+        pts = frame.groupby(keys, sort=True).agg(acc=("acc", agg), n_seeds=("acc", "size")).reset_index()
     pts = pts.assign(r=pts["N_eff"] * pts["D"] / pts["Nf"])
     pts["floor"] = _floor(spec, pts["Nf"].to_numpy(), pts["V"].to_numpy())
     return pts.reset_index(drop=True)
@@ -280,71 +308,117 @@ class ScalingResult:
         rows = []
         for g in self.groups:
             for v in g.vocabs:
-                law_r = 2 * math.log(v.V) / g.law.kappa ** 2 if g.law else float("nan")
-                rows.append({
-                    "group": g.group, "V": int(v.V), "points": v.n_points,
-                    "r_star": _nan(v.r_star),
-                    "ci_low": _nan(v.r_star_ci[0] if v.r_star_ci else None),
-                    "ci_high": _nan(v.r_star_ci[1] if v.r_star_ci else None),
-                    "r_star_over_lnV": _nan(v.r_star) / math.log(v.V),
-                    "law_r_star": law_r, "beta": _nan(v.beta), "rmse": _nan(v.rmse),
-                    "note": v.note})
-        return pd.DataFrame(rows, columns=["group", "V", "points", "r_star", "ci_low", "ci_high",
-                                           "r_star_over_lnV", "law_r_star", "beta", "rmse",
-                                           "note"])
+                law_r = 2 * math.log(v.V) / g.law.kappa**2 if g.law else float("nan")
+                rows.append(
+                    {
+                        "group": g.group,
+                        "V": int(v.V),
+                        "points": v.n_points,
+                        "r_star": _nan(v.r_star),
+                        "ci_low": _nan(v.r_star_ci[0] if v.r_star_ci else None),
+                        "ci_high": _nan(v.r_star_ci[1] if v.r_star_ci else None),
+                        "r_star_over_lnV": _nan(v.r_star) / math.log(v.V),
+                        "law_r_star": law_r,
+                        "beta": _nan(v.beta),
+                        "rmse": _nan(v.rmse),
+                        "note": v.note,
+                    }
+                )
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "group",
+                "V",
+                "points",
+                "r_star",
+                "ci_low",
+                "ci_high",
+                "r_star_over_lnV",
+                "law_r_star",
+                "beta",
+                "rmse",
+                "note",
+            ],
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return jsonable({
-            "analysis": "scaling", "variable": "r = N_eff*D/Nf", "by": self.by,
-            "metric": self.metric, "config": self.cfg.model_dump(),
-            "summary": self.summary,
-            "groups": [{"group": g.group,
-                        "law": None if g.law is None else {
-                            "kappa": g.law.kappa, "kappa_se": g.law.kappa_se,
-                            "c_law": g.law.c_law, "c_law_ci": list(g.law.c_law_ci),
-                            "dispersion": g.law.dispersion, "n_points": g.law.n,
-                            "rmse": g.law.rmse},
+        return jsonable(
+            {
+                "analysis": "scaling",
+                "variable": "r = N_eff*D/Nf",
+                "by": self.by,
+                "metric": self.metric,
+                "config": self.cfg.model_dump(),
+                "summary": self.summary,
+                "groups": [
+                    {
+                        "group": g.group,
+                        "law": None
+                        if g.law is None
+                        else {
+                            "kappa": g.law.kappa,
+                            "kappa_se": g.law.kappa_se,
+                            "c_law": g.law.c_law,
+                            "c_law_ci": list(g.law.c_law_ci),
+                            "dispersion": g.law.dispersion,
+                            "n_points": g.law.n,
+                            "rmse": g.law.rmse,
+                        },
                         "slope_lnrstar_on_lnlnV": g.slope,
                         "slope_ci": list(g.slope_ci) if g.slope_ci else None,
-                        "rmse_law_vs_free": list(g.law_rmse_vs_free) if g.law_rmse_vs_free
-                        else None, "note": g.note} for g in self.groups],
-            "points": self.points})
+                        "rmse_law_vs_free": list(g.law_rmse_vs_free) if g.law_rmse_vs_free else None,
+                        "note": g.note,
+                    }
+                    for g in self.groups
+                ],
+                "points": self.points,
+            }
+        )
 
     def text(self) -> str:
         s = self.cfg
         floor = {"table": "1/Nf", "marginal": "1/(V - V//2)", "none": "0"}.get(
-            s.floor if isinstance(s.floor, str) else "", f"{s.floor:g}" if not isinstance(
-                s.floor, str) else s.floor)
+            s.floor if isinstance(s.floor, str) else "", f"{s.floor:g}" if not isinstance(s.floor, str) else s.floor
+        )
         n_eff = f"{s.layers} x {s.N}" if s.layers else s.N
-        out = [f"recall scaling: {self.metric} accuracy vs r = N_eff*D/Nf (N_eff = {n_eff}, "
-               f"D = {s.D}, Nf = {s.Nf}, V = {s.V}); {s.seeds} over seeds per grid point; "
-               f"floor c = {floor}",
-               "free fit per V: acc = c + (1-c) Phi(a + b sqrt(r)), boundary r* = (a/b)^2 "
-               "(95% CI); law: acc = c + (1-c) Phi(kappa sqrt(r) - sqrt(2 ln V)), boundary "
-               "r* = c_law ln V, c_law = 2/kappa^2 (N*D = c_law Nf ln V)"]
+        out = [
+            f"recall scaling: {self.metric} accuracy vs r = N_eff*D/Nf (N_eff = {n_eff}, "
+            f"D = {s.D}, Nf = {s.Nf}, V = {s.V}); {s.seeds} over seeds per grid point; "
+            f"floor c = {floor}",
+            "free fit per V: acc = c + (1-c) Phi(a + b sqrt(r)), boundary r* = (a/b)^2 "
+            "(95% CI); law: acc = c + (1-c) Phi(kappa sqrt(r) - sqrt(2 ln V)), boundary "
+            "r* = c_law ln V, c_law = 2/kappa^2 (N*D = c_law Nf ln V)",
+        ]
         for g in self.groups:
             out.append("")
             out.append(f"group {g.group}" + (f" ({g.note})" if g.note else ""))
-            out.append(f"  {'V':>7} {'points':>6} {'r* fitted':>10} {'95% CI':>21} "
-                       f"{'r*/ln V':>8} {'law c_law ln V':>14} {'slope b':>8}  note")
+            out.append(
+                f"  {'V':>7} {'points':>6} {'r* fitted':>10} {'95% CI':>21} "
+                f"{'r*/ln V':>8} {'law c_law ln V':>14} {'slope b':>8}  note"
+            )
             for v in g.vocabs:
-                law_r = 2 * math.log(v.V) / g.law.kappa ** 2 if g.law else float("nan")
-                ci = (f"[{v.r_star_ci[0]:.3g}, {v.r_star_ci[1]:.3g}]" if v.r_star_ci
-                      else "-")
-                out.append(f"  {int(v.V):>7} {v.n_points:>6} {_fmt(v.r_star):>10} {ci:>21} "
-                           f"{_fmt(None if v.r_star is None else v.r_star / math.log(v.V)):>8}"
-                           f" {_fmt(law_r):>14} {_fmt(v.beta):>8}  {v.note}")
+                law_r = 2 * math.log(v.V) / g.law.kappa**2 if g.law else float("nan")
+                ci = f"[{v.r_star_ci[0]:.3g}, {v.r_star_ci[1]:.3g}]" if v.r_star_ci else "-"
+                out.append(
+                    f"  {int(v.V):>7} {v.n_points:>6} {_fmt(v.r_star):>10} {ci:>21} "
+                    f"{_fmt(None if v.r_star is None else v.r_star / math.log(v.V)):>8}"
+                    f" {_fmt(law_r):>14} {_fmt(v.beta):>8}  {v.note}"
+                )
             if g.law:
                 lw = g.law
-                out.append(f"  law: kappa = {lw.kappa:.4g} (se {lw.kappa_se:.2g}), c_law = "
-                           f"{lw.c_law:.4g} [{lw.c_law_ci[0]:.3g}, {lw.c_law_ci[1]:.3g}] over "
-                           f"{lw.n} points" + (f"; rmse law {g.law_rmse_vs_free[0]:.3f} vs "
-                                               f"free fits {g.law_rmse_vs_free[1]:.3f}"
-                                               if g.law_rmse_vs_free else ""))
+                out.append(
+                    f"  law: kappa = {lw.kappa:.4g} (se {lw.kappa_se:.2g}), c_law = "
+                    f"{lw.c_law:.4g} [{lw.c_law_ci[0]:.3g}, {lw.c_law_ci[1]:.3g}] over "
+                    f"{lw.n} points"
+                    + (
+                        f"; rmse law {g.law_rmse_vs_free[0]:.3f} vs free fits {g.law_rmse_vs_free[1]:.3f}"
+                        if g.law_rmse_vs_free
+                        else ""
+                    )
+                )
             if g.slope is not None:
-                ci = (f" [{g.slope_ci[0]:.3g}, {g.slope_ci[1]:.3g}]" if g.slope_ci else "")
-                out.append(f"  slope of ln r* on ln ln V: {g.slope:.3g}{ci} (Omega(Nf log V) "
-                           "predicts 1)")
+                ci = f" [{g.slope_ci[0]:.3g}, {g.slope_ci[1]:.3g}]" if g.slope_ci else ""
+                out.append(f"  slope of ln r* on ln ln V: {g.slope:.3g}{ci} (Omega(Nf log V) predicts 1)")
         return "\n".join(out)
 
 
@@ -364,15 +438,14 @@ def _free_fit(pts: pd.DataFrame, V: float) -> VocabFit:
     if (u < 0.5).all() or (u >= 0.5).all():
         side = "above the largest" if (u < 0.5).all() else "below the smallest"
         return VocabFit(V, n, None, None, None, None, f"boundary {side} r of the grid")
-    f = fit_probit(np.sqrt(pts["r"].to_numpy()), pts["acc"].to_numpy(),
-                   pts["floor"].to_numpy())
+    f = fit_probit(np.sqrt(pts["r"].to_numpy()), pts["acc"].to_numpy(), pts["floor"].to_numpy())
     if f.x50 <= 0:
         return VocabFit(V, n, None, None, f.beta, f.rmse, "boundary below r = 0")
     ci = None
     if f.x50_se == f.x50_se:
         ci = (max(f.x50 - Z95 * f.x50_se, 0.0) ** 2, (f.x50 + Z95 * f.x50_se) ** 2)
     note = "step-like (slope at its cap)" if f.at_bound else ""
-    return VocabFit(V, n, f.x50 ** 2, ci, f.beta, f.rmse, note)
+    return VocabFit(V, n, f.x50**2, ci, f.beta, f.rmse, note)
 
 
 def analyze(trials: pd.DataFrame, cfg: AnalysisConfig) -> ScalingResult:
@@ -388,24 +461,24 @@ def analyze(trials: pd.DataFrame, cfg: AnalysisConfig) -> ScalingResult:
         vfits = [_free_fit(gp[gp["V"] == V], float(V)) for V in sorted(gp["V"].unique())]
         law, note, rm = None, "", None
         if len(gp) >= 2 and gp["r"].nunique() >= 2:
-            law = fit_law(gp["r"].to_numpy(), gp["V"].to_numpy(), gp["acc"].to_numpy(),
-                          gp["floor"].to_numpy())
+            law = fit_law(gp["r"].to_numpy(), gp["V"].to_numpy(), gp["acc"].to_numpy(), gp["floor"].to_numpy())
             free_sq, n_free = 0.0, 0
             for v in vfits:
                 if v.rmse is not None:
-                    free_sq += v.rmse ** 2 * v.n_points
+                    free_sq += v.rmse**2 * v.n_points
                     n_free += v.n_points
             if n_free:
                 sub = gp[gp["V"].isin([v.V for v in vfits if v.rmse is not None])]
                 mu = sub["floor"] + (1 - sub["floor"]) * _Phi(
-                    law.kappa * np.sqrt(sub["r"]) - np.sqrt(2 * np.log(sub["V"])))
-                rm = (float(np.sqrt(np.mean((sub["acc"] - mu) ** 2))),
-                      math.sqrt(free_sq / n_free))
+                    law.kappa * np.sqrt(sub["r"]) - np.sqrt(2 * np.log(sub["V"]))
+                )
+                rm = (float(np.sqrt(np.mean((sub["acc"] - mu) ** 2))), math.sqrt(free_sq / n_free))
         else:
             note = "too few grid points for the law fit"
         slope, slope_ci = _slope(vfits)
-        res.groups.append(GroupFit(group=g, vocabs=vfits, law=law, slope=slope,
-                                   slope_ci=slope_ci, law_rmse_vs_free=rm, note=note))
+        res.groups.append(
+            GroupFit(group=g, vocabs=vfits, law=law, slope=slope, slope_ci=slope_ci, law_rmse_vs_free=rm, note=note)
+        )
     if not res.groups:
         raise UserError("scaling: no trials with an accuracy to fit")
     return res
@@ -419,9 +492,15 @@ def _slope(vfits: list[VocabFit]) -> tuple[float | None, tuple[float, float] | N
     x = np.log(np.log([v.V for v in ok]))
     y = np.log([v.r_star for v in ok])
     # ln r* = 2 ln sqrt(r*): its se is 2 se(sqrt r*) / sqrt r*, read back from the CI.
-    se = np.array([2 * (math.sqrt(v.r_star_ci[1]) - math.sqrt(v.r_star_ci[0])) / (2 * Z95)
-                   / math.sqrt(v.r_star) if v.r_star_ci else float("nan") for v in ok])
-    w = 1 / se ** 2 if np.all(np.isfinite(se)) and np.all(se > 0) else np.ones(len(ok))
+    se = np.array(
+        [
+            2 * (math.sqrt(v.r_star_ci[1]) - math.sqrt(v.r_star_ci[0])) / (2 * Z95) / math.sqrt(v.r_star)
+            if v.r_star_ci
+            else float("nan")
+            for v in ok
+        ]
+    )
+    w = 1 / se**2 if np.all(np.isfinite(se)) and np.all(se > 0) else np.ones(len(ok))
     xm = np.sum(w * x) / w.sum()
     ym = np.sum(w * y) / w.sum()
     sxx = float(np.sum(w * (x - xm) ** 2))

@@ -1,5 +1,6 @@
 """What the database keeps about a sweep besides its traces: the spec it was submitted with
 (whose ``analysis:`` block is the sweep's design for the report) and how far it has run."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -33,8 +34,10 @@ class Progress:
         if self.complete:
             return None
         st = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
-        return (f"unfinished sweep: {self.finished} of {self.total} trials finished ({st}); "
-                "the tables cover the finished trials only")
+        return (
+            f"unfinished sweep: {self.finished} of {self.total} trials finished ({st}); "
+            "the tables cover the finished trials only"
+        )
 
 
 def stored_spec(engine: Engine, sweep: str) -> dict[str, Any] | None:
@@ -56,7 +59,10 @@ def stored_spec(engine: Engine, sweep: str) -> dict[str, Any] | None:
 def progress(engine: Engine, sweep: str) -> Progress:
     with engine.connect() as conn:
         rows = conn.execute(
-            sa.select(Trial.status, sa.func.count()).join(Sweep, Sweep.id == Trial.sweep_id)
-            .where(Sweep.name == sweep).group_by(Trial.status)).all()
+            sa.select(Trial.status, sa.func.count())
+            .join(Sweep, Sweep.id == Trial.sweep_id)
+            .where(Sweep.name == sweep)
+            .group_by(Trial.status)
+        ).all()
     counts = Counter({str(s): int(n) for s, n in rows})
     return Progress(total=sum(counts.values()), counts=dict(counts))

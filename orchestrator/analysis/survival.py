@@ -4,6 +4,7 @@ Durations are the trials' ``time`` in training steps (escape step, else the coll
 step, else the last eval step) and the event is the escape; collapse censors and is
 reported separately per group as the competing risk it is (count and median step).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,10 +22,13 @@ from .results import TestResult, jsonable
 
 def _group_figures(part: pd.DataFrame) -> dict[str, Any]:
     col = part["collapse_step"].dropna()
-    return {"n": int(len(part)), "escapes": int(part["event"].sum()),
-            "collapses": int((part["end"] == "collapse").sum()),
-            "censored_at_budget": int((part["end"] == "budget").sum()),
-            "median_collapse_step": float(col.median()) if len(col) else None}
+    return {
+        "n": int(len(part)),
+        "escapes": int(part["event"].sum()),
+        "collapses": int((part["end"] == "collapse").sum()),
+        "censored_at_budget": int((part["end"] == "budget").sum()),
+        "median_collapse_step": float(col.median()) if len(col) else None,
+    }
 
 
 @dataclass
@@ -39,8 +43,8 @@ class KMResult:
     @property
     def summary(self) -> pd.DataFrame:
         return pd.DataFrame.from_dict(
-            {g: {k: v for k, v in d.items() if k != "survival"} for g, d in self.groups.items()},
-            orient="index")
+            {g: {k: v for k, v in d.items() if k != "survival"} for g, d in self.groups.items()}, orient="index"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({"test": "km", "groups": self.groups})
@@ -64,8 +68,11 @@ def km(trials: pd.DataFrame, cfg: AnalysisConfig) -> KMResult:
         kmf = KaplanMeierFitter(label=g)
         kmf.fit(part["time"].to_numpy(dtype=float), part["event"].to_numpy(dtype=int))
         sf = kmf.survival_function_.iloc[:, 0]
-        groups[g] = {**_group_figures(part), "median": km_median(sf),
-                     "survival": [[float(t), float(s)] for t, s in sf.items()]}
+        groups[g] = {
+            **_group_figures(part),
+            "median": km_median(sf),
+            "survival": [[float(t), float(s)] for t, s in sf.items()],
+        }
         fitters[g] = kmf
     return KMResult(groups=groups, fitters=fitters)
 
@@ -82,24 +89,29 @@ def logrank(trials: pd.DataFrame, cfg: AnalysisConfig) -> TestResult:
     if cfg.compare or len(avail) == 2:
         a, b = pick_two(avail, cfg.compare, "logrank")
         ta, tb = trials[labs == a], trials[labs == b]
-        res = logrank_test(ta["time"].to_numpy(float), tb["time"].to_numpy(float),
-                           ta["event"].to_numpy(int), tb["event"].to_numpy(int))
+        res = logrank_test(
+            ta["time"].to_numpy(float), tb["time"].to_numpy(float), ta["event"].to_numpy(int), tb["event"].to_numpy(int)
+        )
         groups = {a: _group_figures(ta), b: _group_figures(tb)}
         kind = "two-group"
     else:
         if len(avail) < 2:
             raise UserError(f"logrank needs at least two groups, found {len(avail)}")
-        res = multivariate_logrank_test(trials["time"].to_numpy(float), labs.to_numpy(),
-                                        trials["event"].to_numpy(int))
+        res = multivariate_logrank_test(trials["time"].to_numpy(float), labs.to_numpy(), trials["event"].to_numpy(int))
         groups = {g: _group_figures(trials[labs == g]) for g in avail}
         kind = "multi-group"
-    return TestResult(test="logrank", p_value=float(res.p_value),
-                      test_statistic=float(res.test_statistic), groups=groups,
-                      details={"kind": kind, "degrees_of_freedom": len(groups) - 1})
+    return TestResult(
+        test="logrank",
+        p_value=float(res.p_value),
+        test_statistic=float(res.test_statistic),
+        groups=groups,
+        details={"kind": kind, "degrees_of_freedom": len(groups) - 1},
+    )
 
 
-def logrank_cells(trials: pd.DataFrame, cfg: AnalysisConfig,
-                  cells: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def logrank_cells(
+    trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """Log-rank within each cell; cells with fewer than two groups or no escape are listed
     with ``p_value`` None and the reason."""
     out = []
@@ -111,8 +123,11 @@ def logrank_cells(trials: pd.DataFrame, cfg: AnalysisConfig,
         elif len(groups) < 2:
             entry.update(p_value=None, reason="fewer than two groups")
         elif int(sub["event"].sum()) == 0:
-            entry.update(p_value=None, reason="no escapes",
-                         groups={g: _group_figures(sub[labels(sub, cfg.by) == g]) for g in groups})
+            entry.update(
+                p_value=None,
+                reason="no escapes",
+                groups={g: _group_figures(sub[labels(sub, cfg.by) == g]) for g in groups},
+            )
         else:
             entry.update(logrank(sub, cfg).to_dict())
         out.append(entry)

@@ -1,5 +1,6 @@
 """Tables over trials that carry their events (:func:`.events.with_events`): lock-in rates
 and outcome classes per group, optionally per cell."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -39,8 +40,7 @@ def km_median_escape(time, event) -> float:
     return float("nan")
 
 
-def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig,
-                 cells: Sequence[str] | None = None) -> pd.DataFrame:
+def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
     """Per cell and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
     the rate and its exact 95% interval, and the mean of the metric."""
     cells = list(cfg.cells if cells is None else cells)
@@ -51,15 +51,22 @@ def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig,
             part = sub[labs == g]
             k, n = int(part["locked"].sum()), int(len(part))
             lo, hi = _cp_interval(k, n)
-            rows.append({**cell, "group": g, "k": k, "n": n, "rate": k / n if n else np.nan,
-                         "ci_low": lo, "ci_high": hi,
-                         "mean_acc": float(part["metric_acc"].mean())})
-    return pd.DataFrame(rows, columns=[*cells, "group", "k", "n", "rate", "ci_low", "ci_high",
-                                       "mean_acc"])
+            rows.append(
+                {
+                    **cell,
+                    "group": g,
+                    "k": k,
+                    "n": n,
+                    "rate": k / n if n else np.nan,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "mean_acc": float(part["metric_acc"].mean()),
+                }
+            )
+    return pd.DataFrame(rows, columns=[*cells, "group", "k", "n", "rate", "ci_low", "ci_high", "mean_acc"])
 
 
-def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig,
-                  cells: Sequence[str] | None = None) -> pd.DataFrame:
+def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
     """Per cell and group: counts of solved / mid / flat / dead, ``n``, the escapes and
     collapses, and the Kaplan-Meier median escape step (:func:`km_median_escape`, the same
     figure the KM table shows)."""
@@ -70,12 +77,18 @@ def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig,
         for g in ordered(sub, cfg.by):
             part = sub[labs == g]
             counts = part["outcome"].value_counts()
-            rows.append({**cell, "group": g, **{o: int(counts.get(o, 0)) for o in OUTCOMES},
-                         "n": int(len(part)), "escapes": int(part["event"].sum()),
-                         "collapses": int(part["collapse_step"].notna().sum()),
-                         "median_escape": km_median_escape(part["time"], part["event"])})
-    return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses",
-                                       "median_escape"])
+            rows.append(
+                {
+                    **cell,
+                    "group": g,
+                    **{o: int(counts.get(o, 0)) for o in OUTCOMES},
+                    "n": int(len(part)),
+                    "escapes": int(part["event"].sum()),
+                    "collapses": int(part["collapse_step"].notna().sum()),
+                    "median_escape": km_median_escape(part["time"], part["event"]),
+                }
+            )
+    return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses", "median_escape"])
 
 
 def format_cell(row) -> str:

@@ -10,6 +10,7 @@ Column names: every parameter under its full dotted name (quote it: ``"task.voca
 its short name when unique (``vocab_size``), its name with dots as underscores
 (``task_vocab_size``), plus ``trial_id``, ``key`` and ``status``.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -46,7 +47,7 @@ def _check_shape(condition: str) -> None:
         if ch in "'\"`[":
             close = "]" if ch == "[" else ch
             j = condition.find(close, i + 1)
-            while j != -1 and close != "]" and condition[j + 1:j + 2] == close:
+            while j != -1 and close != "]" and condition[j + 1 : j + 2] == close:
                 j = condition.find(close, j + 2)  # doubled quote inside a literal
             if j == -1:
                 raise UserError(f"--where {condition!r}: unterminated quote")
@@ -77,8 +78,7 @@ def filter_trial_ids(frame: pd.DataFrame, condition: str) -> list[int]:
     try:
         col_sql = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
         con.execute(f"CREATE TABLE trials ({col_sql})")
-        rows = [tuple(_sql_value(v) for v in rec)
-                for rec in frame[columns].itertuples(index=False, name=None)]
+        rows = [tuple(_sql_value(v) for v in rec) for rec in frame[columns].itertuples(index=False, name=None)]
         con.executemany(f"INSERT INTO trials VALUES ({', '.join('?' * len(columns))})", rows)
         con.set_authorizer(_authorize)
         try:

@@ -5,6 +5,7 @@ basin-map-like grid of lr x vocab_size x variant) is written into a SQLite file 
 the store's own repo functions, then the fit is timed the way a user runs it: load from
 SQL, extract events, expand to person-periods, fit the GLM.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,12 +20,18 @@ LRS = (1e-3, 3e-3, 1e-2)
 VOCABS = (80, 88, 96)
 VARIANTS = ("baseline", "ns5")
 # log hazard-odds effects of the simulated model (intercept at t = 1000 steps).
-TRUE_EFFECTS = {"intercept": -4.4, "log_t": 0.5, "lr": {1e-3: 0.0, 3e-3: 1.0, 1e-2: -0.8},
-                "vocab": {80: 0.0, 88: -0.7, 96: -1.5}, "ns5": math.log(6.0)}
+TRUE_EFFECTS = {
+    "intercept": -4.4,
+    "log_t": 0.5,
+    "lr": {1e-3: 0.0, 3e-3: 1.0, 1e-2: -0.8},
+    "vocab": {80: 0.0, 88: -0.7, 96: -1.5},
+    "ns5": math.log(6.0),
+}
 
 
-def simulate_trials(n_trials: int, n_evals: int, eval_every: int = 200, seed: int = 0
-                    ) -> tuple[list[dict[str, Any]], list[list[tuple[int, float, float]]]]:
+def simulate_trials(
+    n_trials: int, n_evals: int, eval_every: int = 200, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[list[tuple[int, float, float]]]]:
     """``(params, traces)``: each trace is ``[(step, acc, loss), ...]`` at steps 1,
     eval_every, 2*eval_every, ...; escapes follow the logit hazard of TRUE_EFFECTS, and a
     share of the hottest-lr baseline trials collapse to zero accuracy instead."""
@@ -35,12 +42,26 @@ def simulate_trials(n_trials: int, n_evals: int, eval_every: int = 200, seed: in
         lr = LRS[i % 3]
         vocab = VOCABS[(i // 3) % 3]
         variant = VARIANTS[(i // 9) % 2]
-        p = {"arm": "mlstm", "task": "mad_recall", "seed": i // 18, "lr": lr, "batch_size": 16,
-             "steps": steps[-1], "eval_every": eval_every, "schedule": "constant",
-             "model.read": "ns5" if variant == "ns5" else "raw", "task.vocab_size": vocab,
-             "task.seq_len": 768, "tag.variant": variant}
-        base = (TRUE_EFFECTS["intercept"] + TRUE_EFFECTS["lr"][lr] + TRUE_EFFECTS["vocab"][vocab]
-                + (TRUE_EFFECTS["ns5"] if variant == "ns5" else 0.0))
+        p = {
+            "arm": "mlstm",
+            "task": "mad_recall",
+            "seed": i // 18,
+            "lr": lr,
+            "batch_size": 16,
+            "steps": steps[-1],
+            "eval_every": eval_every,
+            "schedule": "constant",
+            "model.read": "ns5" if variant == "ns5" else "raw",
+            "task.vocab_size": vocab,
+            "task.seq_len": 768,
+            "tag.variant": variant,
+        }
+        base = (
+            TRUE_EFFECTS["intercept"]
+            + TRUE_EFFECTS["lr"][lr]
+            + TRUE_EFFECTS["vocab"][vocab]
+            + (TRUE_EFFECTS["ns5"] if variant == "ns5" else 0.0)
+        )
         collapse_at = None
         if lr == 1e-2 and variant == "baseline" and rng.random() < 0.5:
             collapse_at = int(rng.integers(2, max(3, n_evals)))
@@ -62,8 +83,7 @@ def simulate_trials(n_trials: int, n_evals: int, eval_every: int = 200, seed: in
     return params, traces
 
 
-def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis",
-             seed: int = 0) -> float:
+def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis", seed: int = 0) -> float:
     """Write the synthetic sweep into ``url`` through the repo; returns seconds taken."""
     from orchestrator.store import repo
     from orchestrator.store.engine import open_store_engine
@@ -75,11 +95,13 @@ def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis
     engine, _ = open_store_engine(url)
     keyed = [(trial_key(p), p) for p in params]
     with engine.begin() as conn:
-        sid = repo.upsert_sweep(conn, sweep, "# synthetic: orchestrator bench analysis\n",
-                                "bench")
+        sid = repo.upsert_sweep(conn, sweep, "# synthetic: orchestrator bench analysis\n", "bench")
         ids = repo.add_trials(conn, sid, keyed)
-        rows = [{"trial_id": ids[k], "step": s, "acc": a, "loss": loss}
-                for (k, _), tr in zip(keyed, traces) for s, a, loss in tr]
+        rows = [
+            {"trial_id": ids[k], "step": s, "acc": a, "loss": loss}
+            for (k, _), tr in zip(keyed, traces)
+            for s, a, loss in tr
+        ]
         repo.upsert_evals(conn, rows)
         for k, _ in keyed:
             repo.finish_trial(conn, ids[k], "completed")
@@ -106,8 +128,13 @@ class BenchResult:
         return self.load_s + self.expand_s + self.fit_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ns5_ci": list(self.ns5_ci), "total_s": self.total_s,
-                "goal_s": 10.0, "true_ns5_hr": math.exp(TRUE_EFFECTS["ns5"])}
+        return {
+            **self.__dict__,
+            "ns5_ci": list(self.ns5_ci),
+            "total_s": self.total_s,
+            "goal_s": 10.0,
+            "true_ns5_hr": math.exp(TRUE_EFFECTS["ns5"]),
+        }
 
 
 def time_hazard(url: str, sweep: str = "bench_analysis") -> BenchResult:
@@ -124,8 +151,16 @@ def time_hazard(url: str, sweep: str = "bench_analysis") -> BenchResult:
     res = fit_hazard(pp, BENCH_FORMULA, "logit")
     t3 = time.perf_counter()
     row = res.summary.loc["C(variant)[T.ns5]"]
-    return BenchResult(n_trials=len(prep.trials), n_evals=int(prep.trials["n_evals"].max()),
-                       n_eval_rows=len(prep.data.evals), n_intervals=res.n_intervals,
-                       n_events=res.n_events, build_s=float("nan"), load_s=t1 - t0,
-                       expand_s=t2 - t1, fit_s=t3 - t2, ns5_hr=float(row["hr"]),
-                       ns5_ci=(float(row["ci_low"]), float(row["ci_high"])))
+    return BenchResult(
+        n_trials=len(prep.trials),
+        n_evals=int(prep.trials["n_evals"].max()),
+        n_eval_rows=len(prep.data.evals),
+        n_intervals=res.n_intervals,
+        n_events=res.n_events,
+        build_s=float("nan"),
+        load_s=t1 - t0,
+        expand_s=t2 - t1,
+        fit_s=t3 - t2,
+        ns5_hr=float(row["hr"]),
+        ns5_ci=(float(row["ci_low"]), float(row["ci_high"])),
+    )

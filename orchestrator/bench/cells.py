@@ -11,6 +11,7 @@ An arm may carry knobs as ``ARM:key=value:key=value`` (values read as YAML scala
 ``mlstm:read=ns5:heads=2``, so one run can time several variants of one arm; the row's
 ``arm`` is that label.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -84,8 +85,9 @@ def run_bench(
         default_impl = knobs(base)["impl"]
         for label, impl in (("naive", "naive"), ("default", default_impl)):
             torch.manual_seed(seed)
-            models[(arm, label)] = build(base, vocab_size, d_model=d_model, n_layers=n_layers,
-                                         impl=impl, **extra).to(device)
+            models[(arm, label)] = build(base, vocab_size, d_model=d_model, n_layers=n_layers, impl=impl, **extra).to(
+                device
+            )
     for key, model in models.items():
         for _ in range(warmup):
             _step(model, tokens, targets, device)
@@ -93,12 +95,11 @@ def run_bench(
     keys = list(models)
     for r in range(repeats):
         # Alternate the order each round so neither impl always runs right after the other.
-        for key in (keys if r % 2 == 0 else keys[::-1]):
+        for key in keys if r % 2 == 0 else keys[::-1]:
             times[key].append(_step(models[key], tokens, targets, device))
     rows = []
     for arm in arms:
         naive = batch * seq_len / statistics.median(times[(arm, "naive")])
         default = batch * seq_len / statistics.median(times[(arm, "default")])
-        rows.append({"arm": arm, "naive_tok_s": naive, "default_tok_s": default,
-                     "speedup_vs_naive": default / naive})
+        rows.append({"arm": arm, "naive_tok_s": naive, "default_tok_s": default, "speedup_vs_naive": default / naive})
     return rows

@@ -5,6 +5,7 @@ Run ``python -m orchestrator.bench.chunk --help``. Implementations are timed in 
 step times on shared CPUs drift by +-10% or more between runs: only ratios measured in
 one run are meaningful.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,14 +44,19 @@ def make_inputs(
 ) -> list[torch.Tensor | None]:
     """Positional inputs of ``op`` (``gated_delta_rule`` = delta_rule with alpha), requiring grad."""
     base = "delta_rule" if op == "gated_delta_rule" else op
-    xs = testing.make_inputs(base, batch, heads, seq_len, dim, dtype=dtype, device=device, seed=seed,
-                             gated=op == "gated_delta_rule")
+    xs = testing.make_inputs(
+        base, batch, heads, seq_len, dim, dtype=dtype, device=device, seed=seed, gated=op == "gated_delta_rule"
+    )
     return [xs[name] for name in testing.ARG_NAMES[base]]
 
 
 def _call(op: str) -> Callable:
-    return {"delta_rule": kernels.delta_rule, "gated_delta_rule": kernels.delta_rule,
-            "dplr_scan": kernels.dplr_scan, "ssd_scan": kernels.ssd_scan}[op]
+    return {
+        "delta_rule": kernels.delta_rule,
+        "gated_delta_rule": kernels.delta_rule,
+        "dplr_scan": kernels.dplr_scan,
+        "ssd_scan": kernels.ssd_scan,
+    }[op]
 
 
 def _step(op: str, inputs: list, impl: str, chunk_size: int | None, cotangents: dict) -> None:
@@ -103,13 +109,22 @@ def bench(
     med = {impl: statistics.median(ts) for impl, ts in times.items()}
     rows = []
     for impl in impls:
-        rows.append(BenchRow(
-            op=op, impl=impl, batch=batch, heads=heads, seq_len=seq_len, dim=dim,
-            dtype=str(dtype).replace("torch.", ""), threads=torch.get_num_threads(),
-            chunk_size=chunk_size if impl == "chunk" else None,
-            median_ms=med[impl] * 1e3, tokens_per_s=batch * seq_len / med[impl],
-            speedup_vs_naive=med["naive"] / med[impl] if "naive" in med else None,
-        ))
+        rows.append(
+            BenchRow(
+                op=op,
+                impl=impl,
+                batch=batch,
+                heads=heads,
+                seq_len=seq_len,
+                dim=dim,
+                dtype=str(dtype).replace("torch.", ""),
+                threads=torch.get_num_threads(),
+                chunk_size=chunk_size if impl == "chunk" else None,
+                median_ms=med[impl] * 1e3,
+                tokens_per_s=batch * seq_len / med[impl],
+                speedup_vs_naive=med["naive"] / med[impl] if "naive" in med else None,
+            )
+        )
     return rows
 
 
@@ -136,16 +151,29 @@ def main(argv: list[str] | None = None) -> None:
                 for seq_len in a.seq_len:
                     for dim in a.dim:
                         for cs in a.chunk_size:
-                            rows = bench(op, a.impls.split(","), batch, a.heads, seq_len, dim, dtype,
-                                         a.device, threads, cs or None, a.rounds)
+                            rows = bench(
+                                op,
+                                a.impls.split(","),
+                                batch,
+                                a.heads,
+                                seq_len,
+                                dim,
+                                dtype,
+                                a.device,
+                                threads,
+                                cs or None,
+                                a.rounds,
+                            )
                             for r in rows:
                                 if a.json:
                                     print(json.dumps(asdict(r)))
                                 else:
                                     sp = f"{r.speedup_vs_naive:6.1f}x" if r.speedup_vs_naive else ""
-                                    print(f"{r.op:17s} {r.impl:6s} B={r.batch:<3d} H={r.heads} T={r.seq_len:<4d} "
-                                          f"D={r.dim:<3d} {r.dtype} thr={r.threads} C={r.chunk_size or '-':<3} "
-                                          f"{r.median_ms:9.2f} ms {r.tokens_per_s:12.0f} tok/s {sp}")
+                                    print(
+                                        f"{r.op:17s} {r.impl:6s} B={r.batch:<3d} H={r.heads} T={r.seq_len:<4d} "
+                                        f"D={r.dim:<3d} {r.dtype} thr={r.threads} C={r.chunk_size or '-':<3} "
+                                        f"{r.median_ms:9.2f} ms {r.tokens_per_s:12.0f} tok/s {sp}"
+                                    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ by six (rows say so), and the naive loop gets fewer rounds, to stay near two min
 Triton is measured only on CUDA; elsewhere its rows say ``n/a`` (the interpreter is a
 correctness tool, orders of magnitude slower than anything worth timing).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -72,11 +73,22 @@ def make_layer_inputs(op: str, cfg: BenchConfig, device: str, seed: int = 0) -> 
     layers = []
     for _ in range(cfg.layers):
         if op == "delta_rule":
-            xs = [rnd(*shape), F.normalize(rnd(*shape), dim=-1), rnd(*shape), unif(0.0, *shape[:3]),
-                  unif(0.5, *shape[:3])]
+            xs = [
+                rnd(*shape),
+                F.normalize(rnd(*shape), dim=-1),
+                rnd(*shape),
+                unif(0.0, *shape[:3]),
+                unif(0.5, *shape[:3]),
+            ]
         else:
-            xs = [rnd(*shape), rnd(*shape) / cfg.dim**0.5, rnd(*shape), unif(0.5, *shape),
-                  F.normalize(rnd(*shape), dim=-1), unif(0.0, *shape)]
+            xs = [
+                rnd(*shape),
+                rnd(*shape) / cfg.dim**0.5,
+                rnd(*shape),
+                unif(0.5, *shape),
+                F.normalize(rnd(*shape), dim=-1),
+                unif(0.0, *shape),
+            ]
         layers.append([x.to(device).requires_grad_() for x in xs])
     return layers
 
@@ -146,18 +158,27 @@ def run_benchmark(device: str, quick: bool = False, log=None) -> dict:
                 note = skip.get(impl) or f"median of {len(times[impl])}"
                 if sec is not None and timed_layers < cfg.layers:
                     note += f"; {timed_layers} of {cfg.layers} layers timed, x{scale:g}"
-                rows.append({"op": op, "config": cfg.name, "impl": impl,
-                             "tok_s": None if sec is None else tokens / sec,
-                             "ms": None if sec is None else sec * 1e3, "note": note})
+                rows.append(
+                    {
+                        "op": op,
+                        "config": cfg.name,
+                        "impl": impl,
+                        "tok_s": None if sec is None else tokens / sec,
+                        "ms": None if sec is None else sec * 1e3,
+                        "note": note,
+                    }
+                )
                 if log is not None:
                     log(rows[-1])
 
             def ratio(a: str, b: str) -> float | None:
                 return med[b] / med[a] if a in med and b in med else None  # noqa: B023 - called at once, inside the loop
 
-            speedup[f"{op}/{cfg.name}"] = {"chunk_vs_naive": ratio("chunk", "naive"),
-                                           "triton_vs_naive": ratio("triton", "naive"),
-                                           "triton_vs_chunk": ratio("triton", "chunk")}
+            speedup[f"{op}/{cfg.name}"] = {
+                "chunk_vs_naive": ratio("chunk", "naive"),
+                "triton_vs_naive": ratio("triton", "naive"),
+                "triton_vs_chunk": ratio("triton", "chunk"),
+            }
     return {"device": _device_name(device), "rows": rows, "speedup": speedup}
 
 

@@ -7,6 +7,7 @@ shared 2-core machine oversubscribe it badly): the lone trials run as separate p
 are cores; the packed arm runs one pack per core, the seeds split evenly between them. Wall
 time covers process start, model and data construction, training and evaluation.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -16,9 +17,19 @@ from typing import Any
 
 
 def params(seed: int, steps: int) -> dict[str, Any]:
-    return {"arm": "armed_gdn", "task": "mqar", "task.K": 16, "task.eval_size": 256,
-            "d_model": 32, "n_layers": 1, "batch_size": 64, "steps": steps,
-            "eval_every": max(1, steps // 4), "lr": 3e-3, "seed": seed}
+    return {
+        "arm": "armed_gdn",
+        "task": "mqar",
+        "task.K": 16,
+        "task.eval_size": 256,
+        "d_model": 32,
+        "n_layers": 1,
+        "batch_size": 64,
+        "steps": steps,
+        "eval_every": max(1, steps // 4),
+        "lr": 3e-3,
+        "seed": seed,
+    }
 
 
 def _lone(args: tuple[int, int]) -> float:
@@ -67,8 +78,15 @@ def run(seeds: int = 10, steps: int = 200, cores: int | None = None) -> dict[str
             pack_acc[s] = a
     lone_tph = seeds / lone_s * 3600
     pack_tph = seeds / pack_s * 3600
-    return {"seeds": seeds, "steps": steps, "cores": cores, "packs": len(groups),
-            "lone_wall_s": lone_s,
-            "pack_wall_s": pack_s, "lone_trials_per_hour": lone_tph,
-            "pack_trials_per_hour": pack_tph, "speedup": pack_tph / lone_tph,
-            "max_final_acc_diff": max(abs(a - b) for a, b in zip(lone_acc, pack_acc))}
+    return {
+        "seeds": seeds,
+        "steps": steps,
+        "cores": cores,
+        "packs": len(groups),
+        "lone_wall_s": lone_s,
+        "pack_wall_s": pack_s,
+        "lone_trials_per_hour": lone_tph,
+        "pack_trials_per_hour": pack_tph,
+        "speedup": pack_tph / lone_tph,
+        "max_final_acc_diff": max(abs(a - b) for a, b in zip(lone_acc, pack_acc)),
+    }

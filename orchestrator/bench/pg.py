@@ -1,4 +1,5 @@
 """A throwaway PostgreSQL schema for benchmarks (dropped afterwards)."""
+
 from __future__ import annotations
 
 import contextlib

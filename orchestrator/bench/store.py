@@ -11,6 +11,7 @@ training run, and how much of a sweep's wall time is spent training.
    wall time spent inside the training loop (sum of the trials' own elapsed time divided by
    wall time x concurrent slots).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,10 +30,20 @@ BATCH = 2000  # the StoreWriter's flush size
 
 
 def _rows(n_trials: int, points: int, trial_ids: list[int]) -> list[dict[str, Any]]:
-    return [{"trial_id": trial_ids[t], "step": 10 * s, "acc": s / points, "loss": 1.0 / s,
-             "train_loss": 1.5 / s, "step_lr": 1e-3, "elapsed_s": 0.01 * s,
-             "metrics": {"rebind_acc": 0.03}}
-            for t in range(n_trials) for s in range(1, points + 1)]
+    return [
+        {
+            "trial_id": trial_ids[t],
+            "step": 10 * s,
+            "acc": s / points,
+            "loss": 1.0 / s,
+            "train_loss": 1.5 / s,
+            "step_lr": 1e-3,
+            "elapsed_s": 0.01 * s,
+            "metrics": {"rebind_acc": 0.03},
+        }
+        for t in range(n_trials)
+        for s in range(1, points + 1)
+    ]
 
 
 def ingest(url: str, n_rows: int = 200_000) -> dict[str, Any]:
@@ -41,13 +52,12 @@ def ingest(url: str, n_rows: int = 200_000) -> dict[str, Any]:
     points = max(1, n_rows // n_trials)
     with engine.begin() as conn:
         sid = repo.upsert_sweep(conn, "bench", "name: bench", "h")
-        ids = repo.add_trials(conn, sid, [(f"k{i}", {"arm": "a", "task": "t", "seed": i})
-                                          for i in range(n_trials)])
+        ids = repo.add_trials(conn, sid, [(f"k{i}", {"arm": "a", "task": "t", "seed": i}) for i in range(n_trials)])
     rows = _rows(n_trials, points, [ids[f"k{i}"] for i in range(n_trials)])
     t0 = time.perf_counter()
     for i in range(0, len(rows), BATCH):
         with engine.begin() as conn:
-            repo.upsert_evals(conn, rows[i:i + BATCH])
+            repo.upsert_evals(conn, rows[i : i + BATCH])
     dt = time.perf_counter() - t0
     with engine.connect() as conn:
         stored = conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one()
@@ -80,9 +90,18 @@ def streaming_slowdown(steps: int = 300, repeats: int = 3) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    params = {"arm": "armed_gdn", "task": "mqar", "task.K": 16, "task.eval_size": 256,
-              "d_model": 32, "n_layers": 1, "batch_size": 64, "steps": steps,
-              "eval_every": 10, "lr": 3e-3}
+    params = {
+        "arm": "armed_gdn",
+        "task": "mqar",
+        "task.K": 16,
+        "task.eval_size": 256,
+        "d_model": 32,
+        "n_layers": 1,
+        "batch_size": 64,
+        "steps": steps,
+        "eval_every": 10,
+        "lr": 3e-3,
+    }
     with tempfile.TemporaryDirectory() as d:
         engine, _ = open_store_engine(f"sqlite:///{Path(d) / 's.db'}")
         with engine.begin() as conn:
@@ -95,12 +114,18 @@ def streaming_slowdown(steps: int = 300, repeats: int = 3) -> dict[str, Any]:
             stream.append(_train_once(params, engine, tid))
         engine.dispose()
     p, s = statistics.median(plain), statistics.median(stream)
-    return {"steps": steps, "eval_every": 10, "plain_s": p, "streaming_s": s,
-            "slowdown_pct": 100.0 * (s - p) / p, "plain_runs": plain, "streaming_runs": stream}
+    return {
+        "steps": steps,
+        "eval_every": 10,
+        "plain_s": p,
+        "streaming_s": s,
+        "slowdown_pct": 100.0 * (s - p) / p,
+        "plain_runs": plain,
+        "streaming_runs": stream,
+    }
 
 
-def sweep_efficiency(n_trials: int = 64, steps: int = 1000, cpus: int | None = None
-                     ) -> dict[str, Any]:
+def sweep_efficiency(n_trials: int = 64, steps: int = 1000, cpus: int | None = None) -> dict[str, Any]:
     from orchestrator import spec as specs
     from orchestrator.runner.sweep import submit
 
@@ -122,11 +147,20 @@ max_concurrent: {cpus}
         wall = time.perf_counter() - t0
         engine, _ = open_store_engine(url)
         with engine.connect() as conn:
-            busy = conn.execute(sa.text(
-                "SELECT SUM(e.elapsed_s) FROM evals e JOIN trials t ON t.id = e.trial_id "
-                "WHERE e.step = t.steps")).scalar_one()
+            busy = conn.execute(
+                sa.text(
+                    "SELECT SUM(e.elapsed_s) FROM evals e JOIN trials t ON t.id = e.trial_id WHERE e.step = t.steps"
+                )
+            ).scalar_one()
         engine.dispose()
     slots = min(cpus, n_trials)
-    return {"trials": n_trials, "steps_per_trial": steps, "slots": slots, "wall_s": wall,
-            "training_s": busy, "mean_trial_s": busy / n_trials,
-            "training_share": busy / (wall * slots), "outcomes": summary.outcomes}
+    return {
+        "trials": n_trials,
+        "steps_per_trial": steps,
+        "slots": slots,
+        "wall_s": wall,
+        "training_s": busy,
+        "mean_trial_s": busy / n_trials,
+        "training_share": busy / (wall * slots),
+        "outcomes": summary.outcomes,
+    }

@@ -4,6 +4,7 @@ cell (armed_gdn, d_model=32, 1 layer) at each task's published settings.
 Generation and the step are timed in interleaved rounds (machine drift hits both alike);
 each figure is the median over rounds.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -75,8 +76,16 @@ def run_bench(names: Sequence[str], batch: int, reps: int, device: str) -> list[
                 step_s.append(time.perf_counter() - t0)
         g = statistics.median(gen_s) * 1e3
         s = statistics.median(step_s) * 1e3 if step_s else None
-        rows.append({"task": name, "params": params, "batch": batch, "seq_len": task.seq_len,
-                     "vocab_size": task.vocab_size, "gen_ms": round(g, 4),
-                     "step_ms": None if s is None else round(s, 3),
-                     "gen_pct_of_step": None if s is None else round(100 * g / s, 3)})
+        rows.append(
+            {
+                "task": name,
+                "params": params,
+                "batch": batch,
+                "seq_len": task.seq_len,
+                "vocab_size": task.vocab_size,
+                "gen_ms": round(g, 4),
+                "step_ms": None if s is None else round(s, 3),
+                "gen_pct_of_step": None if s is None else round(100 * g / s, 3),
+            }
+        )
     return rows

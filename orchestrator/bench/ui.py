@@ -7,6 +7,7 @@ shell, the trial table JSON, all traces JSON and the Kaplan-Meier/log-rank JSON.
 server time of each is measured inside the server (from the request reaching the app to
 the last body byte handed to the server), so the client's parsing is not in it.
 """
+
 from __future__ import annotations
 
 import socket
@@ -31,8 +32,7 @@ class _Timed:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t0 = time.perf_counter()
-        path = scope["path"] + ("?" + scope["query_string"].decode() if scope["query_string"]
-                                else "")
+        path = scope["path"] + ("?" + scope["query_string"].decode() if scope["query_string"] else "")
 
         async def timed_send(message):
             if message["type"] == "http.response.body" and not message.get("more_body"):
@@ -61,15 +61,20 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3) -> dict[str
         engine, url = q.readonly_engine(url)
         timed = _Timed(create_app(engine, url))
         port = _free_port()
-        server = uvicorn.Server(uvicorn.Config(timed, host="127.0.0.1", port=port,
-                                               log_level="warning", access_log=False))
+        server = uvicorn.Server(
+            uvicorn.Config(timed, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         base = f"http://127.0.0.1:{port}"
         while not server.started:
             time.sleep(0.05)
-        paths = [f"/sweeps/{SWEEP}", f"/api/sweeps/{SWEEP}/trials",
-                 f"/api/sweeps/{SWEEP}/traces", f"/api/sweeps/{SWEEP}/km?by=tag.variant"]
+        paths = [
+            f"/sweeps/{SWEEP}",
+            f"/api/sweeps/{SWEEP}/trials",
+            f"/api/sweeps/{SWEEP}/traces",
+            f"/api/sweeps/{SWEEP}/km?by=tag.variant",
+        ]
         runs = []
         try:
             for _ in range(repeats):
@@ -78,8 +83,7 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3) -> dict[str
                     t0 = time.perf_counter()
                     with urllib.request.urlopen(base + p, timeout=600) as r:
                         body = r.read()
-                    one[p] = {"server_s": timed.times[p], "client_s": time.perf_counter() - t0,
-                              "bytes": len(body)}
+                    one[p] = {"server_s": timed.times[p], "client_s": time.perf_counter() - t0, "bytes": len(body)}
                 runs.append(one)
         finally:
             server.should_exit = True
@@ -89,9 +93,15 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3) -> dict[str
     # sweep (db._PrepCache) while the sweep is unchanged.
     first = runs[0]
     best = min(runs, key=lambda r: sum(v["server_s"] for v in r.values()))
-    return {"n_trials": n_trials, "n_evals": n_evals, "eval_rows": n_trials * n_evals,
-            "build_s": build_s, "requests": first, "first_total_s":
-            sum(v["server_s"] for v in first.values()), "best_total_s":
-            sum(v["server_s"] for v in best.values()),
-            "client_total_s": sum(v["client_s"] for v in first.values()),
-            "runs": [sum(v["server_s"] for v in r.values()) for r in runs], "goal_s": 3.0}
+    return {
+        "n_trials": n_trials,
+        "n_evals": n_evals,
+        "eval_rows": n_trials * n_evals,
+        "build_s": build_s,
+        "requests": first,
+        "first_total_s": sum(v["server_s"] for v in first.values()),
+        "best_total_s": sum(v["server_s"] for v in best.values()),
+        "client_total_s": sum(v["client_s"] for v in first.values()),
+        "runs": [sum(v["server_s"] for v in r.values()) for r in runs],
+        "goal_s": 3.0,
+    }

@@ -5,6 +5,7 @@ query, file) is one line on stderr and exit 2; a usage error is click's own usag
 and exit 2; anything unexpected is one line naming a log file that holds the traceback
 (the traceback itself only with ``--debug`` or ``ORCH_DEBUG=1``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -78,8 +79,7 @@ def _log_traceback(exc: BaseException, argv: list[str]) -> Path | None:
         d = error_log_dir()
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        path.write_text("orchestrator " + " ".join(argv) + "\n\n"
-                        + "".join(traceback.format_exception(exc)))
+        path.write_text("orchestrator " + " ".join(argv) + "\n\n" + "".join(traceback.format_exception(exc)))
         return path
     except OSError:
         return None
@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         log = _log_traceback(exc, args)
         where = f"; traceback in {log}" if log else ""
-        print(f"internal error: {type(exc).__name__}: {_first_line(exc)}{where} "
-              "(rerun with --debug to see it)", file=sys.stderr)
+        print(
+            f"internal error: {type(exc).__name__}: {_first_line(exc)}{where} (rerun with --debug to see it)",
+            file=sys.stderr,
+        )
         return 1
     return rv if isinstance(rv, int) else 0
 

@@ -2,6 +2,7 @@
 
 Imported on every CLI start, so the statistics libraries are imported inside the commands.
 """
+
 import json
 import tempfile
 from pathlib import Path
@@ -17,8 +18,9 @@ from orchestrator.errors import UserError
 _KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|sequential|scaling"
 
 DB = typer.Option(None, "--db", help=DB_HELP)
-WHERE = typer.Option(None, "--where", help="SQL condition on trial parameters, e.g. "
-                                           "\"vocab_size = 88 AND variant = 'ns5'\"")
+WHERE = typer.Option(
+    None, "--where", help="SQL condition on trial parameters, e.g. \"vocab_size = 88 AND variant = 'ns5'\""
+)
 BY = typer.Option(None, "--by", help="parameter(s) forming the groups, comma-separated")
 STRATA = typer.Option(None, "--strata", help="parameter(s) stratifying the tables and tests")
 CELLS = typer.Option(None, "--cells", hidden=True, help="deprecated alias of --strata")
@@ -29,22 +31,24 @@ LOCKIN = typer.Option(None, "--lockin", help="lock-in / solved threshold (defaul
 MID_AT = typer.Option(None, "--mid-at", help="'mid' outcome threshold on final acc (0.2)")
 ESCAPE_AT = typer.Option(None, "--escape-at", help="escape accuracy threshold (default 0.8)")
 COLLAPSE = typer.Option(None, "--collapse-below", help="collapse threshold (default 0.005)")
-FORMULA = typer.Option(None, "--formula", help="hazard right-hand side, e.g. "
-                                               "'np.log(t) + C(lr) + C(variant)'")
+FORMULA = typer.Option(None, "--formula", help="hazard right-hand side, e.g. 'np.log(t) + C(lr) + C(variant)'")
 LINK = typer.Option(None, "--link", help="logit (default) or cloglog")
 ALT = typer.Option(None, "--alternative", help="two-sided|greater|less (greater: A higher)")
-STATUS = typer.Option(None, "--status", help="trial statuses analysed (default "
-                                             "completed,diverged; 'all')")
-RESAMPLES = typer.Option(None, "--n-resamples", help="permutation resamples (exact when fewer "
-                                                     "relabellings exist)")
+STATUS = typer.Option(None, "--status", help="trial statuses analysed (default completed,diverged; 'all')")
+RESAMPLES = typer.Option(None, "--n-resamples", help="permutation resamples (exact when fewer relabellings exist)")
 SEED = typer.Option(None, "--seed", help="random seed of Monte Carlo permutations")
-HORIZON = typer.Option(None, "--horizon", help="cut every trace at this step first (e.g. "
-                                               "'solved at step 2000' of longer runs)")
+HORIZON = typer.Option(
+    None, "--horizon", help="cut every trace at this step first (e.g. 'solved at step 2000' of longer runs)"
+)
 JSON = typer.Option(False, "--json", help="print JSON")
-STOPPED_AS = typer.Option(None, "--stopped-as", help="trials the spec's stop rule ended after "
-                                                      "their escape: 'solved' counts them solved "
-                                                      "in lock-in/outcomes/final-accuracy analyses "
-                                                      "(refused otherwise)")
+STOPPED_AS = typer.Option(
+    None,
+    "--stopped-as",
+    help="trials the spec's stop rule ended after "
+    "their escape: 'solved' counts them solved "
+    "in lock-in/outcomes/final-accuracy analyses "
+    "(refused otherwise)",
+)
 
 
 def _base_config(target: str, db: Optional[str]):
@@ -76,15 +80,26 @@ def _print_json(obj) -> None:
 def analyze(
     sweep: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its analysis: block)"),
     kind: str = typer.Argument(..., help=_KINDS),
-    db: Optional[str] = DB, where: Optional[str] = WHERE, by: Optional[str] = BY,
-    strata: Optional[str] = STRATA, groups: Optional[str] = GROUPS,
-    cells: Optional[str] = CELLS, pair_on: Optional[str] = PAIR_ON, metric: Optional[str] = METRIC,
-    lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
-    escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
-    formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
-    alternative: Optional[str] = ALT, status: Optional[str] = STATUS,
-    n_resamples: Optional[int] = RESAMPLES, seed: Optional[int] = SEED,
-    horizon: Optional[int] = HORIZON, json_out: bool = JSON,
+    db: Optional[str] = DB,
+    where: Optional[str] = WHERE,
+    by: Optional[str] = BY,
+    strata: Optional[str] = STRATA,
+    groups: Optional[str] = GROUPS,
+    cells: Optional[str] = CELLS,
+    pair_on: Optional[str] = PAIR_ON,
+    metric: Optional[str] = METRIC,
+    lockin: Optional[float] = LOCKIN,
+    mid_at: Optional[float] = MID_AT,
+    escape_at: Optional[float] = ESCAPE_AT,
+    collapse_below: Optional[float] = COLLAPSE,
+    formula: Optional[str] = FORMULA,
+    link: Optional[str] = LINK,
+    alternative: Optional[str] = ALT,
+    status: Optional[str] = STATUS,
+    n_resamples: Optional[int] = RESAMPLES,
+    seed: Optional[int] = SEED,
+    horizon: Optional[int] = HORIZON,
+    json_out: bool = JSON,
     stopped_as: Optional[str] = STOPPED_AS,
 ) -> None:
     """Statistics of one sweep straight off the database.
@@ -102,10 +117,25 @@ def analyze(
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
     name, base, storage = _base_config(sweep, db)
     cfg = base.with_overrides(
-        where=where, by=by, cells=_strata(strata, cells), compare=groups, pair_on=pair_on, metric=metric,
-        lockin=lockin, mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below,
-        formula=formula, link=link, alternative=alternative, statuses=status,
-        n_resamples=n_resamples, random_seed=seed, horizon=horizon, stopped_as=stopped_as)
+        where=where,
+        by=by,
+        cells=_strata(strata, cells),
+        compare=groups,
+        pair_on=pair_on,
+        metric=metric,
+        lockin=lockin,
+        mid_at=mid_at,
+        escape_at=escape_at,
+        collapse_below=collapse_below,
+        formula=formula,
+        link=link,
+        alternative=alternative,
+        statuses=status,
+        n_resamples=n_resamples,
+        random_seed=seed,
+        horizon=horizon,
+        stopped_as=stopped_as,
+    )
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
     if kind == "logrank" and _strata(strata, cells, warn=False):
         res = logrank_cells(prep.trials, prep.cfg)
@@ -123,19 +153,26 @@ def analyze(
 
 @app.command("report")
 def report_cmd(
-    target: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its name and "
-                                           "analysis: block)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default "
-                                                          "runs/reports/SWEEP)"),
-    db: Optional[str] = DB, fmt: str = typer.Option("png", "--format", help="png or svg"),
-    where: Optional[str] = WHERE, by: Optional[str] = BY, strata: Optional[str] = STRATA,
+    target: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its name and analysis: block)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output folder (default runs/reports/SWEEP)"),
+    db: Optional[str] = DB,
+    fmt: str = typer.Option("png", "--format", help="png or svg"),
+    where: Optional[str] = WHERE,
+    by: Optional[str] = BY,
+    strata: Optional[str] = STRATA,
     cells: Optional[str] = CELLS,
-    groups: Optional[str] = GROUPS, metric: Optional[str] = METRIC,
-    lockin: Optional[float] = LOCKIN, mid_at: Optional[float] = MID_AT,
-    escape_at: Optional[float] = ESCAPE_AT, collapse_below: Optional[float] = COLLAPSE,
-    formula: Optional[str] = FORMULA, link: Optional[str] = LINK,
-    status: Optional[str] = STATUS, horizon: Optional[int] = HORIZON,
-    json_out: bool = JSON, stopped_as: Optional[str] = STOPPED_AS,
+    groups: Optional[str] = GROUPS,
+    metric: Optional[str] = METRIC,
+    lockin: Optional[float] = LOCKIN,
+    mid_at: Optional[float] = MID_AT,
+    escape_at: Optional[float] = ESCAPE_AT,
+    collapse_below: Optional[float] = COLLAPSE,
+    formula: Optional[str] = FORMULA,
+    link: Optional[str] = LINK,
+    status: Optional[str] = STATUS,
+    horizon: Optional[int] = HORIZON,
+    json_out: bool = JSON,
+    stopped_as: Optional[str] = STOPPED_AS,
 ) -> None:
     """Print a sweep's tables and write an HTML report with figures.
 
@@ -147,9 +184,21 @@ def report_cmd(
 
     name, base, storage = _base_config(target, db)
     cfg = base.with_overrides(
-        where=where, by=by, cells=_strata(strata, cells), compare=groups, metric=metric, lockin=lockin,
-        mid_at=mid_at, escape_at=escape_at, collapse_below=collapse_below, formula=formula,
-        link=link, statuses=status, horizon=horizon, stopped_as=stopped_as)
+        where=where,
+        by=by,
+        cells=_strata(strata, cells),
+        compare=groups,
+        metric=metric,
+        lockin=lockin,
+        mid_at=mid_at,
+        escape_at=escape_at,
+        collapse_below=collapse_below,
+        formula=formula,
+        link=link,
+        statuses=status,
+        horizon=horizon,
+        stopped_as=stopped_as,
+    )
     prep = api.prepare(db or storage, name, cfg)
     rep = build_report(prep, out, fmt=fmt, db=db or storage)
     if json_out:
@@ -160,10 +209,10 @@ def report_cmd(
 
 @app.command("import")
 def import_cmd(
-    file: Path = typer.Argument(..., help="JSON lines: {\"params\": {...}, \"trace\": "
-                                          "[{\"step\", \"acc\", \"loss\"}, ...]}"),
+    file: Path = typer.Argument(..., help='JSON lines: {"params": {...}, "trace": [{"step", "acc", "loss"}, ...]}'),
     sweep: str = typer.Option(..., "--sweep", help="sweep to import into (created if new)"),
-    db: Optional[str] = DB, json_out: bool = JSON,
+    db: Optional[str] = DB,
+    json_out: bool = JSON,
 ) -> None:
     """Import traces produced elsewhere; a malformed file imports nothing."""
     from orchestrator.store.import_jsonl import import_jsonl
@@ -173,16 +222,17 @@ def import_cmd(
         _print_json(res)
     else:
         div = f", {res['diverged']} diverged" if res.get("diverged") else ""
-        print(f"imported {res['trials']} trials ({res['new_trials']} new{div}, {res['evals']} "
-              f"eval rows) from {res['file']} into sweep {res['sweep']}")
+        print(
+            f"imported {res['trials']} trials ({res['new_trials']} new{div}, {res['evals']} "
+            f"eval rows) from {res['file']} into sweep {res['sweep']}"
+        )
 
 
 @bench_app.command("analysis")
 def bench_analysis(
     trials: int = typer.Option(10_000, "--trials", help="synthetic trials"),
     evals: int = typer.Option(50, "--evals", help="eval points per trial"),
-    keep_db: Optional[Path] = typer.Option(None, "--keep-db",
-                                           help="write the synthetic DB here and keep it"),
+    keep_db: Optional[Path] = typer.Option(None, "--keep-db", help="write the synthetic DB here and keep it"),
     json_out: bool = JSON,
 ) -> None:
     """Time the hazard fit straight from a SQLite database (goal < 10 s).
@@ -206,10 +256,16 @@ def bench_analysis(
     if json_out:
         _print_json(res.to_dict())
         return
-    print(f"bench analysis: {res.n_trials} trials x {evals} eval points "
-          f"({res.n_eval_rows} eval rows) in SQLite, built in {res.build_s:.1f} s")
-    print(f"  hazard fit straight from the DB: load+events {res.load_s:.2f} s, person-period "
-          f"{res.expand_s:.2f} s ({res.n_intervals} run-intervals, {res.n_events} escapes), "
-          f"GLM fit {res.fit_s:.2f} s")
-    print(f"  total {res.total_s:.2f} s (goal < 10 s); ns5 HR {res.ns5_hr:.2f} "
-          f"[{res.ns5_ci[0]:.2f}, {res.ns5_ci[1]:.2f}] (simulated 6.00)")
+    print(
+        f"bench analysis: {res.n_trials} trials x {evals} eval points "
+        f"({res.n_eval_rows} eval rows) in SQLite, built in {res.build_s:.1f} s"
+    )
+    print(
+        f"  hazard fit straight from the DB: load+events {res.load_s:.2f} s, person-period "
+        f"{res.expand_s:.2f} s ({res.n_intervals} run-intervals, {res.n_events} escapes), "
+        f"GLM fit {res.fit_s:.2f} s"
+    )
+    print(
+        f"  total {res.total_s:.2f} s (goal < 10 s); ns5 HR {res.ns5_hr:.2f} "
+        f"[{res.ns5_ci[0]:.2f}, {res.ns5_ci[1]:.2f}] (simulated 6.00)"
+    )

@@ -5,11 +5,14 @@ Each command family lives in its own module (``run_cmds``, ``db_cmds``, ``zoo_cm
 file that everybody edits. Examples shown under each command's help live in
 :mod:`orchestrator.cli.help`.
 """
+
 import typer
 
 # The one sentence every --db option shows (the lookup order is resolve_url's).
-DB_HELP = ("database URL or SQLite file; without --db: the spec's storage: where a spec is "
-           "given, else $ORCH_DB, else runs/orchestrator.db under the current directory")
+DB_HELP = (
+    "database URL or SQLite file; without --db: the spec's storage: where a spec is "
+    "given, else $ORCH_DB, else runs/orchestrator.db under the current directory"
+)
 
 
 def _version(value: bool) -> None:
@@ -34,14 +37,17 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root(version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True,
-        help="print the installed orchestrator version and exit")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the installed orchestrator version and exit"
+    ),
+) -> None:
     """Sweeps of tiny recurrent models on Ray Tune, traces in SQL, statistics off the database."""
 
 
 db_app = typer.Typer(help="Database schema management.", no_args_is_help=True)
-bench_app = typer.Typer(help="Benchmarks that print figures (speed and memory targets live here).",
-                        no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks that print figures (speed and memory targets live here).", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 app.add_typer(bench_app, name="bench")

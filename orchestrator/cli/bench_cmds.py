@@ -1,4 +1,5 @@
 """orchestrator bench store | pack (the benchmarks of the core)."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ from orchestrator.cli.app import bench_app
 def bench_store(
     rows: int = typer.Option(200_000, help="eval rows to ingest per backend"),
     postgres: Optional[str] = typer.Option(
-        None, "--postgres", help="PostgreSQL URL to measure too (default $ORCH_TEST_POSTGRES_URL)"),
+        None, "--postgres", help="PostgreSQL URL to measure too (default $ORCH_TEST_POSTGRES_URL)"
+    ),
     steps: int = typer.Option(300, help="steps of the streaming-slowdown trial"),
     sweep_trials: int = typer.Option(64, help="trials in the sweep-efficiency run (0 skips)"),
     sweep_steps: int = typer.Option(1000, help="steps per trial in the sweep-efficiency run"),
@@ -41,20 +43,28 @@ def bench_store(
     if as_json:
         print(json.dumps(result, indent=2, default=str))
         return 0
-    print(f"SQLite ingest:     {result['sqlite_ingest']['rows_per_s']:>10,.0f} rows/s "
-          f"({result['sqlite_ingest']['rows']:,} rows, goal >= 100,000)")
+    print(
+        f"SQLite ingest:     {result['sqlite_ingest']['rows_per_s']:>10,.0f} rows/s "
+        f"({result['sqlite_ingest']['rows']:,} rows, goal >= 100,000)"
+    )
     if "postgres_ingest" in result:
-        print(f"PostgreSQL ingest: {result['postgres_ingest']['rows_per_s']:>10,.0f} rows/s "
-              f"({result['postgres_ingest']['rows']:,} rows, goal >= 30,000)")
+        print(
+            f"PostgreSQL ingest: {result['postgres_ingest']['rows_per_s']:>10,.0f} rows/s "
+            f"({result['postgres_ingest']['rows']:,} rows, goal >= 30,000)"
+        )
     s = result["streaming"]
-    print(f"streaming slowdown at eval_every=10: {s['slowdown_pct']:+.2f}% "
-          f"(plain {s['plain_s']:.2f} s vs streaming {s['streaming_s']:.2f} s, median of "
-          f"{len(s['plain_runs'])}; goal < 1%)")
+    print(
+        f"streaming slowdown at eval_every=10: {s['slowdown_pct']:+.2f}% "
+        f"(plain {s['plain_s']:.2f} s vs streaming {s['streaming_s']:.2f} s, median of "
+        f"{len(s['plain_runs'])}; goal < 1%)"
+    )
     if "sweep" in result:
         w = result["sweep"]
-        print(f"sweep of {w['trials']} short trials ({w['mean_trial_s']:.1f} s each, "
-              f"{w['slots']} slots): {100 * w['training_share']:.1f}% of wall time training "
-              f"(wall {w['wall_s']:.0f} s; goal >= 90%)")
+        print(
+            f"sweep of {w['trials']} short trials ({w['mean_trial_s']:.1f} s each, "
+            f"{w['slots']} slots): {100 * w['training_share']:.1f}% of wall time training "
+            f"(wall {w['wall_s']:.0f} s; goal >= 90%)"
+        )
     return 0
 
 
@@ -72,12 +82,12 @@ def bench_pack(
         print(json.dumps(r, indent=2))
         return 0
     print(f"{r['seeds']} seeds x {r['steps']} steps on {r['cores']} cores:")
-    print(f"  one trial per process: {r['lone_trials_per_hour']:8.0f} trials/h "
-          f"(wall {r['lone_wall_s']:.1f} s)")
-    print(f"  one seed pack:         {r['pack_trials_per_hour']:8.0f} trials/h "
-          f"(wall {r['pack_wall_s']:.1f} s)")
-    print(f"  speedup {r['speedup']:.2f}x (goal >= 5x on CPU, >= 20x on a GPU); "
-          f"max final-accuracy difference {r['max_final_acc_diff']:.2e}")
+    print(f"  one trial per process: {r['lone_trials_per_hour']:8.0f} trials/h (wall {r['lone_wall_s']:.1f} s)")
+    print(f"  one seed pack:         {r['pack_trials_per_hour']:8.0f} trials/h (wall {r['pack_wall_s']:.1f} s)")
+    print(
+        f"  speedup {r['speedup']:.2f}x (goal >= 5x on CPU, >= 20x on a GPU); "
+        f"max final-accuracy difference {r['max_final_acc_diff']:.2e}"
+    )
     return 0
 
 
@@ -95,13 +105,17 @@ def bench_ui(
     if as_json:
         print(json.dumps(r, indent=2))
         return 0
-    print(f"sweep of {r['n_trials']:,} trials x {r['n_evals']} evals ({r['eval_rows']:,} eval "
-          f"rows; fixture built in {r['build_s']:.0f} s), first of {repeats} page loads:")
+    print(
+        f"sweep of {r['n_trials']:,} trials x {r['n_evals']} evals ({r['eval_rows']:,} eval "
+        f"rows; fixture built in {r['build_s']:.0f} s), first of {repeats} page loads:"
+    )
     for path, v in r["requests"].items():
-        print(f"  {path:<45} server {v['server_s']:6.3f} s  client {v['client_s']:6.3f} s  "
-              f"{v['bytes'] / 1e6:7.2f} MB")
-    print(f"  sweep page + its JSON, first load: {r['first_total_s']:.2f} s of server time "
-          f"(client wall {r['client_total_s']:.2f} s; goal < 3 s)")
-    print("  every load (later ones reuse the prepared escape-time data): "
-          + ", ".join(f"{x:.2f} s" for x in r["runs"]))
+        print(f"  {path:<45} server {v['server_s']:6.3f} s  client {v['client_s']:6.3f} s  {v['bytes'] / 1e6:7.2f} MB")
+    print(
+        f"  sweep page + its JSON, first load: {r['first_total_s']:.2f} s of server time "
+        f"(client wall {r['client_total_s']:.2f} s; goal < 3 s)"
+    )
+    print(
+        "  every load (later ones reuse the prepared escape-time data): " + ", ".join(f"{x:.2f} s" for x in r["runs"])
+    )
     return 0

@@ -1,4 +1,5 @@
 """``orchestrator cells`` (the arm table) and ``orchestrator bench cells`` (naive vs default speed)."""
+
 from __future__ import annotations
 
 import json
@@ -53,14 +54,19 @@ def cells_cmd(
     n_layers: int = typer.Option(1, "--n-layers", help="layers for every arm"),
     mamba2_d_state: int = typer.Option(16, "--mamba2-d-state", help="d_state of the mamba2_ref arms"),
     vocab_size: int = typer.Option(
-        91, "--vocab-size", help="vocabulary (91 = masked MQAR: 64 keys + 26 values + mask)"),
+        91, "--vocab-size", help="vocabulary (91 = masked MQAR: 64 keys + 26 values + mask)"
+    ),
     arms: Optional[list[str]] = typer.Option(None, "--arms", "--arm", help="arms to list (repeat or comma-separate)"),
     knob: Optional[list[str]] = typer.Option(
-        None, "--knob", help="key=value applied to every listed arm that has that knob (repeatable)"),
+        None, "--knob", help="key=value applied to every listed arm that has that knob (repeatable)"
+    ),
     json_out: bool = typer.Option(False, "--json", help="print a JSON list of rows"),
     spec: Optional[str] = typer.Option(
-        None, "--spec", help="list the arms of this sweep spec as its trials build them "
-                             "(with match_params: the MLP width chosen per arm)"),
+        None,
+        "--spec",
+        help="list the arms of this sweep spec as its trials build them "
+        "(with match_params: the MLP width chosen per arm)",
+    ),
 ) -> None:
     """One row per arm: parameters, recurrent state per layer, and the knobs it carries."""
     import cells
@@ -133,8 +139,13 @@ def _spec_rows(path: str, json_out: bool) -> None:
         table.add_column(col, justify="left" if col in ("arm", "knobs") else "right")
     for r in rows:
         state = f"{r['state_elements']:,}" + (" /token" if r["state_scaling"] == "per_token" else "")
-        table.add_row(r["arm"], f"{r['params']:,}", state,
-                      "-" if r["mlp_hidden"] is None else str(r["mlp_hidden"]), _format_knobs(r["knobs"]))
+        table.add_row(
+            r["arm"],
+            f"{r['params']:,}",
+            state,
+            "-" if r["mlp_hidden"] is None else str(r["mlp_hidden"]),
+            _format_knobs(r["knobs"]),
+        )
     Console(width=200).print(table)
 
 
@@ -167,23 +178,46 @@ def bench_cells_cmd(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda requested but CUDA is not available here")
     try:
-        rows = run_bench(selected, seq_len=seq_len, d_model=d_model, n_layers=n_layers, batch=batch,
-                         vocab_size=vocab_size, repeats=repeats, device=dev)
+        rows = run_bench(
+            selected,
+            seq_len=seq_len,
+            d_model=d_model,
+            n_layers=n_layers,
+            batch=batch,
+            vocab_size=vocab_size,
+            repeats=repeats,
+            device=dev,
+        )
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if json_out:
-        typer.echo(json.dumps({
-            "rows": rows, "seq_len": seq_len, "d_model": d_model, "n_layers": n_layers, "batch": batch,
-            "repeats": repeats, "device": str(dev), "threads": torch.get_num_threads()}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "seq_len": seq_len,
+                    "d_model": d_model,
+                    "n_layers": n_layers,
+                    "batch": batch,
+                    "repeats": repeats,
+                    "device": str(dev),
+                    "threads": torch.get_num_threads(),
+                },
+                indent=2,
+            )
+        )
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"fwd+bwd tokens/s, T={seq_len}, d={d_model}, batch={batch}, {dev}, "
-                        f"{torch.get_num_threads()} threads, median of {repeats} interleaved rounds")
+    table = Table(
+        title=f"fwd+bwd tokens/s, T={seq_len}, d={d_model}, batch={batch}, {dev}, "
+        f"{torch.get_num_threads()} threads, median of {repeats} interleaved rounds"
+    )
     for col in ("arm", "naive tok/s", "default tok/s", "speedup"):
         table.add_column(col, justify="left" if col == "arm" else "right")
     for r in rows:
-        table.add_row(r["arm"], f"{r['naive_tok_s']:,.0f}", f"{r['default_tok_s']:,.0f}",
-                      f"{r['speedup_vs_naive']:.1f}x")
+        table.add_row(
+            r["arm"], f"{r['naive_tok_s']:,.0f}", f"{r['default_tok_s']:,.0f}", f"{r['speedup_vs_naive']:.1f}x"
+        )
     Console(width=200).print(table)

@@ -1,4 +1,5 @@
 """orchestrator db upgrade | create-reader."""
+
 from __future__ import annotations
 
 import os
@@ -23,11 +24,12 @@ def upgrade(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP)) -> int
 @db_app.command("create-reader")
 def create_reader(
     role: str = typer.Argument(..., help="name of the new read-only PostgreSQL role"),
-    db: Optional[str] = typer.Option(None, "--db", help="postgresql:// URL of a role allowed "
-                                                        "to create roles"),
+    db: Optional[str] = typer.Option(None, "--db", help="postgresql:// URL of a role allowed to create roles"),
     password_env: Optional[str] = typer.Option(
-        None, "--password-env", help="environment variable holding the new role's password "
-                                     "(never given on the command line)"),
+        None,
+        "--password-env",
+        help="environment variable holding the new role's password (never given on the command line)",
+    ),
     timeout: float = typer.Option(60.0, "--timeout", help="the role's statement_timeout, s"),
 ) -> int:
     """Make a login role that can only read the result tables (for `sql`, `ui`, notebooks)."""

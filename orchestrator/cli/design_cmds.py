@@ -1,4 +1,5 @@
 """orchestrator design power: seeds per group before the run (fixed and group-sequential)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,7 @@ import typer
 from orchestrator.cli.app import app
 from orchestrator.errors import UserError
 
-design_app = typer.Typer(help="Study design: power and seeds per group before the run.",
-                         no_args_is_help=True)
+design_app = typer.Typer(help="Study design: power and seeds per group before the run.", no_args_is_help=True)
 app.add_typer(design_app, name="design")
 
 
@@ -27,8 +27,9 @@ def _pair(text: Optional[str], flag: str, *, lo: float, hi: float, closed: bool)
     for v in vals:
         ok = (lo <= v <= hi) if closed else (lo < v < hi)
         if not ok:
-            raise UserError(f"{flag} values must be in {'[' if closed else '('}{lo:g}, {hi:g}"
-                            f"{']' if closed else ')'}, got {v:g}")
+            raise UserError(
+                f"{flag} values must be in {'[' if closed else '('}{lo:g}, {hi:g}{']' if closed else ')'}, got {v:g}"
+            )
     if vals[0] == vals[1]:
         raise UserError(f"{flag}: the two groups are equal ({vals[0]:g}); there is no effect to power")
     return vals[0], vals[1]
@@ -51,7 +52,9 @@ def power_cmd(
     test: str = typer.Option(..., "--test", help="fisher (lock-in at budget) or logrank (escape times)"),
     rates: Optional[str] = typer.Option(None, "--rates", help="fisher: lock-in rates of the two groups, e.g. 0.9,0.4"),
     medians: Optional[str] = typer.Option(None, "--medians", help="logrank: median escape steps, e.g. 600,2400"),
-    hazards: Optional[str] = typer.Option(None, "--hazards", help="logrank: per-step escape hazards instead of medians"),
+    hazards: Optional[str] = typer.Option(
+        None, "--hazards", help="logrank: per-step escape hazards instead of medians"
+    ),
     budget: Optional[int] = typer.Option(None, "--budget", help="logrank: training steps per seed (censoring)"),
     eval_every: int = typer.Option(100, "--eval-every", help="logrank: steps between evals"),
     alpha: float = typer.Option(0.05, "--alpha", help="type-I error rate"),
@@ -140,17 +143,20 @@ def power_cmd(
     if "schoenfeld" in out:
         s = out["schoenfeld"]
         print(f"  Schoenfeld: {s['events']:.1f} events, {s['n_per_group']:.1f} seeds per group")
-    for key, title in (("sequential", "sequential, looks as given"),
-                       ("sequential_needed", "sequential, smallest schedule with these fractions")):
+    for key, title in (
+        ("sequential", "sequential, looks as given"),
+        ("sequential_needed", "sequential, smallest schedule with these fractions"),
+    ):
         if key not in out:
             continue
         r = out[key]
         if r is None:
             print(f"{title}: target power not reached within {n_max} seeds per group")
             continue
-        print(f"{title}: looks {r['looks']} ({spending}), boundaries "
-              f"{', '.join(f'{z:.3f}' for z in r['boundaries'])}")
-        print(f"  power {r['power']:.3f}, type-I {r['size']:.4f}; expected seeds per group "
-              f"H1 {r['expected_n_h1']:.1f}, H0 {r['expected_n_h0']:.1f} (max {r['looks'][-1]}; "
-              f"{r['method']})")
+        print(f"{title}: looks {r['looks']} ({spending}), boundaries {', '.join(f'{z:.3f}' for z in r['boundaries'])}")
+        print(
+            f"  power {r['power']:.3f}, type-I {r['size']:.4f}; expected seeds per group "
+            f"H1 {r['expected_n_h1']:.1f}, H0 {r['expected_n_h0']:.1f} (max {r['looks'][-1]}; "
+            f"{r['method']})"
+        )
     return 0

@@ -1,4 +1,5 @@
 """``orchestrator export``: a sweep as files any tool reads (pandas, polars, DuckDB, R)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,9 @@ from orchestrator.cli.app import DB_HELP, app
 def export_cmd(
     sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
     fmt: str = typer.Option("parquet", "--format", help="parquet or csv"),
-    out: Path = typer.Option(..., "--out", help="folder to write trials, evals and spec.yaml "
-                                                "into (created if missing)"),
+    out: Path = typer.Option(
+        ..., "--out", help="folder to write trials, evals and spec.yaml into (created if missing)"
+    ),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> int:
     """Write a sweep's trials (one column per parameter), evals and spec text as files."""

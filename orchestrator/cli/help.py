@@ -6,6 +6,7 @@ Applied once to the registered typer apps (:func:`polish`, called by the CLI's `
 after every ``*_cmds`` module registered its commands), so a new command gets the same
 treatment by adding its example here; ``tests/test_cli_help.py`` fails when one is missing.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -17,32 +18,39 @@ from orchestrator.cli.app import DB_HELP
 
 # Command path (as typed after ``orchestrator``) -> examples, one per line.
 EXAMPLES: dict[str, list[str]] = {
-    "": ["orchestrator submit sweeps/quickstart.yaml",
-         "orchestrator report quickstart"],
-    "submit": ["orchestrator submit sweeps/quickstart.yaml",
-               "orchestrator submit sweeps/quickstart.yaml --dry-run",
-               "orchestrator submit sweeps/quickstart.yaml --db postgresql://HOST/DB "
-               "--address HEAD:6379"],
+    "": ["orchestrator submit sweeps/quickstart.yaml", "orchestrator report quickstart"],
+    "submit": [
+        "orchestrator submit sweeps/quickstart.yaml",
+        "orchestrator submit sweeps/quickstart.yaml --dry-run",
+        "orchestrator submit sweeps/quickstart.yaml --db postgresql://HOST/DB --address HEAD:6379",
+    ],
     "resume": ["orchestrator resume quickstart", "orchestrator resume quickstart --max-concurrent 2"],
     "status": ["orchestrator status", "orchestrator status quickstart --json"],
     "ls": ["orchestrator ls", "ORCH_DB=runs/other.db orchestrator ls --json"],
-    "sql": ["orchestrator sql \"SELECT sweep, status, count(*) FROM trial_final GROUP BY 1, 2\"",
-            "orchestrator sql \"SELECT * FROM evals LIMIT 5\" --csv > evals.csv"],
-    "export": ["orchestrator export quickstart --format parquet --out exports/quickstart",
-               "orchestrator export quickstart --format csv --out exports/quickstart"],
-    "analyze": ["orchestrator analyze quickstart lockin --by arm",
-                "orchestrator analyze sweeps/quickstart.yaml fisher --json"],
-    "report": ["orchestrator report quickstart", "orchestrator report quickstart --format svg "
-               "--out reports/qs"],
+    "sql": [
+        'orchestrator sql "SELECT sweep, status, count(*) FROM trial_final GROUP BY 1, 2"',
+        'orchestrator sql "SELECT * FROM evals LIMIT 5" --csv > evals.csv',
+    ],
+    "export": [
+        "orchestrator export quickstart --format parquet --out exports/quickstart",
+        "orchestrator export quickstart --format csv --out exports/quickstart",
+    ],
+    "analyze": [
+        "orchestrator analyze quickstart lockin --by arm",
+        "orchestrator analyze sweeps/quickstart.yaml fisher --json",
+    ],
+    "report": ["orchestrator report quickstart", "orchestrator report quickstart --format svg --out reports/qs"],
     "import": ["orchestrator import traces.jsonl --sweep external"],
     "cells": ["orchestrator cells", "orchestrator cells --arms deltanet,armed_gdn --d-model 64"],
     "tasks": ["orchestrator tasks", "orchestrator tasks --floors --json"],
     "tasks selftest": ["orchestrator tasks selftest"],
     "db": ["orchestrator db upgrade --db runs/orchestrator.db"],
     "db upgrade": ["orchestrator db upgrade", "orchestrator db upgrade --db postgresql://HOST/DB"],
-    "db create-reader": ["orchestrator db create-reader orch_reader --db postgresql://ADMIN@HOST/DB",
-                         "ORCH_READER_PW=... orchestrator db create-reader orch_reader "
-                         "--password-env ORCH_READER_PW --db postgresql://ADMIN@HOST/DB"],
+    "db create-reader": [
+        "orchestrator db create-reader orch_reader --db postgresql://ADMIN@HOST/DB",
+        "ORCH_READER_PW=... orchestrator db create-reader orch_reader "
+        "--password-env ORCH_READER_PW --db postgresql://ADMIN@HOST/DB",
+    ],
     "bench": ["orchestrator bench cells --arms deltanet --seq-len 128"],
     "bench analysis": ["orchestrator bench analysis --trials 2000"],
     "bench store": ["orchestrator bench store --rows 20000 --sweep-trials 0"],
@@ -55,20 +63,20 @@ EXAMPLES: dict[str, list[str]] = {
     "delete": ["orchestrator delete quickstart"],
     "cancel": ["orchestrator cancel quickstart"],
     "design": ["orchestrator design power --test fisher --rates 0.9,0.4"],
-    "design power": ["orchestrator design power --test fisher --rates 0.9,0.4",
-                     "orchestrator design power --test logrank --medians 600,2400 --budget 5000"],
+    "design power": [
+        "orchestrator design power --test fisher --rates 0.9,0.4",
+        "orchestrator design power --test logrank --medians 600,2400 --budget 5000",
+    ],
 }
 
 # Options several commands share: one description each, used where a declaration has none.
 COMMON_HELP: dict[str, str] = {
     "--json": "print JSON instead of a table",
     "--quiet": "no progress bar or summary lines",
-    "--address": "join a running Ray cluster (auto, or HEAD_HOST:PORT) instead of starting a "
-                 "local one",
+    "--address": "join a running Ray cluster (auto, or HEAD_HOST:PORT) instead of starting a local one",
     "--max-concurrent": "most trials running at once (default: the spec's max_concurrent, else "
-                        "as many as the CPUs allow)",
-    "--checkpoint-dir": "directory for trial checkpoints, shared by all nodes (default: next to "
-                        "the database)",
+    "as many as the CPUs allow)",
+    "--checkpoint-dir": "directory for trial checkpoints, shared by all nodes (default: next to the database)",
 }
 
 
@@ -92,8 +100,9 @@ def _polish_options(callback) -> None:
             info.help = DB_HELP
         elif not info.help and long in COMMON_HELP:
             info.help = COMMON_HELP[long]
-        if (p.annotation in (bool, "bool", "Optional[bool]") or isinstance(info.default, bool)) \
-                and info.metavar is None:
+        if (
+            p.annotation in (bool, "bool", "Optional[bool]") or isinstance(info.default, bool)
+        ) and info.metavar is None:
             info.metavar = ""  # a flag takes no value: no "<bool>" column
 
 

@@ -1,4 +1,5 @@
 """``orchestrator bench kernels [--json] [--device cpu|cuda] [--quick]``: scan throughput."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,10 @@ def bench_kernels(
 
     def log(row: dict) -> None:
         if not json_out:
-            typer.echo(f"{row['op']:<11} {row['config']:<24} {row['impl']:<7} "
-                       f"{_fmt(row['tok_s'], ',.0f', 12)} tok/s {_fmt(row['ms'], '.1f', 10)} ms  ({row['note']})")
+            typer.echo(
+                f"{row['op']:<11} {row['config']:<24} {row['impl']:<7} "
+                f"{_fmt(row['tok_s'], ',.0f', 12)} tok/s {_fmt(row['ms'], '.1f', 10)} ms  ({row['note']})"
+            )
 
     result = run_benchmark(device, quick=quick, log=log)
     if json_out:

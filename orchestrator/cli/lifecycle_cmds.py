@@ -1,4 +1,5 @@
 """cancel, delete: ending a sweep's run from anywhere, and removing a sweep."""
+
 from __future__ import annotations
 
 import shutil
@@ -43,8 +44,7 @@ def cancel(
         held = lease.holder(conn, sid)
         if held is not None and not held.expired:
             lease.request_cancel(conn, sid)
-            msg = (f"sweep {sweep}: cancel requested; {held.describe()} stops within "
-                   f"{lease.lease_ttl_s() / 4:.0f} s")
+            msg = f"sweep {sweep}: cancel requested; {held.describe()} stops within {lease.lease_ttl_s() / 4:.0f} s"
         else:
             n = lease.interrupt_running(conn, sid)
             msg = f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
@@ -57,10 +57,10 @@ def delete(
     sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help="do not ask"),
-    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints",
-                                          help="leave the checkpoint folder on disk"),
+    keep_checkpoints: bool = typer.Option(False, "--keep-checkpoints", help="leave the checkpoint folder on disk"),
     checkpoint_dir: Optional[str] = typer.Option(
-        None, "--checkpoint-dir", help="where its checkpoints are, if not the default"),
+        None, "--checkpoint-dir", help="where its checkpoints are, if not the default"
+    ),
 ) -> int:
     """Delete a sweep: its trials, parameters, evals and errors (one transaction) and its
     checkpoint folder. Refuses a sweep a live driver holds."""
@@ -75,8 +75,7 @@ def delete(
         held = lease.holder(conn, sid)
         n = repo.count_trials(conn, sid)
     if held is not None and not held.expired:
-        raise UserError(f"sweep {sweep!r} is being run by {held.describe()}; "
-                        f"`orchestrator cancel {sweep}` first")
+        raise UserError(f"sweep {sweep!r} is being run by {held.describe()}; `orchestrator cancel {sweep}` first")
     try:
         spec = specs.load(f"<sweep {sweep}>", text=text).spec
         folder = _checkpoint_root(url, spec, checkpoint_dir) / sweep
@@ -85,8 +84,9 @@ def delete(
     if not yes:
         if not sys.stdin.isatty():
             raise UserError(f"delete sweep {sweep!r} ({n} trials): pass --yes to confirm")
-        if not typer.confirm(f"delete sweep {sweep} ({n} trials)"
-                             + (f" and {folder}" if folder and not keep_checkpoints else "") + "?"):
+        if not typer.confirm(
+            f"delete sweep {sweep} ({n} trials)" + (f" and {folder}" if folder and not keep_checkpoints else "") + "?"
+        ):
             err.print("nothing deleted")
             return 1
     with engine.begin() as conn:
@@ -99,6 +99,5 @@ def delete(
     if folder is not None and not keep_checkpoints and folder.exists():
         shutil.rmtree(folder)
         removed = f"; removed {folder}"
-    err.print(f"deleted sweep {sweep}: {counts['trials']} trials, {counts['evals']} evals"
-              + removed)
+    err.print(f"deleted sweep {sweep}: {counts['trials']} trials, {counts['evals']} evals" + removed)
     return 0

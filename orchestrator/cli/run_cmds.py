@@ -1,4 +1,5 @@
 """submit, resume, status, ls, sql: running sweeps and looking at them."""
+
 from __future__ import annotations
 
 import csv
@@ -52,8 +53,10 @@ class _Progress:
     def event(self, kind: str, trial, **info) -> None:
         if kind == "packing":
             if not self.quiet:
-                err.print(f"seed packs: pack_seeds {info['pack_seeds']} = up to {info['size']} "
-                          f"trials per pack; {info['packs']} pack(s) in {info['units']} unit(s)")
+                err.print(
+                    f"seed packs: pack_seeds {info['pack_seeds']} = up to {info['size']} "
+                    f"trials per pack; {info['packs']} pack(s) in {info['units']} unit(s)"
+                )
             return
         if kind == "start":
             self.counts["running"] += 1
@@ -78,8 +81,9 @@ class _Progress:
             for m in members:
                 self.board.finish(m["key"])
         c = self.counts
-        detail = (f"run {c['running']} ok {c['completed']} div {c['diverged']} "
-                  f"fail {c['failed']}" + (f" retry {c['retry']}" if c["retry"] else ""))
+        detail = f"run {c['running']} ok {c['completed']} div {c['diverged']} fail {c['failed']}" + (
+            f" retry {c['retry']}" if c["retry"] else ""
+        )
         self.bar.sync(detail)
 
     def stop(self) -> None:
@@ -94,13 +98,17 @@ def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     progress = _Progress(quiet)
     name = target if isinstance(target, str) else target.name
     try:
-        summary = run(target, on_start=progress.start, on_event=progress.event,
-                      note=lambda msg: err.print(msg, soft_wrap=True), **kwargs)
+        summary = run(
+            target,
+            on_start=progress.start,
+            on_event=progress.event,
+            note=lambda msg: err.print(msg, soft_wrap=True),
+            **kwargs,
+        )
     except KeyboardInterrupt:
         # A second Ctrl-C while the trials were stopping.
         progress.stop()
-        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}",
-                  soft_wrap=True)
+        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}", soft_wrap=True)
         return EXIT_INTERRUPTED
     finally:
         progress.stop()
@@ -116,24 +124,34 @@ def _finish(summary, quiet: bool) -> int:
         from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
 
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
-        err.print(f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
-                  f"{_resume_hint(summary.sweep, summary.db_arg)}", soft_wrap=True)
+        err.print(
+            f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
+            f"{_resume_hint(summary.sweep, summary.db_arg)}",
+            soft_wrap=True,
+        )
         return EXIT_INTERRUPTED
     if not quiet:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
-        err.print(f"sweep {summary.sweep}: {parts}; query it with "
-                  f"`orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{summary.sweep}'\"`")
+        err.print(
+            f"sweep {summary.sweep}: {parts}; query it with "
+            f"`orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{summary.sweep}'\"`"
+        )
         for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
             st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())
-            err.print(f"look {rec.look}{' ' + st if st else ''}: n {rec.n}, z = {rec.statistic:.3f}, "
-                      f"boundary {rec.boundary:.3f}: {rec.decision}"
-                      + (f", {rec.seeds_saved} seed(s) saved" if rec.stopped else ""))
+            err.print(
+                f"look {rec.look}{' ' + st if st else ''}: n {rec.n}, z = {rec.statistic:.3f}, "
+                f"boundary {rec.boundary:.3f}: {rec.decision}"
+                + (f", {rec.seeds_saved} seed(s) saved" if rec.stopped else "")
+            )
         if getattr(summary, "skipped", 0):
-            err.print(f"{summary.skipped} trial(s) skipped (never run); see "
-                      f"`orchestrator analyze {summary.sweep} sequential`")
+            err.print(
+                f"{summary.skipped} trial(s) skipped (never run); see `orchestrator analyze {summary.sweep} sequential`"
+            )
     if summary.failed:
-        err.print(f"[red]{summary.failed} trial(s) failed[/red]: see `orchestrator status "
-                  f"{summary.sweep}` and the trials.error column")
+        err.print(
+            f"[red]{summary.failed} trial(s) failed[/red]: see `orchestrator status "
+            f"{summary.sweep}` and the trials.error column"
+        )
         return 1
     return 0
 
@@ -142,21 +160,22 @@ def _finish(summary, quiet: bool) -> int:
 def submit(
     spec: str = typer.Argument(..., help="sweep spec YAML (sweeps/*.yaml)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-    address: Optional[str] = typer.Option(
-        None, "--address", help="join a running Ray cluster: auto or HOST:PORT"),
+    address: Optional[str] = typer.Option(None, "--address", help="join a running Ray cluster: auto or HOST:PORT"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
     checkpoint_dir: Optional[str] = typer.Option(
-        None, "--checkpoint-dir", help="shared directory for trial checkpoints"),
+        None, "--checkpoint-dir", help="shared directory for trial checkpoints"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
-    max_trials: int = typer.Option(100_000, "--max-trials", min=1,
-                                   help="refuse a design with more trials than this"),
-    takeover: bool = typer.Option(
-        False, "--takeover", help="run even if another driver holds the sweep's lease"),
+    max_trials: int = typer.Option(100_000, "--max-trials", min=1, help="refuse a design with more trials than this"),
+    takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
     amend: bool = typer.Option(
-        False, "--amend", "--yes", help="apply a changed design to an existing sweep "
-        "(trials it no longer has become superseded)"),
+        False,
+        "--amend",
+        "--yes",
+        help="apply a changed design to an existing sweep (trials it no longer has become superseded)",
+    ),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
     from orchestrator import spec as specs
@@ -173,8 +192,7 @@ def submit(
             from orchestrator.runner.sweep import check_devices
 
             check_devices(sweep.trials, float(torch.cuda.device_count()), "this machine")
-        arms = [{k: r[k] for k in ("arm", "params", "state_elements", "mlp_hidden")}
-                for r in sweep.matched]
+        arms = [{k: r[k] for k in ("arm", "params", "state_elements", "mlp_hidden")} for r in sweep.matched]
         if as_json:
             doc: dict[str, Any] = {"trials": len(sweep.trials), "axes": sweep.axes}
             if arms:
@@ -186,21 +204,33 @@ def submit(
                 out.print(escape(f"  {name}: {', '.join(map(str, values))}"))
             if sweep.sequential is not None:
                 q = sweep.sequential
-                out.print(escape(
-                    f"  sequential: {q.test} on {q.compare.by} {q.compare.groups[0]} vs "
-                    f"{q.compare.groups[1]}, looks {q.looks} seeds per group, alpha "
-                    f"{q.alpha:g} ({q.spending})"
-                    + (f", strata {', '.join(q.strata)} (Bonferroni)" if q.strata else "")))
+                out.print(
+                    escape(
+                        f"  sequential: {q.test} on {q.compare.by} {q.compare.groups[0]} vs "
+                        f"{q.compare.groups[1]}, looks {q.looks} seeds per group, alpha "
+                        f"{q.alpha:g} ({q.spending})"
+                        + (f", strata {', '.join(q.strata)} (Bonferroni)" if q.strata else "")
+                    )
+                )
             for r in arms:  # match_params: the harness size chosen per arm
                 width = "unmatched" if r["mlp_hidden"] is None else f"mlp_hidden {r['mlp_hidden']}"
-                out.print(escape(f"  arm {r['arm']}: {r['params']:,} params, "
-                                 f"{r['state_elements']:,} state elements, {width}"))
+                out.print(
+                    escape(f"  arm {r['arm']}: {r['params']:,} params, {r['state_elements']:,} state elements, {width}")
+                )
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
-    return _run_with_progress(run_submit, sweep, quiet, db=db, address=address,
-                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
-                              takeover=takeover, amend=amend)
+    return _run_with_progress(
+        run_submit,
+        sweep,
+        quiet,
+        db=db,
+        address=address,
+        max_concurrent=max_concurrent,
+        checkpoint_dir=checkpoint_dir,
+        takeover=takeover,
+        amend=amend,
+    )
 
 
 @app.command()
@@ -211,16 +241,22 @@ def resume(
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
-    takeover: bool = typer.Option(
-        False, "--takeover", help="run even if another driver holds the sweep's lease"),
+    takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
 ) -> int:
     """Run what a sweep has not finished; running, stale and interrupted trials continue
     from their checkpoints."""
     from orchestrator.runner.sweep import resume as run_resume
 
-    return _run_with_progress(run_resume, sweep, quiet, db=db, address=address,
-                              max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir,
-                              takeover=takeover)
+    return _run_with_progress(
+        run_resume,
+        sweep,
+        quiet,
+        db=db,
+        address=address,
+        max_concurrent=max_concurrent,
+        checkpoint_dir=checkpoint_dir,
+        takeover=takeover,
+    )
 
 
 @app.command()
@@ -228,8 +264,7 @@ def status(
     sweep: Optional[str] = typer.Argument(None, help="sweep name; all sweeps when omitted"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     as_json: bool = typer.Option(False, "--json"),
-    watch: bool = typer.Option(False, "--watch", "-w",
-                               help="redraw the bar and running-trials table until it ends"),
+    watch: bool = typer.Option(False, "--watch", "-w", help="redraw the bar and running-trials table until it ends"),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="seconds between redraws"),
 ) -> int:
     """Counts by status, per-axis completion and an ETA (--watch: live, from the database)."""
@@ -254,35 +289,40 @@ def status(
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
         prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
         # Stored values (names, parameter values, errors) are shown as stored, never as markup.
-        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: "
-                  f"{escape(counts)}{prog}{eta}")
+        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: {escape(counts)}{prog}{eta}")
         if s.get("driver"):
             out.print(f"  run by {escape(str(s['driver']))}")
         if s["counts"].get("stale"):
-            out.print(escape(f"  {s['counts']['stale']} stale trial(s): their driver stopped "
-                             f"heartbeating; `orchestrator resume {s['sweep']}` re-runs them"))
+            out.print(
+                escape(
+                    f"  {s['counts']['stale']} stale trial(s): their driver stopped "
+                    f"heartbeating; `orchestrator resume {s['sweep']}` re-runs them"
+                )
+            )
         if s["axes"]:
             table = Table(show_header=True, header_style="bold")
             for col in ("axis", "value", "done", "total"):
                 table.add_column(col)
             for axis, rows in s["axes"].items():
                 for r in rows:
-                    table.add_row(escape(str(axis)), escape(str(r["value"])), str(r["done"]),
-                                  str(r["total"]))
+                    table.add_row(escape(str(axis)), escape(str(r["value"])), str(r["done"]), str(r["total"]))
             out.print(table)
         sv = s.get("saved") or {}
         if sv.get("steps"):
-            out.print(f"  compute saved: {sv['steps']:,} of {sv['of_steps']:,} training steps "
-                      f"({sv['skipped_trials']} trial(s) skipped by a sequential decision, "
-                      f"{sv['stopped_trials']} stopped after their escape)")
+            out.print(
+                f"  compute saved: {sv['steps']:,} of {sv['of_steps']:,} training steps "
+                f"({sv['skipped_trials']} trial(s) skipped by a sequential decision, "
+                f"{sv['stopped_trials']} stopped after their escape)"
+            )
         for f in s.get("failed", [])[:10]:
             out.print(f"  [red]failed[/red] {escape(str(f['key']))}: {escape(str(f['error']))}")
     return 0
 
 
 @app.command("ls")
-def list_sweeps(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
-                as_json: bool = typer.Option(False, "--json")) -> int:
+def list_sweeps(
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP), as_json: bool = typer.Option(False, "--json")
+) -> int:
     """Sweeps in a database."""
     from orchestrator.store.engine import open_store_engine
     from orchestrator.store.repo import list_sweeps as _ls
@@ -294,8 +334,7 @@ def list_sweeps(db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
         return 0
     for r in rows:
         stale = f", {r['stale']} stale" if r.get("stale") else ""
-        out.print(escape(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed{stale}\t"
-                         f"{r['created_at']}"))
+        out.print(escape(f"{r['name']}\t{r['completed'] or 0}/{r['trials']} completed{stale}\t{r['created_at']}"))
     return 0
 
 
@@ -305,8 +344,7 @@ def sql(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout"),
     as_json: bool = typer.Option(False, "--json", help="JSON list of row objects"),
-    timeout: float = typer.Option(60.0, "--timeout", help="cancel the query after this many "
-                                                          "seconds"),
+    timeout: float = typer.Option(60.0, "--timeout", help="cancel the query after this many seconds"),
 ) -> int:
     """Read-only SQL on the result database (writes are refused, the DB is untouched).
 

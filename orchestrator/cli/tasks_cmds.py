@@ -1,5 +1,6 @@
 """``orchestrator tasks [--json] [--floors]``, ``orchestrator tasks selftest`` and
 ``orchestrator bench tasks``."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,11 @@ import typer
 from orchestrator.cli.app import app, bench_app
 from orchestrator.errors import UserError
 
-tasks_app = typer.Typer(help="The task suite: parameters, floors, and the rebinding self-test.",
-                        invoke_without_command=True, no_args_is_help=False)
+tasks_app = typer.Typer(
+    help="The task suite: parameters, floors, and the rebinding self-test.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
 app.add_typer(tasks_app, name="tasks")
 
 
@@ -41,8 +45,10 @@ def tasks_main(
     from tasks.published import PUBLISHED
 
     if floors:
-        rows = [{"task": name, "params": params, "floors": tasks.build(name, **params).floors()}
-                for name, params in PUBLISHED]
+        rows = [
+            {"task": name, "params": params, "floors": tasks.build(name, **params).floors()}
+            for name, params in PUBLISHED
+        ]
         if json_out:
             typer.echo(json.dumps(rows, indent=2))
             return
@@ -55,25 +61,29 @@ def tasks_main(
     for name in tasks.NAMES:
         task = tasks.build(name)
         cfg_cls = task.Config
-        rows.append({
-            "task": name,
-            "description": _first_line(type(task).__doc__),
-            "vocab_size": task.vocab_size,
-            "seq_len": task.seq_len,
-            "supervision": task.supervision,
-            "scoring": task.scoring,
-            "rebinding": task.has_rebinding,
-            "params": tasks.params(name),
-            "param_types": {k: describe_field(cfg_cls.model_fields[k]) for k in field_names(cfg_cls)},
-        })
+        rows.append(
+            {
+                "task": name,
+                "description": _first_line(type(task).__doc__),
+                "vocab_size": task.vocab_size,
+                "seq_len": task.seq_len,
+                "supervision": task.supervision,
+                "scoring": task.scoring,
+                "rebinding": task.has_rebinding,
+                "params": tasks.params(name),
+                "param_types": {k: describe_field(cfg_cls.model_fields[k]) for k in field_names(cfg_cls)},
+            }
+        )
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
     for r in rows:
         typer.echo(f"{r['task']}  (vocab {r['vocab_size']}, length {r['seq_len']} at defaults)")
         typer.echo(f"  {r['description']}")
-        typer.echo(f"  loss: {r['supervision']}; scored: {r['scoring']}; "
-                   f"rebinding control: {'yes' if r['rebinding'] else 'no'}")
+        typer.echo(
+            f"  loss: {r['supervision']}; scored: {r['scoring']}; "
+            f"rebinding control: {'yes' if r['rebinding'] else 'no'}"
+        )
         for k, v in r["params"].items():
             typer.echo(f"    {k:<18} {v!r:<10} {r['param_types'][k]}")
 
@@ -100,6 +110,7 @@ def selftest(
 
 # ---- bench ----------------------------------------------------------------------------------------
 
+
 @bench_app.command("tasks")
 def bench_tasks(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -124,12 +135,13 @@ def bench_tasks(
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
-    typer.echo(f"batch {batch}, device {device}, median of {reps} interleaved rounds "
-               f"(generation: mean of {GEN_BLOCK} batches per round); "
-               "step = armed_gdn d_model=32 1 layer fwd+bwd+AdamW")
+    typer.echo(
+        f"batch {batch}, device {device}, median of {reps} interleaved rounds "
+        f"(generation: mean of {GEN_BLOCK} batches per round); "
+        "step = armed_gdn d_model=32 1 layer fwd+bwd+AdamW"
+    )
     typer.echo(f"{'task':<13} {'params':<46} {'gen ms':>9} {'step ms':>9} {'gen/step':>9}")
     for r in rows:
         st = "-" if r["step_ms"] is None else f"{r['step_ms']:.2f}"
         pct = "-" if r["gen_pct_of_step"] is None else f"{r['gen_pct_of_step']:.2f}%"
         typer.echo(f"{r['task']:<13} {_fmt_params(r['params']):<46} {r['gen_ms']:>9.3f} {st:>9} {pct:>9}")
-

@@ -1,4 +1,5 @@
 """orchestrator ui: the read-only web dashboard."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -15,8 +16,9 @@ DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrato
 def ui(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
-    port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535,
-                             help=f"port (default {DEFAULT_PORT}; Ray's dashboard is 8265)"),
+    port: int = typer.Option(
+        DEFAULT_PORT, "--port", min=1, max=65535, help=f"port (default {DEFAULT_PORT}; Ray's dashboard is 8265)"
+    ),
 ) -> int:
     """Serve a live dashboard of the database's sweeps (read-only) until Ctrl-C."""
     from orchestrator.ui.app import serve

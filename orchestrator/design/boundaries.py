@@ -16,6 +16,7 @@ Conventions (those of gsDesign and ldbounds): a two-sided design at level alpha 
 each side spending alpha/2 with the one-sided spending function evaluated at alpha/2. Both
 boundaries stop the trial (no futility-only lower boundary).
 """
+
 from __future__ import annotations
 
 import math
@@ -126,13 +127,20 @@ class Boundaries:
     nominal_alpha: list[float] = field(default_factory=list)  # per-look p threshold for a fixed test
 
     def as_dict(self) -> dict:
-        return {"fractions": self.fractions, "z": self.z, "alpha": self.alpha, "sided": self.sided,
-                "spending": self.spending, "cumulative_alpha": self.cumulative_alpha,
-                "nominal_alpha": self.nominal_alpha}
+        return {
+            "fractions": self.fractions,
+            "z": self.z,
+            "alpha": self.alpha,
+            "sided": self.sided,
+            "spending": self.spending,
+            "cumulative_alpha": self.cumulative_alpha,
+            "nominal_alpha": self.nominal_alpha,
+        }
 
 
-def spending_boundaries(fractions: Sequence[float], alpha: float = 0.05, *,
-                        spending: str = "obrien_fleming", sided: int = 2) -> Boundaries:
+def spending_boundaries(
+    fractions: Sequence[float], alpha: float = 0.05, *, spending: str = "obrien_fleming", sided: int = 2
+) -> Boundaries:
     """Lan–DeMets boundaries for the given information fractions (the last is normally 1).
 
     ``alpha`` is the total type-I error; a two-sided design spends alpha/2 per side.
@@ -151,8 +159,7 @@ def spending_boundaries(fractions: Sequence[float], alpha: float = 0.05, *,
         target = float(inc[k])
 
         # Bound now: brentq calls it within this iteration only.
-        def excess(z: float, tk: float = tk, prev: _Region | None = prev,
-                   target: float = target) -> float:
+        def excess(z: float, tk: float = tk, prev: _Region | None = prev, target: float = target) -> float:
             lo, hi = _limits(z, tk, sided, 0.0)
             up, _ = _cross_prob(prev, tk, lo, hi, 0.0)
             return up - target
@@ -163,12 +170,12 @@ def spending_boundaries(fractions: Sequence[float], alpha: float = 0.05, *,
         lo, hi = _limits(min(zk, 40.0), tk, sided, 0.0)
         prev = _next_region(prev, tk, lo, hi, 0.0)
     nominal = [float(sided * stats.norm.sf(z)) for z in zs]
-    return Boundaries(list(map(float, t)), zs, alpha, sided, spending,
-                      [float(sided * c) for c in cum], nominal)
+    return Boundaries(list(map(float, t)), zs, alpha, sided, spending, [float(sided * c) for c in cum], nominal)
 
 
-def crossing_probabilities(z: Sequence[float], fractions: Sequence[float], *, sided: int = 2,
-                           drift: float = 0.0) -> np.ndarray:
+def crossing_probabilities(
+    z: Sequence[float], fractions: Sequence[float], *, sided: int = 2, drift: float = 0.0
+) -> np.ndarray:
     """Probability of stopping first at each look, for boundaries ``z`` and a drift.
 
     ``drift`` is the mean of Z at t = 1 (under H0, 0). Two-sided: both sides count as stopping;

@@ -6,6 +6,7 @@ capacity with the knob under test. The lever is the harness MLP's hidden width
 (``model.mlp_hidden``): it adds ``n_layers * (2 * d_model + 1)`` parameters per unit and
 touches neither the mixer nor its state, so the recurrent state stays exactly as specified.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -22,8 +23,10 @@ class MatchParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     target: PositiveInt = Field(description="parameter count every arm is sized to")
     tolerance: float = Field(0.02, gt=0, lt=1, description="allowed relative distance to target")
-    arms: list[str] | None = Field(None, description="arms to size (default: every arm); the "
-                                   "others keep their default harness and are listed unmatched")
+    arms: list[str] | None = Field(
+        None,
+        description="arms to size (default: every arm); the others keep their default harness and are listed unmatched",
+    )
 
 
 def _count(arm: str, vocab: int, d: int | None, n: int | None, knobs: tuple) -> dict[str, Any]:
@@ -32,18 +35,26 @@ def _count(arm: str, vocab: int, d: int | None, n: int | None, knobs: tuple) -> 
     return cells.describe(arm, vocab, d_model=d, n_layers=n, **dict(knobs))
 
 
-def unmatched(arm: str, vocab: int, d_model: int | None, n_layers: int | None,
-              knobs: tuple) -> dict[str, Any]:
+def unmatched(arm: str, vocab: int, d_model: int | None, n_layers: int | None, knobs: tuple) -> dict[str, Any]:
     """The row of an arm left out of ``match_params.arms`` (its default harness)."""
     row = _count(arm, vocab, d_model, n_layers, knobs)
-    return {"arm": arm, "params": row["params"], "state_elements": row["state_elements"],
-            "state_scaling": row["state_scaling"], LEVER: None, "target": None,
-            "d_model": row["d_model"], "n_layers": row["n_layers"], "vocab_size": vocab}
+    return {
+        "arm": arm,
+        "params": row["params"],
+        "state_elements": row["state_elements"],
+        "state_scaling": row["state_scaling"],
+        LEVER: None,
+        "target": None,
+        "d_model": row["d_model"],
+        "n_layers": row["n_layers"],
+        "vocab_size": vocab,
+    }
 
 
 @lru_cache(maxsize=512)
-def solve(arm: str, vocab: int, d_model: int | None, n_layers: int | None, knobs: tuple,
-          target: int, tolerance: float) -> dict[str, Any]:
+def solve(
+    arm: str, vocab: int, d_model: int | None, n_layers: int | None, knobs: tuple, target: int, tolerance: float
+) -> dict[str, Any]:
     """``{arm, params, state_elements, mlp_hidden, target}`` for the width nearest ``target``.
 
     ``knobs`` is the arm's other knobs as sorted ``(name, value)`` pairs. Raises ValueError
@@ -66,8 +77,18 @@ def solve(arm: str, vocab: int, d_model: int | None, n_layers: int | None, knobs
     row = _count(arm, vocab, d_model, n_layers, tuple(sorted({**given, LEVER: width}.items())))
     off = abs(row["params"] - target) / target
     if off > tolerance:
-        raise ValueError(f"arm {arm!r}: the nearest MLP width ({width}) gives {row['params']:,} "
-                         f"parameters, {off:.1%} from the target {target:,} (tolerance {tolerance:.1%})")
-    return {"arm": arm, "params": row["params"], "state_elements": row["state_elements"],
-            "state_scaling": row["state_scaling"], LEVER: width, "target": target,
-            "d_model": row["d_model"], "n_layers": row["n_layers"], "vocab_size": vocab}
+        raise ValueError(
+            f"arm {arm!r}: the nearest MLP width ({width}) gives {row['params']:,} "
+            f"parameters, {off:.1%} from the target {target:,} (tolerance {tolerance:.1%})"
+        )
+    return {
+        "arm": arm,
+        "params": row["params"],
+        "state_elements": row["state_elements"],
+        "state_scaling": row["state_scaling"],
+        LEVER: width,
+        "target": target,
+        "d_model": row["d_model"],
+        "n_layers": row["n_layers"],
+        "vocab_size": vocab,
+    }

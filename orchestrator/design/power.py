@@ -13,6 +13,7 @@ first eval at or after the escape, censored at the budget (administrative censor
 simulation with a seeded RNG (common random numbers across n, so the search in n is smooth), and
 cross-checked against Schoenfeld's (1981) events formula.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,9 @@ class FixedSize:
         return asdict(self)
 
 
-def fisher_sample_size(p0: float, p1: float, alpha: float = 0.05, power: float = 0.8,
-                       sided: int = 2, n_max: int = 400) -> FixedSize:
+def fisher_sample_size(
+    p0: float, p1: float, alpha: float = 0.05, power: float = 0.8, sided: int = 2, n_max: int = 400
+) -> FixedSize:
     """Seeds per group for a fixed-n Fisher test (exact), with the sawtooth made explicit."""
     curve: list[tuple[int, float]] = []
     first: int | None = None
@@ -103,8 +105,9 @@ class SequentialResult:
         return asdict(self)
 
 
-def _fisher_sequential_pass(p0: float, p1: float, looks: Sequence[int], z: Sequence[float],
-                            sided: int) -> tuple[float, np.ndarray]:
+def _fisher_sequential_pass(
+    p0: float, p1: float, looks: Sequence[int], z: Sequence[float], sided: int
+) -> tuple[float, np.ndarray]:
     """Exact P(reject) and P(stop at each look) of the Fisher sequential design."""
     stop = np.zeros(len(looks))
     reject = 0.0
@@ -125,14 +128,15 @@ def _fisher_sequential_pass(p0: float, p1: float, looks: Sequence[int], z: Seque
         b0 = np.zeros((n + 1, looks[k + 1] + 1))
         b1 = np.zeros((n + 1, looks[k + 1] + 1))
         for i in range(n + 1):
-            b0[i, i:i + d + 1] = inc0
-            b1[i, i:i + d + 1] = inc1
+            b0[i, i : i + d + 1] = inc0
+            b1[i, i : i + d + 1] = inc1
         mass = b0.T @ mass @ b1
     return reject, stop
 
 
-def fisher_sequential(p0: float, p1: float, looks: Sequence[int], alpha: float = 0.05,
-                      spending: str = "obrien_fleming", sided: int = 2) -> SequentialResult:
+def fisher_sequential(
+    p0: float, p1: float, looks: Sequence[int], alpha: float = 0.05, spending: str = "obrien_fleming", sided: int = 2
+) -> SequentialResult:
     """Exact operating characteristics of the group-sequential Fisher design.
 
     H0 is taken at the pooled rate (p0 + p1) / 2 for the expected seeds and the exact size.
@@ -143,8 +147,9 @@ def fisher_sequential(p0: float, p1: float, looks: Sequence[int], alpha: float =
     pn = (p0 + p1) / 2
     size, s0 = _fisher_sequential_pass(pn, pn, looks, b.z, sided)
     ln = np.asarray(looks, dtype=float)
-    return SequentialResult(looks, b.z, pw, size, s1.tolist(), s0.tolist(),
-                            float(s1 @ ln), float(s0 @ ln), "exact enumeration")
+    return SequentialResult(
+        looks, b.z, pw, size, s1.tolist(), s0.tolist(), float(s1 @ ln), float(s0 @ ln), "exact enumeration"
+    )
 
 
 def scaled_looks(looks: Sequence[int], n_max: int) -> list[int] | None:
@@ -154,8 +159,7 @@ def scaled_looks(looks: Sequence[int], n_max: int) -> list[int] | None:
     return out if all(b > a for a, b in zip(out, out[1:])) else None
 
 
-def sequential_sample_size(evaluate, looks: Sequence[int], power: float, n_max: int,
-                           n_fixed: int | None = None):
+def sequential_sample_size(evaluate, looks: Sequence[int], power: float, n_max: int, n_fixed: int | None = None):
     """Smallest schedule (the looks' fractions scaled to a last look N) whose power reaches target.
 
     With the fixed design's n known the search starts at 0.8·n_fixed: a group-sequential design's
@@ -185,8 +189,9 @@ def escape_prob(hazard: float, budget: float) -> float:
     return 1.0 - math.exp(-hazard * budget)
 
 
-def schoenfeld_n(h0: float, h1: float, budget: float, alpha: float = 0.05, power: float = 0.8,
-                 sided: int = 2) -> tuple[float, float]:
+def schoenfeld_n(
+    h0: float, h1: float, budget: float, alpha: float = 0.05, power: float = 0.8, sided: int = 2
+) -> tuple[float, float]:
     """Schoenfeld (1981): events D = (z_{1-a} + z_{power})^2 / (p(1-p) ln(HR)^2), p = 1/2; n per group."""
     za = stats.norm.isf(alpha / sided)
     zb = stats.norm.isf(1 - power)
@@ -237,8 +242,9 @@ def logrank_z_sims(b0: np.ndarray, b1: np.ndarray, n: int, n_evals: int) -> np.n
     return logrank_counts(d0, c0, d1, c1)
 
 
-def logrank_power(model: EscapeModel, n: int, alpha: float = 0.05, sided: int = 2,
-                  sims: int = 4000, seed: int = 0) -> float:
+def logrank_power(
+    model: EscapeModel, n: int, alpha: float = 0.05, sided: int = 2, sims: int = 4000, seed: int = 0
+) -> float:
     """Simulated power of the fixed-n log-rank test."""
     rng = np.random.default_rng(seed)
     b0, b1 = model.draw(rng, sims, n)
@@ -247,8 +253,15 @@ def logrank_power(model: EscapeModel, n: int, alpha: float = 0.05, sided: int = 
     return float(np.mean(np.abs(z) >= crit if sided == 2 else z >= crit))
 
 
-def logrank_sample_size(model: EscapeModel, alpha: float = 0.05, power: float = 0.8, sided: int = 2,
-                        sims: int = 4000, seed: int = 0, n_max: int = 400) -> FixedSize:
+def logrank_sample_size(
+    model: EscapeModel,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    sided: int = 2,
+    sims: int = 4000,
+    seed: int = 0,
+    n_max: int = 400,
+) -> FixedSize:
     """Smallest n per group whose simulated log-rank power reaches target (common random numbers)."""
     rng = np.random.default_rng(seed)
     _, n_sch = schoenfeld_n(model.h0, model.h1, model.budget, alpha, power, sided)
@@ -267,9 +280,15 @@ def logrank_sample_size(model: EscapeModel, alpha: float = 0.05, power: float = 
     return FixedSize(first, curve[-1][1] if first else None, None, curve[-1][0], curve)
 
 
-def logrank_sequential(model: EscapeModel, looks: Sequence[int], alpha: float = 0.05,
-                       spending: str = "obrien_fleming", sided: int = 2, sims: int = 4000,
-                       seed: int = 0) -> SequentialResult:
+def logrank_sequential(
+    model: EscapeModel,
+    looks: Sequence[int],
+    alpha: float = 0.05,
+    spending: str = "obrien_fleming",
+    sided: int = 2,
+    sims: int = 4000,
+    seed: int = 0,
+) -> SequentialResult:
     """Simulated operating characteristics of the group-sequential log-rank design (H0: both at h0)."""
     looks = list(looks)
     b = spending_boundaries([n / looks[-1] for n in looks], alpha, spending=spending, sided=sided)
@@ -292,5 +311,14 @@ def logrank_sequential(model: EscapeModel, looks: Sequence[int], alpha: float = 
         out.append((float(rej.mean()), stop))
     (pw, s1), (size, s0) = out
     ln = np.asarray(looks, dtype=float)
-    return SequentialResult(looks, b.z, pw, size, s1.tolist(), s0.tolist(),
-                            float(s1 @ ln), float(s0 @ ln), f"simulation ({sims} sweeps, seed {seed})")
+    return SequentialResult(
+        looks,
+        b.z,
+        pw,
+        size,
+        s1.tolist(),
+        s0.tolist(),
+        float(s1 @ ln),
+        float(s0 @ ln),
+        f"simulation ({sims} sweeps, seed {seed})",
+    )

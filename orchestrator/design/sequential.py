@@ -24,6 +24,7 @@ is valid under any dependence between strata and keeps each stratum's design ind
 others' outcomes; Holm would need alpha recycled across strata between looks (Maurer & Bretz
 2013), which couples the strata's stopping and is not worth it for a handful of strata.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -94,8 +95,7 @@ def parse_sequential(block: Any) -> SequentialSpec:
     return spec
 
 
-def validate_sequential(block: Any, axes: Mapping[str, Sequence[Any]], *,
-                        seed_axis: str = "seed") -> SequentialSpec:
+def validate_sequential(block: Any, axes: Mapping[str, Sequence[Any]], *, seed_axis: str = "seed") -> SequentialSpec:
     """Parse the block and check it against the spec's axes (name -> list of values).
 
     Raises SequentialError (one line) when the compared axis or its groups are missing, the
@@ -116,8 +116,7 @@ def validate_sequential(block: Any, axes: Mapping[str, Sequence[Any]], *,
         raise _fail("", f"the spec has no {seed_axis!r} axis to add seeds along")
     n_seeds = len(list(axes[seed_axis]))
     if spec.looks[-1] > n_seeds:
-        raise _fail("looks", f"last look needs {spec.looks[-1]} seeds per group but axis "
-                             f"{seed_axis!r} has {n_seeds}")
+        raise _fail("looks", f"last look needs {spec.looks[-1]} seeds per group but axis {seed_axis!r} has {n_seeds}")
     strata = spec.strata or []
     for s in strata:
         if s not in axes:
@@ -130,8 +129,11 @@ def validate_sequential(block: Any, axes: Mapping[str, Sequence[Any]], *,
         if name in (by, seed_axis) or name in strata:
             continue
         if len(list(vals)) > 1:
-            raise _fail("strata", f"axis {name!r} varies ({len(list(vals))} values) but is not "
-                                  f"a stated stratum; add it to strata: [...] or fix its value")
+            raise _fail(
+                "strata",
+                f"axis {name!r} varies ({len(list(vals))} values) but is not "
+                f"a stated stratum; add it to strata: [...] or fix its value",
+            )
     return spec
 
 
@@ -234,9 +236,15 @@ def _logrank(spec: SequentialSpec, a: SurvivalData, b: SurvivalData) -> tuple[fl
     return z, p
 
 
-def decide_look(spec: SequentialSpec, look: int, data: Mapping[Any, FisherData | SurvivalData],
-                prior: Sequence[LookRecord] = (), *, n_contrasts: int = 1,
-                stratum: Mapping[str, Any] | None = None) -> LookRecord:
+def decide_look(
+    spec: SequentialSpec,
+    look: int,
+    data: Mapping[Any, FisherData | SurvivalData],
+    prior: Sequence[LookRecord] = (),
+    *,
+    n_contrasts: int = 1,
+    stratum: Mapping[str, Any] | None = None,
+) -> LookRecord:
     """Test one contrast at look ``look`` (1-based) and decide: continue, reject (stop), accept (last look).
 
     ``data`` maps each of ``spec.compare.groups`` to that group's data at this look (its first
@@ -277,15 +285,24 @@ def decide_look(spec: SequentialSpec, look: int, data: Mapping[Any, FisherData |
     fractions.append(1.0 if last else _information(a.n, b.n, spec.looks[-1]))
     if any(y <= x for x, y in zip(fractions, fractions[1:])):
         raise ValueError(f"look {look} adds no information over the previous look ({a.n}, {b.n} seeds)")
-    bounds = _bounds(tuple(round(f, 12) for f in fractions), contrast_alpha(spec, n_contrasts),
-                     spec.spending, spec.sided)
+    bounds = _bounds(
+        tuple(round(f, 12) for f in fractions), contrast_alpha(spec, n_contrasts), spec.spending, spec.sided
+    )
     crossed = abs(z) >= bounds.z[k] if spec.sided == 2 else z >= bounds.z[k]
     decision = "reject" if crossed else ("accept" if last else "continue")
     saved = (spec.looks[-1] - spec.looks[k]) * 2 if decision != "continue" else 0
-    return LookRecord(look=look, n={str(g0): a.n, str(g1): b.n}, statistic=z, p=p,
-                      boundary=bounds.z[k], nominal_alpha=bounds.nominal_alpha[k],
-                      alpha_spent=bounds.cumulative_alpha[k], decision=decision,
-                      seeds_saved=saved, stratum=dict(stratum or {}))
+    return LookRecord(
+        look=look,
+        n={str(g0): a.n, str(g1): b.n},
+        statistic=z,
+        p=p,
+        boundary=bounds.z[k],
+        nominal_alpha=bounds.nominal_alpha[k],
+        alpha_spent=bounds.cumulative_alpha[k],
+        decision=decision,
+        seeds_saved=saved,
+        stratum=dict(stratum or {}),
+    )
 
 
 def stratum_key(spec: SequentialSpec, cell: Mapping[str, Any]) -> tuple:
@@ -293,9 +310,13 @@ def stratum_key(spec: SequentialSpec, cell: Mapping[str, Any]) -> tuple:
     return tuple(cell[name] for name in (spec.strata or []))
 
 
-def decide_strata(spec: SequentialSpec, axes: Mapping[str, Sequence[Any]], look: int,
-                  data: Mapping[tuple, Mapping[Any, FisherData | SurvivalData]],
-                  prior: Mapping[tuple, Sequence[LookRecord]]) -> dict[tuple, LookRecord]:
+def decide_strata(
+    spec: SequentialSpec,
+    axes: Mapping[str, Sequence[Any]],
+    look: int,
+    data: Mapping[tuple, Mapping[Any, FisherData | SurvivalData]],
+    prior: Mapping[tuple, Sequence[LookRecord]],
+) -> dict[tuple, LookRecord]:
     """Decide every still-open stratum's contrast at ``look``; each at alpha / S (Bonferroni).
 
     Strata already decided at an earlier look are left out of the result (their seeds are not
@@ -319,12 +340,18 @@ def format_records(records: Sequence[LookRecord]) -> str:
     if not records:
         return "(no looks yet)"
     groups = list(records[0].n)
-    head = (f"{'stratum':<14} {'look':>4} " + " ".join(f"{'n ' + g:>16}" for g in groups)
-            + f" {'z':>7} {'p':>9} {'boundary':>8} {'nominal a':>9} {'a spent':>8} {'decision':<9} {'saved':>5}")
+    head = (
+        f"{'stratum':<14} {'look':>4} "
+        + " ".join(f"{'n ' + g:>16}" for g in groups)
+        + f" {'z':>7} {'p':>9} {'boundary':>8} {'nominal a':>9} {'a spent':>8} {'decision':<9} {'saved':>5}"
+    )
     lines = [head]
     for r in records:
         st = ",".join(f"{k}={v}" for k, v in r.stratum.items()) or "-"
-        lines.append(f"{st:<14} {r.look:>4} " + " ".join(f"{r.n[g]:>16}" for g in groups)
-                     + f" {r.statistic:>7.3f} {r.p:>9.3g} {r.boundary:>8.3f} {r.nominal_alpha:>9.3g}"
-                       f" {r.alpha_spent:>8.4f} {r.decision:<9} {r.seeds_saved:>5}")
+        lines.append(
+            f"{st:<14} {r.look:>4} "
+            + " ".join(f"{r.n[g]:>16}" for g in groups)
+            + f" {r.statistic:>7.3f} {r.p:>9.3g} {r.boundary:>8.3f} {r.nominal_alpha:>9.3g}"
+            f" {r.alpha_spent:>8.4f} {r.decision:<9} {r.seeds_saved:>5}"
+        )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ The sequential decision on real data uses scipy.stats.fisher_exact and lifelines
 ``sequential.decide_look``); these array versions compute the same statistics for thousands of
 simulated sweeps at once and are tested against those libraries (tests/test_design_stats.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ def fisher_table(n1: int, n2: int, alternative: str = "two-sided") -> np.ndarray
     x1 = np.arange(n1 + 1)
     for m in range(n1 + n2 + 1):
         lo, hi = max(0, m - n2), min(n1, m)
-        xs = x1[lo:hi + 1]
+        xs = x1[lo : hi + 1]
         logp = lc1[xs] + lc2[m - xs]
         pmf = np.exp(logp - special.logsumexp(logp))
         if alternative == "two-sided":
@@ -56,8 +57,9 @@ def z_from_p(p: np.ndarray | float, sign: np.ndarray | float, sided: int) -> np.
     return stats.norm.isf(p)
 
 
-def logrank_counts(d0: np.ndarray, c0: np.ndarray, d1: np.ndarray, c1: np.ndarray,
-                   variance: str = "permutation") -> np.ndarray:
+def logrank_counts(
+    d0: np.ndarray, c0: np.ndarray, d1: np.ndarray, c1: np.ndarray, variance: str = "permutation"
+) -> np.ndarray:
     """Log-rank z for many datasets at once from per-time counts, shape (..., T).
 
     d = events at time index j, c = censorings at j, per group; times ascending along the last axis.
@@ -91,7 +93,7 @@ def logrank_counts(d0: np.ndarray, c0: np.ndarray, d1: np.ndarray, c1: np.ndarra
             n0 = (d0 + c0).sum(-1)
             n1 = (d1 + c1).sum(-1)
             n = n0 + n1
-            ss = (d * (1.0 - lam) ** 2 + (c0 + c1) * lam ** 2).sum(-1)
+            ss = (d * (1.0 - lam) ** 2 + (c0 + c1) * lam**2).sum(-1)
             var = np.where(n > 1, n0 * n1 / (n * (n - 1)) * ss, 0.0)
         else:
             raise ValueError(f"unknown variance {variance!r}")

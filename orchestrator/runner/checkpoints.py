@@ -4,6 +4,7 @@ Written atomically (temp file + rename) so a SIGKILL mid-write leaves the previo
 checkpoint intact. On a multi-machine cluster the directory must be shared storage (NFS):
 a trial may resume on another node.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -6,6 +6,7 @@ renewal thread reads), a lost lease, or a database that stays unreachable.
 The training loop knows nothing of this: heartbeats are written here, on the driver, for
 the trials the writer callback has seen start and not yet end.
 """
+
 from __future__ import annotations
 
 import signal
@@ -31,9 +32,17 @@ class DriverSession:
     """Context manager: claim on enter (or raise LeaseHeld), renew in a thread, stop on
     signals, release on exit. ``stop_reason`` is None while the run should go on."""
 
-    def __init__(self, engine: Engine, sweep_id: int, sweep_name: str, *,
-                 takeover: bool = False, note: Callable[[str], None] | None = None,
-                 ttl: float | None = None, handle_signals: bool = True):
+    def __init__(
+        self,
+        engine: Engine,
+        sweep_id: int,
+        sweep_name: str,
+        *,
+        takeover: bool = False,
+        note: Callable[[str], None] | None = None,
+        ttl: float | None = None,
+        handle_signals: bool = True,
+    ):
         self.engine = engine
         self.sid = sweep_id
         self.name = sweep_name
@@ -67,23 +76,22 @@ class DriverSession:
         with self.engine.begin() as conn:
             held = lease.holder(conn, self.sid)
             dead = held.owner if held is not None and held.expired else None
-            ok = lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover,
-                             dead_owner=dead)
+            ok = lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover, dead_owner=dead)
         if not ok:
             with self.engine.connect() as conn:
                 held = lease.holder(conn, self.sid)
             who = held.describe() if held else "another driver"
-            raise LeaseHeld(f"sweep {self.name!r} is being run by {who}; wait for it, "
-                            f"`orchestrator cancel {self.name}`, or pass --takeover")
+            raise LeaseHeld(
+                f"sweep {self.name!r} is being run by {who}; wait for it, "
+                f"`orchestrator cancel {self.name}`, or pass --takeover"
+            )
         if held is not None and held.owner != self.owner:
-            why = "took over (--takeover)" if self.takeover and not held.expired else \
-                "took over an expired lease"
+            why = "took over (--takeover)" if self.takeover and not held.expired else "took over an expired lease"
             self.note(f"sweep {self.name}: {why} from {held.describe()}")
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-        self._thread = threading.Thread(target=self._renew_loop, name="orchestrator-lease",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._renew_loop, name="orchestrator-lease", daemon=True)
         self._thread.start()
         return self
 
@@ -92,8 +100,7 @@ class DriverSession:
         while not self._done.wait(period):
             try:
                 with self.engine.begin() as conn:
-                    held, cancel = lease.renew(conn, self.sid, self.owner, ttl=self.ttl,
-                                               running=sorted(self.running))
+                    held, cancel = lease.renew(conn, self.sid, self.owner, ttl=self.ttl, running=sorted(self.running))
             except Exception:  # the writer owns outage handling; try again next period
                 continue
             if not held:
@@ -122,4 +129,3 @@ class DriverSession:
         except Exception:
             # Database gone: the lease expires by itself, the trials show as stale.
             pass
-

@@ -15,6 +15,7 @@ accuracy >= ``lockin``; escape: the first eval after the first with accuracy >= 
 else censored at the last eval), computed here from the stored trace with the thresholds
 the spec resolved (``Sweep.thresholds``) because the runner never imports the analysis.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.design.sequential import (FisherData, LookRecord, SequentialSpec, SurvivalData,
-                                            decide_strata, strata_cells, stratum_key)
+from orchestrator.design.sequential import (
+    FisherData,
+    LookRecord,
+    SequentialSpec,
+    SurvivalData,
+    decide_strata,
+    strata_cells,
+    stratum_key,
+)
 from orchestrator.errors import UserError
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import repo
@@ -73,9 +81,15 @@ def _cut(trace: Sequence[tuple[int, float | None]], horizon: int | None) -> list
     return [p for p in trace if horizon is None or p[0] <= horizon]
 
 
-def drive(seq: SequentialSpec, axes: Mapping[str, Sequence[Any]], thresholds: Mapping[str, Any],
-          sweep_id: int, engine, run: Callable[[Batch], dict[int, str]],
-          on_look: Callable[[LookRecord], None] | None = None) -> SequentialRun:
+def drive(
+    seq: SequentialSpec,
+    axes: Mapping[str, Sequence[Any]],
+    thresholds: Mapping[str, Any],
+    sweep_id: int,
+    engine,
+    run: Callable[[Batch], dict[int, str]],
+    on_look: Callable[[LookRecord], None] | None = None,
+) -> SequentialRun:
     """Run the sweep's looks; ``run(batch)`` runs trials to their end (trial_id -> status)."""
     seeds = list(axes[SEED_AXIS])
     index = {s: i for i, s in enumerate(seeds)}
@@ -106,9 +120,13 @@ def drive(seq: SequentialSpec, axes: Mapping[str, Sequence[Any]], thresholds: Ma
             continue  # this look is stored for every open stratum: replay, do not re-test
         with engine.connect() as conn:
             status = {t[0]: t[3] for t in repo.sweep_trials(conn, sweep_id)}
-        batch = [(tid, key_, params) for key in need for tid, key_, params, _ in by_stratum.get(key, [])
-                 if index[params[SEED_AXIS]] < n_k and status[tid] not in
-                 (Status.completed.value, Status.diverged.value, Status.skipped.value)]
+        batch = [
+            (tid, key_, params)
+            for key in need
+            for tid, key_, params, _ in by_stratum.get(key, [])
+            if index[params[SEED_AXIS]] < n_k
+            and status[tid] not in (Status.completed.value, Status.diverged.value, Status.skipped.value)
+        ]
         if batch:
             results = run(batch)
             out.ran += len(batch)
@@ -116,8 +134,7 @@ def drive(seq: SequentialSpec, axes: Mapping[str, Sequence[Any]], thresholds: Ma
                 out.outcomes[st] = out.outcomes.get(st, 0) + 1
         data: dict[tuple, dict[Any, FisherData | SurvivalData]] = {}
         with engine.connect() as conn:
-            members = {key: [t for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] < n_k]
-                       for key in need}
+            members = {key: [t for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] < n_k] for key in need}
             results_db = repo.trial_outcomes(conn, [t[0] for ts in members.values() for t in ts])
         for key in need:
             groups: dict[Any, list[Mapping[str, Any]]] = {g0: [], g1: []}
@@ -127,12 +144,15 @@ def drive(seq: SequentialSpec, axes: Mapping[str, Sequence[Any]], thresholds: Ma
                 if params[seq.compare.by] in groups and res["status"] in [s.value for s in FINISHED]:
                     groups[params[seq.compare.by]].append(res)
             if seq.test == "fisher":
-                data[key] = {g: FisherData(n=len(rs), successes=sum(lock_in(r, thresholds) for r in rs))
-                             for g, rs in groups.items()}
+                data[key] = {
+                    g: FisherData(n=len(rs), successes=sum(lock_in(r, thresholds) for r in rs))
+                    for g, rs in groups.items()
+                }
             else:
                 ev = {g: [escape(r, thresholds) for r in rs] for g, rs in groups.items()}
-                data[key] = {g: SurvivalData(times=[t for t, _ in e], events=[bool(x) for _, x in e])
-                             for g, e in ev.items()}
+                data[key] = {
+                    g: SurvivalData(times=[t for t, _ in e], events=[bool(x) for _, x in e]) for g, e in ev.items()
+                }
         try:
             decided = decide_strata(seq, axes, k, data, prior)
         except ValueError as exc:  # e.g. every seed of a group failed: nothing to test

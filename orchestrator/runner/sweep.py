@@ -5,6 +5,7 @@ A run holds the sweep's lease for its whole life (runner/lifecycle.py): rows are
 only after the lease is claimed, so a second driver on the same sweep refuses before it
 touches anything.
 """
+
 from __future__ import annotations
 
 import sys
@@ -57,14 +58,15 @@ def check_devices(trials: list[tuple[str, dict[str, Any]]], gpus: float, where: 
     time: refuse it before anything is written (``where``: "this machine" or "the cluster")."""
     cuda = [k for k, p in trials if str(p.get("device", "")).startswith("cuda")]
     if cuda and gpus <= 0:
-        raise UserError(f"{len(cuda)} trial(s) ask for device: cuda but {where} has no GPU "
-                        "(use device: cpu or auto)")
+        raise UserError(f"{len(cuda)} trial(s) ask for device: cuda but {where} has no GPU (use device: cpu or auto)")
 
 
 def _check_design(diff: repo.DesignDiff, name: str, amend: bool) -> None:
     if diff.changed and not amend:
-        raise UserError(f"sweep {name!r} exists with another design: {diff.describe()}; "
-                        "pass --amend (or --yes) to apply it (nothing was written)")
+        raise UserError(
+            f"sweep {name!r} exists with another design: {diff.describe()}; "
+            "pass --amend (or --yes) to apply it (nothing was written)"
+        )
 
 
 def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | None:
@@ -78,12 +80,19 @@ def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | None:
     return None
 
 
-def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
-           max_concurrent: int | None = None, checkpoint_dir: str | None = None,
-           takeover: bool = False, amend: bool = False,
-           on_start: Callable[..., None] | None = None,
-           on_event: Callable[..., None] | None = None,
-           note: Callable[[str], None] | None = None) -> RunSummary:
+def submit(
+    sweep: Sweep,
+    *,
+    db: str | None = None,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    checkpoint_dir: str | None = None,
+    takeover: bool = False,
+    amend: bool = False,
+    on_start: Callable[..., None] | None = None,
+    on_event: Callable[..., None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> RunSummary:
     """Record the sweep and its trials, then run every trial that is not finished.
 
     Re-submitting a sweep whose design changed (trials added or dropped) needs ``amend``:
@@ -115,12 +124,34 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
             if diff.changed and note is not None:
                 note(f"sweep {spec.name}: amended to spec version {version}: {diff.describe()}")
             if sweep.sequential is not None:
-                return _run_sequential(sweep, sid, len(sweep.trials), engine, url,
-                                       max_concurrent, checkpoint_dir, on_start, on_event,
-                                       session, db)
+                return _run_sequential(
+                    sweep,
+                    sid,
+                    len(sweep.trials),
+                    engine,
+                    url,
+                    max_concurrent,
+                    checkpoint_dir,
+                    on_start,
+                    on_event,
+                    session,
+                    db,
+                )
             to_run = [(ids[k], k, p) for k, p in sweep.trials if ids[k] in pending]
-            return _run(spec, sid, to_run, len(sweep.trials), engine, url, max_concurrent,
-                        checkpoint_dir, on_start, on_event, session, db)
+            return _run(
+                spec,
+                sid,
+                to_run,
+                len(sweep.trials),
+                engine,
+                url,
+                max_concurrent,
+                checkpoint_dir,
+                on_start,
+                on_event,
+                session,
+                db,
+            )
     finally:
         if started:
             import ray
@@ -128,12 +159,18 @@ def submit(sweep: Sweep, *, db: str | None = None, address: str | None = None,
             ray.shutdown()
 
 
-def resume(name: str, *, db: str | None = None, address: str | None = None,
-           max_concurrent: int | None = None, checkpoint_dir: str | None = None,
-           takeover: bool = False,
-           on_start: Callable[..., None] | None = None,
-           on_event: Callable[..., None] | None = None,
-           note: Callable[[str], None] | None = None) -> RunSummary:
+def resume(
+    name: str,
+    *,
+    db: str | None = None,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    checkpoint_dir: str | None = None,
+    takeover: bool = False,
+    on_start: Callable[..., None] | None = None,
+    on_event: Callable[..., None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> RunSummary:
     """Run every trial of a recorded sweep that is not completed (running, stale and
     interrupted ones resume from their checkpoints). The spec is the one stored with the
     sweep."""
@@ -157,10 +194,12 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
                 todo = repo.unfinished_trials(conn, sid)
                 total = repo.count_trials(conn, sid)
             if sweep.sequential is not None:
-                return _run_sequential(sweep, sid, total, engine, url, max_concurrent,
-                                       checkpoint_dir, on_start, on_event, session, db)
-            return _run(spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir,
-                        on_start, on_event, session, db)
+                return _run_sequential(
+                    sweep, sid, total, engine, url, max_concurrent, checkpoint_dir, on_start, on_event, session, db
+                )
+            return _run(
+                spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir, on_start, on_event, session, db
+            )
     finally:
         if started:
             import ray
@@ -168,19 +207,34 @@ def resume(name: str, *, db: str | None = None, address: str | None = None,
             ray.shutdown()
 
 
-def _run_batch(spec: SweepSpec, batch: list[tuple[int, str, dict[str, Any]]], engine,
-               root: Path, max_concurrent: int | None, on_event, session: DriverSession
-               ) -> dict[int, str]:
+def _run_batch(
+    spec: SweepSpec,
+    batch: list[tuple[int, str, dict[str, Any]]],
+    engine,
+    root: Path,
+    max_concurrent: int | None,
+    on_event,
+    session: DriverSession,
+) -> dict[int, str]:
     """Run trials on Ray Tune under the driver session; a database outage that outlasted
     the writer's retries stops the session and surfaces as DatabaseUnavailable."""
     from orchestrator.runner.tune_runner import run_trials
 
     try:
         return run_trials(
-            spec.name, batch, engine=engine, checkpoint_root=root, cpu=spec.resources.cpu,
-            gpu=spec.resources.gpu, max_concurrent=max_concurrent or spec.max_concurrent,
-            retries=spec.retries, pack_seeds=spec.pack_seeds, on_event=on_event,
-            stop=spec.stop.model_dump() if spec.stop else None, session=session)
+            spec.name,
+            batch,
+            engine=engine,
+            checkpoint_root=root,
+            cpu=spec.resources.cpu,
+            gpu=spec.resources.gpu,
+            max_concurrent=max_concurrent or spec.max_concurrent,
+            retries=spec.retries,
+            pack_seeds=spec.pack_seeds,
+            on_event=on_event,
+            stop=spec.stop.model_dump() if spec.stop else None,
+            session=session,
+        )
     except Exception as exc:
         outage = _unwrap_outage(exc)
         if outage is None:
@@ -189,14 +243,24 @@ def _run_batch(spec: SweepSpec, batch: list[tuple[int, str, dict[str, Any]]], en
         raise outage from None
 
 
-def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]], total: int,
-         engine, url: str, max_concurrent: int | None, checkpoint_dir: str | None,
-         on_start, on_event, session: DriverSession, db: str | None) -> RunSummary:
+def _run(
+    spec: SweepSpec,
+    sid: int,
+    to_run: list[tuple[int, str, dict[str, Any]]],
+    total: int,
+    engine,
+    url: str,
+    max_concurrent: int | None,
+    checkpoint_dir: str | None,
+    on_start,
+    on_event,
+    session: DriverSession,
+    db: str | None,
+) -> RunSummary:
 
     root = _checkpoint_root(url, spec, checkpoint_dir)
     if on_start:
-        on_start(describe(url), total, len(to_run),
-                 steps=sum(int(p.get("steps") or 0) for _, _, p in to_run))
+        on_start(describe(url), total, len(to_run), steps=sum(int(p.get("steps") or 0) for _, _, p in to_run))
     outcomes = _run_batch(spec, to_run, engine, root, max_concurrent, on_event, session)
     counts = Counter(outcomes.values())
     if session.stop_reason is not None:
@@ -205,18 +269,35 @@ def _run(spec: SweepSpec, sid: int, to_run: list[tuple[int, str, dict[str, Any]]
         with engine.begin() as conn:
             session.interrupt_running(conn)
             counts = Counter(repo.statuses(conn, [tid for tid, _, _ in to_run]))
-    return RunSummary(sweep=spec.name, db=describe(url), total=total,
-                      already_done=total - len(to_run), ran=len(to_run), outcomes=dict(counts),
-                      stopped=session.stop_reason, db_arg=db)
+    return RunSummary(
+        sweep=spec.name,
+        db=describe(url),
+        total=total,
+        already_done=total - len(to_run),
+        ran=len(to_run),
+        outcomes=dict(counts),
+        stopped=session.stop_reason,
+        db_arg=db,
+    )
 
 
 class _LookStopped(Exception):
     """The driver session stopped during a look: no decision on its partial data."""
 
 
-def _run_sequential(sweep: Sweep, sid: int, total: int, engine, url: str,
-                    max_concurrent: int | None, checkpoint_dir: str | None,
-                    on_start, on_event, session: DriverSession, db: str | None) -> RunSummary:
+def _run_sequential(
+    sweep: Sweep,
+    sid: int,
+    total: int,
+    engine,
+    url: str,
+    max_concurrent: int | None,
+    checkpoint_dir: str | None,
+    on_start,
+    on_event,
+    session: DriverSession,
+    db: str | None,
+) -> RunSummary:
     """A sweep with a ``sequential:`` block runs look by look (runner/sequential.py)."""
     from orchestrator.runner.sequential import drive
 
@@ -226,8 +307,7 @@ def _run_sequential(sweep: Sweep, sid: int, total: int, engine, url: str,
         todo = repo.unfinished_trials(conn, sid)
     pending = len(todo)
     if on_start:
-        on_start(describe(url), total, pending,
-                 steps=sum(int(p.get("steps") or 0) for _, _, p in todo))
+        on_start(describe(url), total, pending, steps=sum(int(p.get("steps") or 0) for _, _, p in todo))
 
     def run(batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
         out = _run_batch(spec, batch, engine, root, max_concurrent, on_event, session)
@@ -241,10 +321,25 @@ def _run_sequential(sweep: Sweep, sid: int, total: int, engine, url: str,
         with engine.begin() as conn:
             session.interrupt_running(conn)
             counts = Counter(repo.statuses(conn, [tid for tid, _, _ in todo]))
-        return RunSummary(sweep=spec.name, db=describe(url), total=total,
-                          already_done=total - pending, ran=pending, outcomes=dict(counts),
-                          stopped=session.stop_reason, db_arg=db)
-    return RunSummary(sweep=spec.name, db=describe(url), total=total,
-                      already_done=total - pending, ran=res.ran, outcomes=res.outcomes,
-                      skipped=res.skipped, looks=res.records, stopped=session.stop_reason,
-                      db_arg=db)
+        return RunSummary(
+            sweep=spec.name,
+            db=describe(url),
+            total=total,
+            already_done=total - pending,
+            ran=pending,
+            outcomes=dict(counts),
+            stopped=session.stop_reason,
+            db_arg=db,
+        )
+    return RunSummary(
+        sweep=spec.name,
+        db=describe(url),
+        total=total,
+        already_done=total - pending,
+        ran=res.ran,
+        outcomes=res.outcomes,
+        skipped=res.skipped,
+        looks=res.records,
+        stopped=session.stop_reason,
+        db_arg=db,
+    )

@@ -6,6 +6,7 @@ re-reporting the trace the checkpoint holds, so eval rows the database missed ar
 back-filled), then reports eval points as they come. Every reported row carries its trial id;
 the driver-side callback writes them.
 """
+
 from __future__ import annotations
 
 import socket
@@ -58,8 +59,13 @@ def _report_config_error(tids: list[int], exc: ConfigError) -> None:
     cause = exc.__cause__ or exc
     line = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
     tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-    tune.report({"evals": [], "final": {t: ["failed", f"config error: {line}"[:300]] for t in tids},
-                 "tracebacks": {t: tb for t in tids}})
+    tune.report(
+        {
+            "evals": [],
+            "final": {t: ["failed", f"config error: {line}"[:300]] for t in tids},
+            "tracebacks": {t: tb for t in tids},
+        }
+    )
 
 
 def run_unit(config: dict[str, Any]) -> None:
@@ -90,8 +96,7 @@ def _run_lone(member: dict[str, Any]) -> None:
         return trainer
 
     trainer = _setup(build)
-    tune.report({"evals": [_row(tid, e) for e in trainer.trace],
-                 "placement": _placement(trainer.device, trainer.bf16)})
+    tune.report({"evals": [_row(tid, e) for e in trainer.trace], "placement": _placement(trainer.device, trainer.bf16)})
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
     for point in trainer.run():
@@ -102,8 +107,11 @@ def _run_lone(member: dict[str, Any]) -> None:
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again.
     checkpoints.save(ckpt, trainer.state_dict())
-    stop = ({"step": trainer.stopped_at, "budget": trainer.p.steps, "reason": trainer.stop_reason}
-            if trainer.stopped_at is not None else None)
+    stop = (
+        {"step": trainer.stopped_at, "budget": trainer.p.steps, "reason": trainer.stop_reason}
+        if trainer.stopped_at is not None
+        else None
+    )
     tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error, stop]}})
 
 
@@ -122,8 +130,12 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
         for m in members:
             _run_lone(m)
         return
-    tune.report({"evals": [_row(t, e) for t, m in zip(tids, pack.members) for e in m.trace],
-                 "placement": _placement(pack.device, pack.bf16)})
+    tune.report(
+        {
+            "evals": [_row(t, e) for t, m in zip(tids, pack.members) for e in m.trace],
+            "placement": _placement(pack.device, pack.bf16),
+        }
+    )
     every = pack.p.checkpoint_every_s
     last_save = time.monotonic()
 
@@ -138,5 +150,4 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
             last_save = time.monotonic()
         tune.report({"evals": [_row(tids[j], point) for j, point in group]})
     save_all()
-    tune.report({"evals": [], "final": {t: [m.status.value, m.error]
-                                        for t, m in zip(tids, pack.members)}})
+    tune.report({"evals": [], "final": {t: [m.status.value, m.error] for t, m in zip(tids, pack.members)}})

@@ -4,6 +4,7 @@ Identity is ours, not Tune's: every Tune trial carries our trial id, stable key 
 path in its config, so a fresh launch after a crash picks each trial up where its checkpoint
 left it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,9 @@ def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
 
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
-                                  logging_level=logging.ERROR, configure_logging=True)
+    kwargs: dict[str, Any] = dict(
+        include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True
+    )
     if os.environ.get("ORCH_PLUGINS"):  # the spec's plugin modules, for every worker
         kwargs["runtime_env"] = {"env_vars": {"ORCH_PLUGINS": os.environ["ORCH_PLUGINS"]}}
     if address:
@@ -96,8 +98,7 @@ def _join_bounded(ray, address: str, kwargs: dict[str, Any]) -> None:
     if t.is_alive():
         raise fail(f"no answer within {timeout:g} s (ORCH_RAY_JOIN_TIMEOUT_S to change)")
     exc = box.get("exc")
-    if isinstance(exc, (ConnectionError, RuntimeError, ValueError, TimeoutError,
-                        ray.exceptions.RayError)):
+    if isinstance(exc, (ConnectionError, RuntimeError, ValueError, TimeoutError, ray.exceptions.RayError)):
         from orchestrator.runner.cluster import join_hint
 
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -111,11 +112,13 @@ def check_resources(cpu: float, gpu: float) -> None:
     """Refuse a per-trial request that no node of the cluster can ever satisfy."""
     max_cpu, max_gpu = cluster_limits()
     if cpu > max_cpu:
-        raise UserError(f"impossible resources: resources.cpu={cpu:g} per trial but the largest "
-                        f"node has {max_cpu:g} CPUs")
+        raise UserError(
+            f"impossible resources: resources.cpu={cpu:g} per trial but the largest node has {max_cpu:g} CPUs"
+        )
     if gpu > max_gpu:
-        raise UserError(f"impossible resources: resources.gpu={gpu:g} per trial but the largest "
-                        f"node has {max_gpu:g} GPUs")
+        raise UserError(
+            f"impossible resources: resources.gpu={gpu:g} per trial but the largest node has {max_gpu:g} GPUs"
+        )
 
 
 def cluster_limits() -> tuple[float, float]:
@@ -123,8 +126,10 @@ def cluster_limits() -> tuple[float, float]:
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return (max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0),
-            max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0))
+    return (
+        max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0),
+        max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0),
+    )
 
 
 # ``pack_seeds: auto``: the most members one pack takes (a pack claims up to a whole node, so
@@ -153,18 +158,31 @@ def cluster_slots(cpu: float, gpu: float) -> int:
     return int(total.get("CPU", 0.0) // cpu) if cpu else 0
 
 
-def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
-               checkpoint_root: Path, cpu: float, gpu: float, pack_seeds: int | str,
-               max_cpu: float, max_gpu: float, slots: int = 0,
-               stop: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def make_units(
+    sweep: str,
+    trials: Sequence[tuple[int, str, dict[str, Any]]],
+    *,
+    checkpoint_root: Path,
+    cpu: float,
+    gpu: float,
+    pack_seeds: int | str,
+    max_cpu: float,
+    max_gpu: float,
+    slots: int = 0,
+    stop: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Group trials into units of work: lone trials, or seed packs of trials that differ
     only in seed. A pack asks for its members' combined resources, capped at what the
     largest node has (a pack of ten 1-CPU trials on a 2-CPU machine takes both CPUs)."""
     from orchestrator.train.pack import can_pack, pack_signature
 
     def member(tid: int, key: str, params: dict[str, Any]) -> dict[str, Any]:
-        m = {"trial_id": tid, "key": key, "params": params,
-             "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key))}
+        m = {
+            "trial_id": tid,
+            "key": key,
+            "params": params,
+            "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key)),
+        }
         if stop is not None:
             m["stop"] = stop  # the spec's stop rule (lone trials only; see spec.load)
         return m
@@ -182,13 +200,12 @@ def make_units(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
     for sig in order:
         g = groups[sig]
         for i in range(0, len(g), size):
-            members = g[i:i + size]
+            members = g[i : i + size]
             n = len(members)
             unit_cpu = min(n * cpu, max_cpu) if n > 1 else cpu
             unit_gpu = (min(n * gpu, max(max_gpu, gpu)) if n > 1 else gpu) if gpu else 0.0
             threads = members[0]["params"].get("threads") or unit_cpu
-            units.append({"members": members, "cpu": unit_cpu, "gpu": unit_gpu,
-                          "threads": max(1, int(threads))})
+            units.append({"members": members, "cpu": unit_cpu, "gpu": unit_gpu, "threads": max(1, int(threads))})
     return units
 
 
@@ -218,11 +235,21 @@ class _StopWhenSet(tune.Stopper):
         return {"session": None}  # Tune pickles its config; the session stays here
 
 
-def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
-               engine: Engine, checkpoint_root: Path, cpu: float, gpu: float,
-               max_concurrent: int | None, retries: int, pack_seeds: int | str = 1,
-               on_event: Callable[..., None] | None = None,
-               stop: dict[str, Any] | None = None, session=None) -> dict[int, str]:
+def run_trials(
+    sweep: str,
+    trials: Sequence[tuple[int, str, dict[str, Any]]],
+    *,
+    engine: Engine,
+    checkpoint_root: Path,
+    cpu: float,
+    gpu: float,
+    max_concurrent: int | None,
+    retries: int,
+    pack_seeds: int | str = 1,
+    on_event: Callable[..., None] | None = None,
+    stop: dict[str, Any] | None = None,
+    session=None,
+) -> dict[int, str]:
     """Run (trial_id, key, params) trials to their end; returns trial_id -> final status."""
     from ray import tune
 
@@ -230,13 +257,28 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
         return {}
     max_cpu, max_gpu = cluster_limits()
     slots = cluster_slots(cpu, gpu) if pack_seeds == "auto" else 0
-    units = make_units(sweep, trials, checkpoint_root=checkpoint_root, cpu=cpu, gpu=gpu,
-                       pack_seeds=pack_seeds, max_cpu=max_cpu, max_gpu=max_gpu, slots=slots,
-                       stop=stop)
+    units = make_units(
+        sweep,
+        trials,
+        checkpoint_root=checkpoint_root,
+        cpu=cpu,
+        gpu=gpu,
+        pack_seeds=pack_seeds,
+        max_cpu=max_cpu,
+        max_gpu=max_gpu,
+        slots=slots,
+        stop=stop,
+    )
     if on_event is not None and pack_seeds != 1:
         packs = sum(len(u["members"]) > 1 for u in units)
-        on_event("packing", None, pack_seeds=pack_seeds,
-                 size=pack_size(pack_seeds, len(trials), slots), packs=packs, units=len(units))
+        on_event(
+            "packing",
+            None,
+            pack_seeds=pack_seeds,
+            size=pack_size(pack_seeds, len(trials), slots),
+            packs=packs,
+            units=len(units),
+        )
     writer = StoreWriter(engine, on_event=on_event, session=session)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
@@ -245,12 +287,16 @@ def run_trials(sweep: str, trials: Sequence[tuple[int, str, dict[str, Any]]], *,
         tuner = tune.Tuner(
             tune.with_resources(run_unit, _unit_resources),
             param_space={"unit": tune.grid_search(units)},
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=max_concurrent, reuse_actors=True),
+            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(
-                name=f"{sweep}-{int(time.time())}", storage_path=storage, verbose=0,
-                callbacks=[writer], failure_config=tune.FailureConfig(max_failures=retries),
-                stop=_StopWhenSet(session), log_to_file=False),
+                name=f"{sweep}-{int(time.time())}",
+                storage_path=storage,
+                verbose=0,
+                callbacks=[writer],
+                failure_config=tune.FailureConfig(max_failures=retries),
+                stop=_StopWhenSet(session),
+                log_to_file=False,
+            ),
         )
         tuner.fit()
     finally:

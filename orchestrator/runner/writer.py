@@ -11,6 +11,7 @@ attempt's full traceback goes to ``trial_errors``. A trial that fails before its
 (a configuration error: bad device, a model that cannot be built) reports itself failed
 without raising, so Tune does not retry what would fail the same way every time.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,7 @@ def one_line(text: str) -> str:
 
 
 class StoreWriter(tune.Callback):
-    def __init__(self, engine: Engine, *, flush_rows: int = 2000, flush_s: float = 0.5,
-                 on_event=None, session=None):
+    def __init__(self, engine: Engine, *, flush_rows: int = 2000, flush_s: float = 0.5, on_event=None, session=None):
         self.engine = engine
         self.flush_rows = flush_rows
         self.flush_s = flush_s
@@ -96,7 +96,7 @@ class StoreWriter(tune.Callback):
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
         self.rows_written += self._write(write)
-        del self._rows[:len(rows)]
+        del self._rows[: len(rows)]
         self._touched -= touched
         self._last_flush = time.monotonic()
 
@@ -123,12 +123,12 @@ class StoreWriter(tune.Callback):
 
             def write(conn) -> None:
                 for tid in tids:
-                    repo.set_placement(conn, tid, placement.get("host"),
-                                       placement.get("node_id"), placement.get("device"))
+                    repo.set_placement(
+                        conn, tid, placement.get("host"), placement.get("node_id"), placement.get("device")
+                    )
 
             self._write(write)
-        if (len(self._rows) >= self.flush_rows
-                or time.monotonic() - self._last_flush >= self.flush_s):
+        if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
         if evals:
             self.on_event("result", trial, step=evals[-1]["step"], evals=evals)
@@ -144,8 +144,9 @@ class StoreWriter(tune.Callback):
             got = final.get(tid) or final.get(str(tid))
             # No final report: Tune stopped the trial (a cancel) before it ended. A third
             # element is the spec's stop rule ending the trial after its escape.
-            results[tid] = ((got[0], got[1], got[2] if len(got) > 2 else None) if got
-                            else (Status.interrupted.value, None, None))
+            results[tid] = (
+                (got[0], got[1], got[2] if len(got) > 2 else None) if got else (Status.interrupted.value, None, None)
+            )
 
         def write(conn) -> None:
             for tid, (status, error, stopped) in results.items():
@@ -196,4 +197,3 @@ class StoreWriter(tune.Callback):
 
     def on_experiment_end(self, trials, **info):
         self.flush()
-

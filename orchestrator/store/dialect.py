@@ -5,6 +5,7 @@ batch of eval rows is upserted on the hot path, and how one statement runs read-
 Everything else in the store (models, migrations, repo functions) is plain SQLAlchemy and
 backend-neutral. A new backend is a subclass here plus its entry in :data:`DIALECTS`.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -22,11 +23,28 @@ from orchestrator.errors import UserError
 Rows = tuple[list[str], list[tuple[Any, ...]]]
 
 # Pragmas that only read (a pragma with an argument or `= value` sets something).
-READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info",
-                "index_xinfo", "foreign_key_list", "database_list", "compile_options",
-                "user_version", "schema_version", "application_id", "page_count",
-                "page_size", "journal_mode", "function_list", "pragma_list", "collation_list",
-                "freelist_count", "encoding"}
+READ_PRAGMAS = {
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+    "database_list",
+    "compile_options",
+    "user_version",
+    "schema_version",
+    "application_id",
+    "page_count",
+    "page_size",
+    "journal_mode",
+    "function_list",
+    "pragma_list",
+    "collation_list",
+    "freelist_count",
+    "encoding",
+}
 
 
 DEFAULT_QUERY_TIMEOUT_S = 60.0
@@ -59,8 +77,7 @@ def sqlite_path(url: str) -> Path | None:
     return Path(u.database)
 
 
-def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = 30.0
-                   ) -> sqlite3.Connection:
+def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = 30.0) -> sqlite3.Connection:
     """The one way a SQLite file is opened: a ``file:`` URI with the path percent-encoded
     (a bare ``#`` or ``?`` would end the path), ``mode=ro`` for readers (the file is never
     created or written) and ``rwc`` for the store."""
@@ -79,14 +96,14 @@ class Dialect:
         """The file a URL names when it does not exist yet (file-based backends only)."""
         return None
 
-    def upsert(self, conn: Connection, table: str, fields: Sequence[str], set_clause: str,
-               batch: Sequence[tuple[Any, ...]]) -> None:
+    def upsert(
+        self, conn: Connection, table: str, fields: Sequence[str], set_clause: str, batch: Sequence[tuple[Any, ...]]
+    ) -> None:
         """``INSERT ... ON CONFLICT DO UPDATE SET set_clause`` of ``batch`` into ``table``,
         inside the caller's transaction, at the driver's best speed."""
         raise NotImplementedError
 
-    def readonly_query(self, url: str, body: str, *,
-                       timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
+    def readonly_query(self, url: str, body: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
         """Run ``body`` exactly as given, read-only by the connection itself, cancelled
         after ``timeout_s`` seconds."""
         raise NotImplementedError
@@ -108,10 +125,8 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
-_TABLE_ARG_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
-                      "foreign_key_list"}
-_ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                    sqlite3.SQLITE_RECURSIVE}
+_TABLE_ARG_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
+_ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 
 
 def readonly_authorizer(action: int, arg1, arg2, dbname, source) -> int:
@@ -140,8 +155,7 @@ class SQLite(Dialect):
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
-                    raise UserError(f"cannot create the folder of database {path}: "
-                                    f"{exc.strerror or exc}") from None
+                    raise UserError(f"cannot create the folder of database {path}: {exc.strerror or exc}") from None
             engine = sa.create_engine(url, creator=lambda: sqlite_connect(path))
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -157,17 +171,18 @@ class SQLite(Dialect):
 
     def upsert(self, conn, table, fields, set_clause, batch) -> None:
         # One prepared executemany straight on the driver.
-        sql = (f"INSERT INTO {table} ({', '.join(fields)}) VALUES "
-               f"({', '.join('?' for _ in fields)}) "
-               f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}")
+        sql = (
+            f"INSERT INTO {table} ({', '.join(fields)}) VALUES "
+            f"({', '.join('?' for _ in fields)}) "
+            f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}"
+        )
         cur = conn.connection.driver_connection.cursor()
         try:
             cur.executemany(sql, batch)
         finally:
             cur.close()
 
-    def readonly_query(self, url: str, body: str, *,
-                       timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
+    def readonly_query(self, url: str, body: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
         # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs; a
         # progress handler interrupts a query past its deadline.
         path = sqlite_path(url)
@@ -195,8 +210,9 @@ class SQLite(Dialect):
                 raise UserError(f"query refused: {exc}") from None
             except sqlite3.DatabaseError as exc:
                 if timed_out:
-                    raise UserError(f"query cancelled after the {timeout_s:g} s timeout "
-                                    "(--timeout to change)") from None
+                    raise UserError(
+                        f"query cancelled after the {timeout_s:g} s timeout (--timeout to change)"
+                    ) from None
                 if "not authorized" in str(exc) or "readonly" in str(exc):
                     raise UserError(f"refused: `orchestrator sql` is read-only ({exc})") from None
                 raise UserError(f"query failed: {exc}") from None
@@ -217,8 +233,7 @@ class PostgreSQL(Dialect):
             raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
 
     def now_plus(self, seconds: float) -> Any:
-        return sa.literal_column(f"(now() + interval '{float(seconds):.3f} seconds')",
-                                 type_=sa.DateTime(timezone=True))
+        return sa.literal_column(f"(now() + interval '{float(seconds):.3f} seconds')", type_=sa.DateTime(timezone=True))
 
     def upsert(self, conn, table, fields, set_clause, batch) -> None:
         # COPY into a staging table and one INSERT ... ON CONFLICT (row-at-a-time upserts
@@ -226,17 +241,19 @@ class PostgreSQL(Dialect):
         cols = ", ".join(fields)
         stage = f"_{table}_in"
         with conn.connection.driver_connection.cursor() as cur:
-            cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} "
-                        f"(LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+            cur.execute(
+                f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            )
             with cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
                 for row in batch:
                     copy.write_row(row)
-            cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {stage} "
-                        f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}")
+            cur.execute(
+                f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {stage} "
+                f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}"
+            )
             cur.execute(f"TRUNCATE {stage}")
 
-    def readonly_query(self, url: str, body: str, *,
-                       timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
+    def readonly_query(self, url: str, body: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
         # A READ ONLY transaction with a statement_timeout, and the extended query protocol
         # refuses stacked statements.
         engine = self.make_engine(url)
@@ -257,8 +274,9 @@ class PostgreSQL(Dialect):
                     raw.rollback()
                     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                     if getattr(exc, "sqlstate", None) == "57014":  # query_canceled
-                        raise UserError(f"query cancelled after the {timeout_s:g} s timeout "
-                                        "(--timeout to change)") from None
+                        raise UserError(
+                            f"query cancelled after the {timeout_s:g} s timeout (--timeout to change)"
+                        ) from None
                     if getattr(exc, "sqlstate", None) in ("25006", "42501"):
                         raise UserError(f"refused: `orchestrator sql` is read-only ({msg})") from None
                     raise UserError(f"query failed: {msg}") from None
@@ -266,8 +284,9 @@ class PostgreSQL(Dialect):
                 import psycopg
 
                 if raw.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
-                    raise UserError("refused: transaction control is not allowed in "
-                                    "`orchestrator sql` (it is read-only)")
+                    raise UserError(
+                        "refused: transaction control is not allowed in `orchestrator sql` (it is read-only)"
+                    )
                 conn.rollback()
                 return cols, [tuple(r) for r in rows]
         except sa.exc.OperationalError as exc:

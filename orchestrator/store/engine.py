@@ -3,6 +3,7 @@
 SQLite and PostgreSQL are both first-class; what differs between them lives in
 :mod:`orchestrator.store.dialect`.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,7 @@ def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if not url.startswith(("sqlite", "postgresql")):
-        raise UserError(f"database URL {url!r}: expected a file path, sqlite:///PATH or "
-                        "postgresql://HOST/DB")
+        raise UserError(f"database URL {url!r}: expected a file path, sqlite:///PATH or postgresql://HOST/DB")
     return url
 
 
@@ -83,8 +83,7 @@ def revisions() -> list[str]:
 
 def _columns(engine: Engine) -> dict[str, set[str]]:
     insp = sa.inspect(engine)
-    return {t: {c["name"] for c in insp.get_columns(t)} for t in insp.get_table_names()
-            if t != VERSION_TABLE}
+    return {t: {c["name"] for c in insp.get_columns(t)} for t in insp.get_table_names() if t != VERSION_TABLE}
 
 
 def _schema_at(revision: str) -> dict[str, set[str]]:
@@ -108,9 +107,11 @@ def matching_revision(engine: Engine) -> str | None:
 
 def _unknown_revision(url: str, current: str) -> UserError:
     known = revisions()
-    return UserError(f"database {describe(url)} is at schema revision {current!r}, which this "
-                     f"orchestrator does not know (it knows {known[0]} .. {known[-1]}): it was "
-                     "written by a newer orchestrator; upgrade the orchestrator, not the database")
+    return UserError(
+        f"database {describe(url)} is at schema revision {current!r}, which this "
+        f"orchestrator does not know (it knows {known[0]} .. {known[-1]}): it was "
+        "written by a newer orchestrator; upgrade the orchestrator, not the database"
+    )
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
@@ -128,17 +129,18 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
         if before is None and set(sa.inspect(engine).get_table_names()) & {"sweeps", "trials", "evals"}:
             rev = matching_revision(engine)
             if rev is None:
-                raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
-                                "version, and its tables match no known revision: not touched "
-                                "(export what you need and start a new database)")
+                raise UserError(
+                    f"database {describe(url)} has orchestrator tables but no schema "
+                    "version, and its tables match no known revision: not touched "
+                    "(export what you need and start a new database)"
+                )
             with engine.begin() as conn:
                 command.stamp(_alembic_config(conn), rev)
             before = f"unversioned (stamped {rev})"
         with engine.begin() as conn:
             command.upgrade(_alembic_config(conn), "head")
     except sa.exc.OperationalError as exc:  # an unwritable path, a server that is not there
-        raise UserError(f"cannot open database {describe(url)}: "
-                        f"{str(exc.orig).strip().splitlines()[0]}") from None
+        raise UserError(f"cannot open database {describe(url)}: {str(exc.orig).strip().splitlines()[0]}") from None
     return before, head_revision()
 
 
@@ -158,8 +160,10 @@ def ensure_schema(engine: Engine, url: str, *, auto_create: bool = True) -> None
             # Another driver may have created the schema between the two reads above.
             current = current_revision(engine)
             if current is None:
-                raise UserError(f"database {describe(url)} has orchestrator tables but no schema "
-                                f"version: run `orchestrator db upgrade --db {describe(url)}`")
+                raise UserError(
+                    f"database {describe(url)} has orchestrator tables but no schema "
+                    f"version: run `orchestrator db upgrade --db {describe(url)}`"
+                )
         elif auto_create:
             try:
                 upgrade(engine)
@@ -175,21 +179,26 @@ def ensure_schema(engine: Engine, url: str, *, auto_create: bool = True) -> None
             return
     if current not in revisions():
         raise _unknown_revision(url, current)
-    raise UserError(f"database {describe(url)} is at schema revision {current}, this "
-                    f"orchestrator needs {head}: run `orchestrator db upgrade --db "
-                    f"{describe(url)}`")
+    raise UserError(
+        f"database {describe(url)} is at schema revision {current}, this "
+        f"orchestrator needs {head}: run `orchestrator db upgrade --db "
+        f"{describe(url)}`"
+    )
 
 
-def open_store_engine(db: str | None, spec_storage: str | None = None, *,
-                      auto_create: bool = True) -> tuple[Engine, str]:
+def open_store_engine(
+    db: str | None, spec_storage: str | None = None, *, auto_create: bool = True
+) -> tuple[Engine, str]:
     """Resolve, connect and gate on the schema version; the one way commands open the DB."""
     url = resolve_url(db, spec_storage)
     if not auto_create:
         path = dialect.for_url(url).missing(url)
         if path is not None:
-            raise UserError(f"no database at {path} ({url_source(db, spec_storage)}); run a "
-                            "sweep first, or point at one with --db PATH|URL or "
-                            "ORCH_DB=PATH|URL")
+            raise UserError(
+                f"no database at {path} ({url_source(db, spec_storage)}); run a "
+                "sweep first, or point at one with --db PATH|URL or "
+                "ORCH_DB=PATH|URL"
+            )
     engine = make_engine(url)
     ensure_schema(engine, url, auto_create=auto_create)
     return engine, url

@@ -4,6 +4,7 @@ one column under its full dotted name (no short or formula aliases: those are th
 layer's conveniences); ``metrics`` is expanded into one ``metrics.<name>`` column per metric.
 Reads only.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,23 @@ from orchestrator.store.models import Eval, Sweep, Trial
 
 # trials columns shown besides the parameters (arm, task, seed, lr, batch_size, steps and
 # eval_every are parameters too, so they come from ``params`` under the same names).
-TRIAL_COLUMNS = ("trial_id", "key", "status", "attempts", "host", "node_id", "device",
-                 "final_step", "final_acc", "final_loss", "best_acc", "error", "created_at",
-                 "started_at", "finished_at")
+TRIAL_COLUMNS = (
+    "trial_id",
+    "key",
+    "status",
+    "attempts",
+    "host",
+    "node_id",
+    "device",
+    "final_step",
+    "final_acc",
+    "final_loss",
+    "best_acc",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+)
 EVAL_COLUMNS = ("trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s")
 
 
@@ -54,33 +69,56 @@ def read_sweep(engine: Engine, sweep: str) -> SweepFrames:
         row = conn.execute(sa.select(Sweep.id, Sweep.spec_text).where(Sweep.name == sweep)).first()
         if row is None:
             names = [r[0] for r in conn.execute(sa.select(Sweep.name).order_by(Sweep.name))]
-            raise UserError(f"no sweep named {sweep!r} in this database (sweeps: "
-                            f"{', '.join(names[:20]) or 'none'})")
+            raise UserError(f"no sweep named {sweep!r} in this database (sweeps: {', '.join(names[:20]) or 'none'})")
         cols = [t.c.id.label("trial_id")] + [t.c[c] for c in TRIAL_COLUMNS[1:]] + [t.c.params]
-        trows = conn.execute(sa.select(*cols).where(t.c.sweep_id == row.id)
-                             .order_by(t.c.id)).mappings().all()
+        trows = conn.execute(sa.select(*cols).where(t.c.sweep_id == row.id).order_by(t.c.id)).mappings().all()
         erows = conn.execute(
-            sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.train_loss,
-                      Eval.step_lr, Eval.elapsed_s, Eval.metrics)
-            .join(Trial, Trial.id == Eval.trial_id).where(Trial.sweep_id == row.id)
-            .order_by(Eval.trial_id, Eval.step)).all()
+            sa.select(
+                Eval.trial_id,
+                Eval.step,
+                Eval.acc,
+                Eval.loss,
+                Eval.train_loss,
+                Eval.step_lr,
+                Eval.elapsed_s,
+                Eval.metrics,
+            )
+            .join(Trial, Trial.id == Eval.trial_id)
+            .where(Trial.sweep_id == row.id)
+            .order_by(Eval.trial_id, Eval.step)
+        ).all()
     flat = [{k: _cell(v) for k, v in flatten_params(r["params"] or {}).items()} for r in trows]
     params = list(dict.fromkeys(k for f in flat for k in f if k not in TRIAL_COLUMNS))
     trials = pd.DataFrame({c: [r[c] for r in trows] for c in TRIAL_COLUMNS})
-    trials = pd.concat([trials, pd.DataFrame({p: [f.get(p) for f in flat] for p in params},
-                                             index=trials.index).infer_objects()], axis=1)
+    trials = pd.concat(
+        [trials, pd.DataFrame({p: [f.get(p) for f in flat] for p in params}, index=trials.index).infer_objects()],
+        axis=1,
+    )
     evals = pd.DataFrame([tuple(r[:7]) for r in erows], columns=list(EVAL_COLUMNS))
-    evals = evals.astype({"trial_id": "int64", "step": "int64", "acc": float, "loss": float,
-                          "train_loss": float, "step_lr": float, "elapsed_s": float})
-    metrics = [r[7] if isinstance(r[7], dict) else (json.loads(r[7]) if r[7] else {})
-               for r in erows]
+    evals = evals.astype(
+        {
+            "trial_id": "int64",
+            "step": "int64",
+            "acc": float,
+            "loss": float,
+            "train_loss": float,
+            "step_lr": float,
+            "elapsed_s": float,
+        }
+    )
+    metrics = [r[7] if isinstance(r[7], dict) else (json.loads(r[7]) if r[7] else {}) for r in erows]
     names = list(dict.fromkeys(k for m in metrics for k in m))
     if names:
-        evals = pd.concat([evals, pd.DataFrame(
-            {f"metrics.{n}": [_cell(m.get(n)) for m in metrics] for n in names},
-            index=evals.index).infer_objects()], axis=1)
-    return SweepFrames(sweep=sweep, trials=trials, evals=evals, spec_text=row.spec_text,
-                       params=params)
+        evals = pd.concat(
+            [
+                evals,
+                pd.DataFrame(
+                    {f"metrics.{n}": [_cell(m.get(n)) for m in metrics] for n in names}, index=evals.index
+                ).infer_objects(),
+            ],
+            axis=1,
+        )
+    return SweepFrames(sweep=sweep, trials=trials, evals=evals, spec_text=row.spec_text, params=params)
 
 
 def _portable(df: pd.DataFrame) -> pd.DataFrame:

@@ -22,6 +22,7 @@ Every line is validated before anything is written, and the whole file is writte
 transaction: a malformed file imports nothing. Re-importing a file is idempotent (trial
 keys come from the parameters, eval rows are upserts).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictFloat, StrictStr, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
@@ -63,8 +72,7 @@ class TracePoint(BaseModel):
     @field_validator("step", mode="before")
     @classmethod
     def _integral(cls, v: Any) -> Any:
-        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()) \
-                or isinstance(v, str):
+        if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()) or isinstance(v, str):
             raise ValueError("step must be an integer")
         return v
 
@@ -93,9 +101,14 @@ class TracePoint(BaseModel):
     def row(self, trial_id: int) -> dict[str, Any]:
         extra = dict(self.model_extra or {})
         # A trace point's ``lr`` is the step's learning rate: the store's ``step_lr``.
-        return {"trial_id": trial_id, "step": self.step, "acc": self.acc,
-                **{f: getattr(self, f) for f in EVAL_FIELDS}, "step_lr": self.lr,
-                "metrics": extra or None}
+        return {
+            "trial_id": trial_id,
+            "step": self.step,
+            "acc": self.acc,
+            **{f: getattr(self, f) for f in EVAL_FIELDS},
+            "step_lr": self.lr,
+            "metrics": extra or None,
+        }
 
 
 class ImportRecord(BaseModel):
@@ -153,15 +166,16 @@ def _constant(token: str) -> float:
 def _int(token: str) -> int:
     v = int(token)
     if abs(v) > MAX_INT:
-        raise ValueError(f"integer {token[:24]}{'...' if len(token) > 24 else ''} is beyond "
-                         "64 bits")
+        raise ValueError(f"integer {token[:24]}{'...' if len(token) > 24 else ''} is beyond 64 bits")
     return v
 
 
 def check_sweep_name(sweep: str) -> None:
     if not isinstance(sweep, str) or not SWEEP_NAME.match(sweep):
-        raise UserError(f"--sweep {sweep!r}: a sweep name is letters, digits, '_', '.', '-' "
-                        "(starting with a letter or digit, at most 200), as in specs")
+        raise UserError(
+            f"--sweep {sweep!r}: a sweep name is letters, digits, '_', '.', '-' "
+            "(starting with a letter or digit, at most 200), as in specs"
+        )
 
 
 def _describe(exc: ValidationError) -> str:
@@ -205,16 +219,19 @@ def parse_file(path: Path) -> list[tuple[int, ImportRecord]]:
     if errors:
         shown = "; ".join(errors[:MAX_REPORTED])
         more = f" (and {len(errors) - MAX_REPORTED} more)" if len(errors) > MAX_REPORTED else ""
-        raise UserError(f"{path}: {len(errors)} malformed line(s), nothing imported: "
-                        f"{shown}{more}")
+        raise UserError(f"{path}: {len(errors)} malformed line(s), nothing imported: {shown}{more}")
     if not records:
         raise UserError(f"{path}: no records (expected one JSON object per line)")
     return records
 
 
-def write_records(db: str | Engine | None, sweep: str,
-                  records: Sequence[ImportRecord | dict[str, Any]], source: str = "records",
-                  linenos: Sequence[int] | None = None) -> dict[str, Any]:
+def write_records(
+    db: str | Engine | None,
+    sweep: str,
+    records: Sequence[ImportRecord | dict[str, Any]],
+    source: str = "records",
+    linenos: Sequence[int] | None = None,
+) -> dict[str, Any]:
     """Write records (validated :class:`ImportRecord` or plain dicts of the same shape) into
     ``sweep`` in one transaction, through the store's repo functions. A new sweep is
     created with a spec text naming ``source``; an existing sweep keeps its spec. Returns
@@ -237,21 +254,23 @@ def write_records(db: str | Engine | None, sweep: str,
         params = repo.flatten_params(rec.params)
         key = trial_key(params)
         if key in seen:
-            raise UserError(f"{source}: line {lineno} has the same params as line {seen[key]} "
-                            "(add a distinguishing parameter such as seed); nothing imported")
+            raise UserError(
+                f"{source}: line {lineno} has the same params as line {seen[key]} "
+                "(add a distinguishing parameter such as seed); nothing imported"
+            )
         seen[key] = lineno
         keyed.append((key, params, rec))
     engine = db if isinstance(db, Engine) else open_store_engine(db)[0]
-    digest = hashlib.sha256(json.dumps([p for _, p, _ in keyed], sort_keys=True,
-                                       default=str).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps([p for _, p, _ in keyed], sort_keys=True, default=str).encode()).hexdigest()
     with engine.begin() as conn:
         found = repo.find_sweep(conn, sweep)
         if found is None:
             sid = repo.upsert_sweep(conn, sweep, f"{IMPORTED_PREFIX}{source}\n", digest)
         elif not found[1].startswith(IMPORTED_PREFIX):
             # Its trials are real runs of `submit`: an import must never rewrite them.
-            raise UserError(f"sweep {sweep!r} was created by `orchestrator submit`; import "
-                            "into a new sweep name (nothing imported)")
+            raise UserError(
+                f"sweep {sweep!r} was created by `orchestrator submit`; import into a new sweep name (nothing imported)"
+            )
         else:
             sid = found[0]
         before = set(conn.execute(sa.select(Trial.key).where(Trial.sweep_id == sid)).scalars())
@@ -260,9 +279,13 @@ def write_records(db: str | Engine | None, sweep: str,
         n_rows = repo.upsert_evals(conn, rows)
         for k, _, rec in keyed:
             repo.finish_trial(conn, ids[k], rec.stored_status, error=rec.error)
-    return {"sweep": sweep, "trials": len(keyed),
-            "new_trials": sum(1 for k, _, _ in keyed if k not in before), "evals": n_rows,
-            "diverged": sum(1 for _, _, rec in keyed if rec.stored_status == "diverged")}
+    return {
+        "sweep": sweep,
+        "trials": len(keyed),
+        "new_trials": sum(1 for k, _, _ in keyed if k not in before),
+        "evals": n_rows,
+        "diverged": sum(1 for _, _, rec in keyed if rec.stored_status == "diverged"),
+    }
 
 
 def import_jsonl(db: str | Engine | None, path: str | Path, sweep: str) -> dict[str, Any]:
@@ -270,6 +293,5 @@ def import_jsonl(db: str | Engine | None, path: str | Path, sweep: str) -> dict[
     path = Path(path)
     check_sweep_name(sweep)
     parsed = parse_file(path)
-    res = write_records(db, sweep, [r for _, r in parsed], source=path.name,
-                        linenos=[n for n, _ in parsed])
+    res = write_records(db, sweep, [r for _, r in parsed], source=path.name, linenos=[n for n, _ in parsed])
     return {**res, "file": str(path)}

@@ -8,6 +8,7 @@ machines with skewed clocks agree on who holds what. A lease whose expiry has pa
 free; so is one held by a dead process on this same host (a SIGKILLed driver need not wait
 out its TTL before ``resume``).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,10 @@ class Holder:
     expired: bool
 
     def describe(self) -> str:
-        return (f"driver {self.owner[:8]} (pid {self.pid} on {self.host}, "
-                f"last heartbeat {self.renewed_at} on the database clock)")
+        return (
+            f"driver {self.owner[:8]} (pid {self.pid} on {self.host}, "
+            f"last heartbeat {self.renewed_at} on the database clock)"
+        )
 
 
 def new_owner() -> str:
@@ -64,76 +67,105 @@ def _pid_alive(pid: int) -> bool:
 def holder(conn: Connection, sweep: int) -> Holder | None:
     """Who holds the sweep's lease (None: nobody); ``expired`` when it is free to take."""
     now_ = dialect.for_connection(conn).now_plus(0)
-    row = conn.execute(sa.select(
-        Sweep.lease_owner, Sweep.lease_host, Sweep.lease_pid, Sweep.lease_expires_at,
-        Sweep.lease_renewed_at, (Sweep.lease_expires_at < now_).label("expired"))
-        .where(Sweep.id == sweep)).first()
+    row = conn.execute(
+        sa.select(
+            Sweep.lease_owner,
+            Sweep.lease_host,
+            Sweep.lease_pid,
+            Sweep.lease_expires_at,
+            Sweep.lease_renewed_at,
+            (Sweep.lease_expires_at < now_).label("expired"),
+        ).where(Sweep.id == sweep)
+    ).first()
     if row is None or row.lease_owner is None:
         return None
     expired = bool(row.expired)
-    if (not expired and row.lease_host == socket.gethostname() and row.lease_pid
-            and row.lease_pid != os.getpid() and not _pid_alive(row.lease_pid)):
+    if (
+        not expired
+        and row.lease_host == socket.gethostname()
+        and row.lease_pid
+        and row.lease_pid != os.getpid()
+        and not _pid_alive(row.lease_pid)
+    ):
         expired = True  # its process is gone: nobody will renew it
-    return Holder(row.lease_owner, row.lease_host, row.lease_pid, row.lease_expires_at,
-                  row.lease_renewed_at, expired)
+    return Holder(row.lease_owner, row.lease_host, row.lease_pid, row.lease_expires_at, row.lease_renewed_at, expired)
 
 
-def claim(conn: Connection, sweep: int, owner: str, *, ttl: float, force: bool = False,
-          dead_owner: str | None = None) -> bool:
+def claim(
+    conn: Connection, sweep: int, owner: str, *, ttl: float, force: bool = False, dead_owner: str | None = None
+) -> bool:
     """Take the lease if it is free, expired, ``dead_owner``'s (a holder found dead), or
     ``force``; one conditional UPDATE, so of two drivers racing exactly one wins."""
     d = dialect.for_connection(conn)
-    cond = sa.or_(Sweep.lease_owner.is_(None), Sweep.lease_owner == owner,
-                  Sweep.lease_expires_at < d.now_plus(0))
+    cond = sa.or_(Sweep.lease_owner.is_(None), Sweep.lease_owner == owner, Sweep.lease_expires_at < d.now_plus(0))
     if dead_owner is not None:
         cond = sa.or_(cond, Sweep.lease_owner == dead_owner)
     where = [Sweep.id == sweep] if force else [Sweep.id == sweep, cond]
-    res = conn.execute(sa.update(Sweep).where(*where).values(
-        lease_owner=owner, lease_host=socket.gethostname(), lease_pid=os.getpid(),
-        lease_expires_at=d.now_plus(ttl), lease_renewed_at=d.now_plus(0),
-        cancel_requested_at=None))
+    res = conn.execute(
+        sa.update(Sweep)
+        .where(*where)
+        .values(
+            lease_owner=owner,
+            lease_host=socket.gethostname(),
+            lease_pid=os.getpid(),
+            lease_expires_at=d.now_plus(ttl),
+            lease_renewed_at=d.now_plus(0),
+            cancel_requested_at=None,
+        )
+    )
     return (res.rowcount or 0) == 1
 
 
-def renew(conn: Connection, sweep: int, owner: str, *, ttl: float,
-          running: list[int] | tuple[int, ...] = ()) -> tuple[bool, bool]:
+def renew(
+    conn: Connection, sweep: int, owner: str, *, ttl: float, running: list[int] | tuple[int, ...] = ()
+) -> tuple[bool, bool]:
     """Extend the lease and heartbeat the trials the driver is running.
     Returns (still held, cancel requested)."""
     d = dialect.for_connection(conn)
-    res = conn.execute(sa.update(Sweep).where(Sweep.id == sweep, Sweep.lease_owner == owner)
-                       .values(lease_expires_at=d.now_plus(ttl), lease_renewed_at=d.now_plus(0)))
+    res = conn.execute(
+        sa.update(Sweep)
+        .where(Sweep.id == sweep, Sweep.lease_owner == owner)
+        .values(lease_expires_at=d.now_plus(ttl), lease_renewed_at=d.now_plus(0))
+    )
     held = (res.rowcount or 0) == 1
     if held and running:
         heartbeat(conn, running)
-    cancel = conn.execute(sa.select(Sweep.cancel_requested_at).where(Sweep.id == sweep)
-                          ).scalar_one_or_none() is not None
+    cancel = (
+        conn.execute(sa.select(Sweep.cancel_requested_at).where(Sweep.id == sweep)).scalar_one_or_none() is not None
+    )
     return held, cancel
 
 
 def release(conn: Connection, sweep: int, owner: str) -> None:
-    conn.execute(sa.update(Sweep).where(Sweep.id == sweep, Sweep.lease_owner == owner).values(
-        lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None,
-        cancel_requested_at=None))
+    conn.execute(
+        sa.update(Sweep)
+        .where(Sweep.id == sweep, Sweep.lease_owner == owner)
+        .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None, cancel_requested_at=None)
+    )
 
 
 def heartbeat(conn: Connection, trial_ids: list[int] | tuple[int, ...] | set[int]) -> None:
     ids = list(trial_ids)
     if ids:
-        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(
-            heartbeat_at=dialect.for_connection(conn).now_plus(0)))
+        conn.execute(
+            sa.update(Trial).where(Trial.id.in_(ids)).values(heartbeat_at=dialect.for_connection(conn).now_plus(0))
+        )
 
 
 def request_cancel(conn: Connection, sweep: int) -> None:
-    conn.execute(sa.update(Sweep).where(Sweep.id == sweep).values(
-        cancel_requested_at=dialect.for_connection(conn).now_plus(0)))
+    conn.execute(
+        sa.update(Sweep).where(Sweep.id == sweep).values(cancel_requested_at=dialect.for_connection(conn).now_plus(0))
+    )
 
 
 def interrupt_running(conn: Connection, sweep: int) -> int:
     """Trials left ``running`` (by a driver stopping, or one found dead) become
     ``interrupted``; resume runs them again from their checkpoints. Returns how many."""
-    res = conn.execute(sa.update(Trial).where(
-        Trial.sweep_id == sweep, Trial.status == Status.running.value).values(
-        status=Status.interrupted.value, updated_at=sa.func.now()))
+    res = conn.execute(
+        sa.update(Trial)
+        .where(Trial.sweep_id == sweep, Trial.status == Status.running.value)
+        .values(status=Status.interrupted.value, updated_at=sa.func.now())
+    )
     return res.rowcount or 0
 
 

@@ -4,6 +4,7 @@ The schema is created and changed only by the Alembic migrations in ``migrations
 models mirror them (a test checks that autogenerate finds no difference) and are what the
 code writes through. Wide typed columns for what everyone queries, JSON for the rest.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -26,9 +27,11 @@ class Sweep(Base):
     spec_text: Mapped[str] = mapped_column(sa.Text, nullable=False)
     spec_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False)
     created_at: Mapped[dt.datetime] = mapped_column(
-        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
     updated_at: Mapped[dt.datetime] = mapped_column(
-        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
     # The lease of the driver running the sweep (store/lease.py); times on the DB clock.
     lease_owner: Mapped[str | None] = mapped_column(sa.String(64))
     lease_host: Mapped[str | None] = mapped_column(sa.String(255))
@@ -46,13 +49,13 @@ class Trial(Base):
         sa.CheckConstraint(
             "status IN ('pending', 'running', 'completed', 'failed', 'diverged', "
             "'interrupted', 'superseded', 'skipped')",
-            name="ck_trials_status"),
+            name="ck_trials_status",
+        ),
         sa.Index("ix_trials_sweep_status", "sweep_id", "status"),
     )
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
-    sweep_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    sweep_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
     key: Mapped[str] = mapped_column(sa.String(32), nullable=False)
     status: Mapped[str] = mapped_column(sa.String(16), nullable=False, server_default=Status.pending.value)
     attempts: Mapped[int] = mapped_column(sa.Integer, nullable=False, server_default="0")
@@ -75,7 +78,8 @@ class Trial(Base):
     best_acc: Mapped[float | None] = mapped_column(sa.Double)
     error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[dt.datetime] = mapped_column(
-        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
     started_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     finished_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # Stamped with the database clock on every write from the trial: a heartbeat.
@@ -94,13 +98,13 @@ class SweepSpec(Base):
     __table_args__ = (sa.UniqueConstraint("sweep_id", "version", name="uq_sweep_specs_version"),)
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
-    sweep_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    sweep_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
     version: Mapped[int] = mapped_column(sa.Integer, nullable=False)
     spec_text: Mapped[str] = mapped_column(sa.Text, nullable=False)
     spec_hash: Mapped[str] = mapped_column(sa.String(64), nullable=False)
     created_at: Mapped[dt.datetime] = mapped_column(
-        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
 
 
 class TrialError(Base):
@@ -110,14 +114,14 @@ class TrialError(Base):
     __table_args__ = (sa.Index("ix_trial_errors_trial", "trial_id"),)
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
-    trial_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), nullable=False)
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), nullable=False)
     attempt: Mapped[int | None] = mapped_column(sa.Integer)
     kind: Mapped[str] = mapped_column(sa.String(16), nullable=False)  # config | runtime
     error: Mapped[str] = mapped_column(sa.Text, nullable=False)
     traceback: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[dt.datetime] = mapped_column(
-        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
 
 
 class TrialParam(Base):
@@ -126,8 +130,7 @@ class TrialParam(Base):
     __tablename__ = "trial_params"
     __table_args__ = (sa.Index("ix_trial_params_name_num", "name", "value_num"),)
 
-    trial_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(128), primary_key=True)
     value_num: Mapped[float | None] = mapped_column(sa.Double)  # numbers and booleans
     value_text: Mapped[str | None] = mapped_column(sa.Text)  # strings as-is, others as JSON
@@ -138,8 +141,7 @@ class Eval(Base):
 
     __tablename__ = "evals"
 
-    trial_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
     acc: Mapped[float | None] = mapped_column(sa.Double)
     loss: Mapped[float | None] = mapped_column(sa.Double)
@@ -148,6 +150,7 @@ class Eval(Base):
     step_lr: Mapped[float | None] = mapped_column(sa.Double)
     elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
     metrics: Mapped[dict | None] = mapped_column(sa.JSON)
+
 
 class SequentialLook(Base):
     """One look of one group-sequential contrast (``sequential:``): what it tested and decided.
@@ -160,14 +163,14 @@ class SequentialLook(Base):
     __table_args__ = (sa.UniqueConstraint("sweep_id", "stratum", "look", name="uq_sequential_looks"),)
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
-    sweep_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    sweep_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
     stratum: Mapped[str] = mapped_column(sa.String(512), nullable=False)  # JSON of the strata values
     look: Mapped[int] = mapped_column(sa.Integer, nullable=False)
     decision: Mapped[str] = mapped_column(sa.String(16), nullable=False)
     record: Mapped[dict] = mapped_column(sa.JSON, nullable=False)  # design.sequential.LookRecord
     created_at: Mapped[dt.datetime] = mapped_column(
-        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
 
 
 class TrialStop(Base):
@@ -175,8 +178,7 @@ class TrialStop(Base):
 
     __tablename__ = "trial_stops"
 
-    trial_id: Mapped[int] = mapped_column(
-        sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(sa.Integer, nullable=False)  # the last step trained
     budget: Mapped[int] = mapped_column(sa.Integer, nullable=False)  # the steps it would have run
     reason: Mapped[str] = mapped_column(sa.String(200), nullable=False)

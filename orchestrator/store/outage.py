@@ -1,6 +1,7 @@
 """Riding out a database outage: a write retried with backoff until it lands or a time
 budget runs out. The caller keeps what it meant to write until then (the writer's
 pending rows), so a PostgreSQL restart loses nothing."""
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,13 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
 
 
-def write_with_retry(engine: Engine, fn: Callable[[Connection], T], *,
-                     budget_s: float | None = None,
-                     on_wait: Callable[[BaseException, float], None] | None = None) -> T:
+def write_with_retry(
+    engine: Engine,
+    fn: Callable[[Connection], T],
+    *,
+    budget_s: float | None = None,
+    on_wait: Callable[[BaseException, float], None] | None = None,
+) -> T:
     """Run ``fn`` in a transaction; on a transient error back off (0.5 s doubling to 10 s)
     and try again until ``budget_s`` has passed, then raise DatabaseUnavailable."""
     budget = outage_budget_s() if budget_s is None else budget_s
@@ -59,7 +64,8 @@ def write_with_retry(engine: Engine, fn: Callable[[Connection], T], *,
                 raise DatabaseUnavailable(
                     f"database {describe(str(engine.url))} unreachable for {waited:.0f} s "
                     f"({first[0] if first else type(exc).__name__}); the sweep stopped, "
-                    "`orchestrator resume` continues it") from None
+                    "`orchestrator resume` continues it"
+                ) from None
             if on_wait is not None:
                 on_wait(exc, waited)
             time.sleep(min(delay, max(0.0, budget - waited)))

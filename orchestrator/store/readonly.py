@@ -8,6 +8,7 @@ functions a READ ONLY transaction still allows, a role without those rights: see
 refusing stacked statements, with quotes, comments and ``$$`` strings understood.
 Both backends cancel a statement past its timeout.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,10 +24,13 @@ from orchestrator.store.dialect import DEFAULT_QUERY_TIMEOUT_S
 def _meaningful(stmt: str) -> bool:
     """Whether a piece of a split holds more than whitespace, comments and semicolons."""
     for tok in sqlparse.parse(stmt)[0].flatten() if stmt.strip() else ():
-        if tok.is_whitespace or tok.ttype in sqlparse.tokens.Comment \
-                or tok.ttype in sqlparse.tokens.Comment.Single \
-                or tok.ttype in sqlparse.tokens.Comment.Multiline \
-                or (tok.ttype is sqlparse.tokens.Punctuation and tok.value == ";"):
+        if (
+            tok.is_whitespace
+            or tok.ttype in sqlparse.tokens.Comment
+            or tok.ttype in sqlparse.tokens.Comment.Single
+            or tok.ttype in sqlparse.tokens.Comment.Multiline
+            or (tok.ttype is sqlparse.tokens.Punctuation and tok.value == ";")
+        ):
             continue
         return True
     return False
@@ -40,13 +44,15 @@ def check_statement(sql: str) -> str:
     if not pieces:
         raise UserError("empty query (only comments)")
     if len(pieces) > 1:
-        raise UserError(f"one statement at a time ({len(pieces)} given): `orchestrator sql` "
-                        "runs a single read-only statement")
+        raise UserError(
+            f"one statement at a time ({len(pieces)} given): `orchestrator sql` runs a single read-only statement"
+        )
     return sql
 
 
-def readonly_query(url: str, sql: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
-                   ) -> tuple[list[str], list[tuple[Any, ...]]]:
+def readonly_query(
+    url: str, sql: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one statement read-only; returns (column names, rows)."""
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout_s}")
@@ -59,8 +65,9 @@ def readonly_query(url: str, sql: str, *, timeout_s: float = DEFAULT_QUERY_TIMEO
 _ROLE_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 
 
-def reader_sql(role: str, database: str, schema: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
-               with_password: bool = False) -> list[str]:
+def reader_sql(
+    role: str, database: str, schema: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S, with_password: bool = False
+) -> list[str]:
     """The statements that make ``role`` a login role that can only read ``schema``: SELECT
     on its tables (present and future), every transaction read-only by default, a statement
     timeout. Being no superuser and holding no ``pg_*`` admin roles, it cannot run
@@ -69,8 +76,9 @@ def reader_sql(role: str, database: str, schema: str, *, timeout_s: float = DEFA
     import re
 
     if not re.match(_ROLE_NAME, role):
-        raise UserError(f"role name {role!r}: use lower-case letters, digits and _ "
-                        "(at most 63, not starting with a digit)")
+        raise UserError(
+            f"role name {role!r}: use lower-case letters, digits and _ (at most 63, not starting with a digit)"
+        )
     q = f'"{role}"'
     db = '"' + database.replace('"', '""') + '"'
     sch = '"' + schema.replace('"', '""') + '"'
@@ -86,24 +94,25 @@ def reader_sql(role: str, database: str, schema: str, *, timeout_s: float = DEFA
     ]
 
 
-def create_reader(url: str, role: str, *, password: str | None = None,
-                  timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> list[str]:
+def create_reader(
+    url: str, role: str, *, password: str | None = None, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+) -> list[str]:
     """Create the read-only ``role`` on the PostgreSQL database of ``url`` (run as a role
     allowed to create roles); returns the statements run (the password not shown)."""
     import psycopg
     import sqlalchemy as sa
 
     if dialect.for_url(url).name != "postgresql":
-        raise UserError("db create-reader is for PostgreSQL; a SQLite file is made read-only "
-                        "by its file permissions (chmod a-w), and `orchestrator sql` opens it "
-                        "read-only anyway")
+        raise UserError(
+            "db create-reader is for PostgreSQL; a SQLite file is made read-only "
+            "by its file permissions (chmod a-w), and `orchestrator sql` opens it "
+            "read-only anyway"
+        )
     engine = dialect.for_url(url).make_engine(url)
     try:
         with engine.begin() as conn:
-            database, schema = conn.execute(sa.text("SELECT current_database(), "
-                                                    "current_schema()")).one()
-            stmts = reader_sql(role, database, schema, timeout_s=timeout_s,
-                               with_password=password is not None)
+            database, schema = conn.execute(sa.text("SELECT current_database(), current_schema()")).one()
+            stmts = reader_sql(role, database, schema, timeout_s=timeout_s, with_password=password is not None)
             raw = conn.connection.driver_connection
             assert raw is not None
             from psycopg import sql as psql

@@ -4,6 +4,7 @@ The runner's driver-side callback is the only writer during a sweep; eval rows a
 keyed by (trial_id, step), so a resumed trial that re-reports a step rewrites it, never
 duplicates it.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
 from orchestrator.store import dialect
-from orchestrator.store.models import (Eval, SequentialLook, Sweep, SweepSpec, Trial, TrialError,
-                                       TrialParam, TrialStop)
+from orchestrator.store.models import Eval, SequentialLook, Sweep, SweepSpec, Trial, TrialError, TrialParam, TrialStop
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
@@ -48,10 +48,14 @@ def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) ->
     """Create the sweep row or refresh its spec (a spec may grow seeds); returns its id."""
     row = conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).first()
     if row is None:
-        return conn.execute(sa.insert(Sweep).values(
-            name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)).scalar_one()
-    conn.execute(sa.update(Sweep).where(Sweep.id == row.id).values(
-        spec_text=spec_text, spec_hash=spec_hash, updated_at=sa.func.now()))
+        return conn.execute(
+            sa.insert(Sweep).values(name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
+        ).scalar_one()
+    conn.execute(
+        sa.update(Sweep)
+        .where(Sweep.id == row.id)
+        .values(spec_text=spec_text, spec_hash=spec_hash, updated_at=sa.func.now())
+    )
     return row.id
 
 
@@ -65,8 +69,8 @@ def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> i
             return sid
         try:
             with engine.begin() as conn:
-                return conn.execute(sa.insert(Sweep).values(
-                    name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
+                return conn.execute(
+                    sa.insert(Sweep).values(name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
                 ).scalar_one()
         except sa.exc.IntegrityError:
             continue  # the other driver created it first
@@ -88,8 +92,7 @@ class DesignDiff:
         return not self.first and bool(self.added or self.revived or self.superseded)
 
     def describe(self) -> str:
-        parts = [f"{len(self.added) + len(self.revived)} trial(s) added",
-                 f"{len(self.superseded)} superseded"]
+        parts = [f"{len(self.added) + len(self.revived)} trial(s) added", f"{len(self.superseded)} superseded"]
         what = f" ({'; '.join(self.changes)})" if self.changes else ""
         return ", ".join(parts) + what
 
@@ -102,11 +105,11 @@ def _values(params: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
     return out
 
 
-def design_diff(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]
-                ) -> DesignDiff:
+def design_diff(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]) -> DesignDiff:
     """Compare a spec's (key, params) trials with the sweep's stored ones."""
-    stored = {r.key: r for r in conn.execute(sa.select(Trial.key, Trial.status, Trial.params)
-                                             .where(Trial.sweep_id == sweep))}
+    stored = {
+        r.key: r for r in conn.execute(sa.select(Trial.key, Trial.status, Trial.params).where(Trial.sweep_id == sweep))
+    }
     if not stored:
         return DesignDiff(first=True)
     new = dict(trials)
@@ -116,10 +119,11 @@ def design_diff(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mappin
             diff.added.append(k)
         elif stored[k].status == Status.superseded:
             diff.revived.append(k)
-    diff.superseded = [k for k, r in stored.items()
-                       if r.status != Status.superseded and k not in new]
-    gone = [stored[k].params if isinstance(stored[k].params, dict) else json.loads(stored[k].params)
-            for k in diff.superseded]
+    diff.superseded = [k for k, r in stored.items() if r.status != Status.superseded and k not in new]
+    gone = [
+        stored[k].params if isinstance(stored[k].params, dict) else json.loads(stored[k].params)
+        for k in diff.superseded
+    ]
     came = [new[k] for k in diff.added + diff.revived]
     old_v, new_v = _values(gone), _values(came)
     for name in sorted(set(old_v) | set(new_v)):
@@ -133,24 +137,32 @@ def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
     """Mark the trials a spec dropped ``superseded`` (kept, never run, hidden from analysis)
     and bring back the superseded ones it has again."""
     if diff.superseded:
-        conn.execute(sa.update(Trial).where(Trial.sweep_id == sweep, Trial.key.in_(diff.superseded))
-                     .values(status=Status.superseded.value, updated_at=sa.func.now()))
+        conn.execute(
+            sa.update(Trial)
+            .where(Trial.sweep_id == sweep, Trial.key.in_(diff.superseded))
+            .values(status=Status.superseded.value, updated_at=sa.func.now())
+        )
     if diff.revived:
-        conn.execute(sa.update(Trial).where(Trial.sweep_id == sweep, Trial.key.in_(diff.revived))
-                     .values(status=Status.pending.value, updated_at=sa.func.now()))
+        conn.execute(
+            sa.update(Trial)
+            .where(Trial.sweep_id == sweep, Trial.key.in_(diff.revived))
+            .values(status=Status.pending.value, updated_at=sa.func.now())
+        )
 
 
 def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash: str) -> int:
     """The version number of this spec text in the sweep's history, adding it (as the newest)
     when it differs from the newest one."""
-    last = conn.execute(sa.select(SweepSpec.version, SweepSpec.spec_hash)
-                        .where(SweepSpec.sweep_id == sweep)
-                        .order_by(SweepSpec.version.desc()).limit(1)).first()
+    last = conn.execute(
+        sa.select(SweepSpec.version, SweepSpec.spec_hash)
+        .where(SweepSpec.sweep_id == sweep)
+        .order_by(SweepSpec.version.desc())
+        .limit(1)
+    ).first()
     if last is not None and last.spec_hash == spec_hash:
         return last.version
     version = (last.version if last is not None else 0) + 1
-    conn.execute(sa.insert(SweepSpec).values(sweep_id=sweep, version=version,
-                                             spec_text=spec_text, spec_hash=spec_hash))
+    conn.execute(sa.insert(SweepSpec).values(sweep_id=sweep, version=version, spec_text=spec_text, spec_hash=spec_hash))
     return version
 
 
@@ -158,19 +170,20 @@ def sweep_id(conn: Connection, name: str) -> int | None:
     return conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).scalar_one_or_none()
 
 
-def add_trials(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]],
-               spec_version: int | None = None) -> dict[str, int]:
+def add_trials(
+    conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]], spec_version: int | None = None
+) -> dict[str, int]:
     """Insert the (key, params) trials that are new to the sweep (created by spec version
     ``spec_version``); existing keys are left as they are. Returns key -> trial id for all
     given keys."""
-    existing = dict(conn.execute(
-        sa.select(Trial.key, Trial.id).where(Trial.sweep_id == sweep)).all())
+    existing = dict(conn.execute(sa.select(Trial.key, Trial.id).where(Trial.sweep_id == sweep)).all())
     new = [(k, p) for k, p in trials if k not in existing]
     for key, params in new:
         values = {c: params.get(c) for c in TYPED_PARAMS}
-        tid = conn.execute(sa.insert(Trial).values(
-            sweep_id=sweep, key=key, params=dict(params), spec_version=spec_version,
-            **values).returning(Trial.id)
+        tid = conn.execute(
+            sa.insert(Trial)
+            .values(sweep_id=sweep, key=key, params=dict(params), spec_version=spec_version, **values)
+            .returning(Trial.id)
         ).scalar_one()
         existing[key] = tid
         rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
@@ -185,10 +198,16 @@ _SET = ", ".join(f"{c} = excluded.{c}" for c in EVAL_COLUMNS)
 
 def _eval_tuple(r: Mapping[str, Any]) -> tuple:
     metrics = r.get("metrics")
-    return (int(r["trial_id"]), int(r["step"]), _clean_float(r.get("acc")),
-            _clean_float(r.get("loss")), _clean_float(r.get("train_loss")),
-            _clean_float(r.get("step_lr")), _clean_float(r.get("elapsed_s")),
-            json.dumps(metrics, sort_keys=True) if metrics else None)
+    return (
+        int(r["trial_id"]),
+        int(r["step"]),
+        _clean_float(r.get("acc")),
+        _clean_float(r.get("loss")),
+        _clean_float(r.get("train_loss")),
+        _clean_float(r.get("step_lr")),
+        _clean_float(r.get("elapsed_s")),
+        json.dumps(metrics, sort_keys=True) if metrics else None,
+    )
 
 
 def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -208,76 +227,104 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
 
 
 def mark_running(conn: Connection, trial_id: int) -> None:
-    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        status=Status.running.value, attempts=Trial.attempts + 1, error=None,
-        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()), updated_at=sa.func.now(),
-        heartbeat_at=sa.func.now()))
+    conn.execute(
+        sa.update(Trial)
+        .where(Trial.id == trial_id)
+        .values(
+            status=Status.running.value,
+            attempts=Trial.attempts + 1,
+            error=None,
+            started_at=sa.func.coalesce(Trial.started_at, sa.func.now()),
+            updated_at=sa.func.now(),
+            heartbeat_at=sa.func.now(),
+        )
+    )
 
 
-def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: str | None,
-                  device: str | None) -> None:
-    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        host=host, node_id=node_id, device=device, updated_at=sa.func.now()))
+def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: str | None, device: str | None) -> None:
+    conn.execute(
+        sa.update(Trial)
+        .where(Trial.id == trial_id)
+        .values(host=host, node_id=node_id, device=device, updated_at=sa.func.now())
+    )
 
 
 def touch(conn: Connection, trial_ids: Iterable[int]) -> None:
     ids = list(trial_ids)
     if ids:
-        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(
-            updated_at=sa.func.now(), heartbeat_at=sa.func.now()))
+        conn.execute(
+            sa.update(Trial).where(Trial.id.in_(ids)).values(updated_at=sa.func.now(), heartbeat_at=sa.func.now())
+        )
 
 
 def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
     """Close a trial; its final metrics are read back from its own eval rows."""
     last = conn.execute(
-        sa.select(Eval.step, Eval.acc, Eval.loss).where(Eval.trial_id == trial_id)
-        .order_by(Eval.step.desc()).limit(1)).first()
-    best = conn.execute(sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id)
-                        ).scalar_one_or_none()
-    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        status=status, error=error, finished_at=sa.func.now(), updated_at=sa.func.now(),
-        final_step=last.step if last else None, final_acc=last.acc if last else None,
-        final_loss=last.loss if last else None, best_acc=best))
+        sa.select(Eval.step, Eval.acc, Eval.loss).where(Eval.trial_id == trial_id).order_by(Eval.step.desc()).limit(1)
+    ).first()
+    best = conn.execute(sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id)).scalar_one_or_none()
+    conn.execute(
+        sa.update(Trial)
+        .where(Trial.id == trial_id)
+        .values(
+            status=status,
+            error=error,
+            finished_at=sa.func.now(),
+            updated_at=sa.func.now(),
+            final_step=last.step if last else None,
+            final_acc=last.acc if last else None,
+            final_loss=last.loss if last else None,
+            best_acc=best,
+        )
+    )
 
 
 def record_error(conn: Connection, trial_id: int, error: str) -> None:
     """A failed attempt that will be retried: keep the error text, stay running."""
-    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        error=error, updated_at=sa.func.now()))
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(error=error, updated_at=sa.func.now()))
 
 
 def interrupt_trial(conn: Connection, trial_id: int) -> None:
     """A trial stopped before its end (a cancel): it resumes from its checkpoint later."""
-    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(
-        status=Status.interrupted.value, updated_at=sa.func.now()))
+    conn.execute(
+        sa.update(Trial).where(Trial.id == trial_id).values(status=Status.interrupted.value, updated_at=sa.func.now())
+    )
 
 
-def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str,
-                    traceback: str | None) -> None:
+def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str, traceback: str | None) -> None:
     """Keep one failed attempt's full story (``kind``: config or runtime)."""
     attempt = conn.execute(sa.select(Trial.attempts).where(Trial.id == trial_id)).scalar_one_or_none()
-    conn.execute(sa.insert(TrialError).values(trial_id=trial_id, attempt=attempt, kind=kind,
-                                              error=error, traceback=traceback))
+    conn.execute(
+        sa.insert(TrialError).values(trial_id=trial_id, attempt=attempt, kind=kind, error=error, traceback=traceback)
+    )
 
 
 def release_unfinished(conn: Connection, sweep: int) -> int:
     """Trials left 'running' by a driver that died, interrupted ones, and failed ones go back
     to 'pending' (they resume from their checkpoints). Only the lease holder calls this, so a
     'running' trial here has no live driver. Returns how many."""
-    res = conn.execute(sa.update(Trial).where(
-        Trial.sweep_id == sweep, Trial.status.in_((Status.running.value, Status.failed.value,
-                                                   Status.interrupted.value))).values(
-        status=Status.pending.value, updated_at=sa.func.now()))
+    res = conn.execute(
+        sa.update(Trial)
+        .where(
+            Trial.sweep_id == sweep,
+            Trial.status.in_((Status.running.value, Status.failed.value, Status.interrupted.value)),
+        )
+        .values(status=Status.pending.value, updated_at=sa.func.now())
+    )
     return res.rowcount or 0
 
 
 def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict]]:
     """(id, key, params) of trials to run: not completed, diverged, skipped or superseded;
     in insertion order."""
-    return [tuple(r) for r in conn.execute(
-        sa.select(Trial.id, Trial.key, Trial.params).where(
-            Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in SETTLED]))
-        .order_by(Trial.id)).all()]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            sa.select(Trial.id, Trial.key, Trial.params)
+            .where(Trial.sweep_id == sweep, Trial.status.notin_([s.value for s in SETTLED]))
+            .order_by(Trial.id)
+        ).all()
+    ]
 
 
 def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
@@ -293,8 +340,7 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
     cannot leave orphans either."""
     tids = sa.select(Trial.id).where(Trial.sweep_id == sweep).scalar_subquery()
     counts = {}
-    for name, model in (("evals", Eval), ("trial_params", TrialParam),
-                        ("trial_errors", TrialError)):
+    for name, model in (("evals", Eval), ("trial_params", TrialParam), ("trial_errors", TrialError)):
         counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
     counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
     conn.execute(sa.delete(SweepSpec).where(SweepSpec.sweep_id == sweep))
@@ -310,8 +356,7 @@ def statuses(conn: Connection, trial_ids: Sequence[int]) -> list[str]:
 
 
 def count_trials(conn: Connection, sweep: int) -> int:
-    return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)
-                        ).scalar_one()
+    return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)).scalar_one()
 
 
 def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
@@ -319,57 +364,85 @@ def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
     from orchestrator.store.lease import stale_condition
 
     with engine.connect() as conn:
-        q = (sa.select(Sweep.name, Sweep.created_at, sa.func.count(Trial.id).label("trials"),
-                       sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"),
-                       sa.func.sum(sa.case((stale_condition(conn), 1), else_=0)).label("stale"))
-             .select_from(Sweep).outerjoin(Trial, Trial.sweep_id == Sweep.id)
-             .group_by(Sweep.id, Sweep.name, Sweep.created_at).order_by(Sweep.created_at))
+        q = (
+            sa.select(
+                Sweep.name,
+                Sweep.created_at,
+                sa.func.count(Trial.id).label("trials"),
+                sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"),
+                sa.func.sum(sa.case((stale_condition(conn), 1), else_=0)).label("stale"),
+            )
+            .select_from(Sweep)
+            .outerjoin(Trial, Trial.sweep_id == Sweep.id)
+            .group_by(Sweep.id, Sweep.name, Sweep.created_at)
+            .order_by(Sweep.created_at)
+        )
         return [dict(r._mapping) for r in conn.execute(q)]
 
 
 # ---- designs (orchestrator/design): sequential looks, skipped seeds, early stops ----------
 
+
 def sweep_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict, str]]:
     """(id, key, params, status) of every trial of the sweep, in insertion order."""
-    return [tuple(r) for r in conn.execute(
-        sa.select(Trial.id, Trial.key, Trial.params, Trial.status)
-        .where(Trial.sweep_id == sweep).order_by(Trial.id)).all()]
+    return [
+        tuple(r)
+        for r in conn.execute(
+            sa.select(Trial.id, Trial.key, Trial.params, Trial.status).where(Trial.sweep_id == sweep).order_by(Trial.id)
+        ).all()
+    ]
 
 
 def trial_outcomes(conn: Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
     """id -> {status, final_acc, best_acc, trace: [(step, acc), ...]} (trace in step order)."""
     if not ids:
         return {}
-    out = {r.id: {"status": r.status, "final_acc": r.final_acc, "best_acc": r.best_acc, "trace": []}
-           for r in conn.execute(sa.select(Trial.id, Trial.status, Trial.final_acc, Trial.best_acc)
-                                 .where(Trial.id.in_(list(ids))))}
-    for r in conn.execute(sa.select(Eval.trial_id, Eval.step, Eval.acc)
-                          .where(Eval.trial_id.in_(list(ids))).order_by(Eval.trial_id, Eval.step)):
+    out = {
+        r.id: {"status": r.status, "final_acc": r.final_acc, "best_acc": r.best_acc, "trace": []}
+        for r in conn.execute(
+            sa.select(Trial.id, Trial.status, Trial.final_acc, Trial.best_acc).where(Trial.id.in_(list(ids)))
+        )
+    }
+    for r in conn.execute(
+        sa.select(Eval.trial_id, Eval.step, Eval.acc)
+        .where(Eval.trial_id.in_(list(ids)))
+        .order_by(Eval.trial_id, Eval.step)
+    ):
         out[r.trial_id]["trace"].append((r.step, r.acc))
     return out
 
 
 def sequential_looks(conn: Connection, sweep: int) -> list[dict[str, Any]]:
     """The stored looks of a sweep: [{stratum (JSON text), look, decision, record}] in order."""
-    return [dict(r._mapping) for r in conn.execute(
-        sa.select(SequentialLook.stratum, SequentialLook.look, SequentialLook.decision,
-                  SequentialLook.record)
-        .where(SequentialLook.sweep_id == sweep).order_by(SequentialLook.id))]
+    return [
+        dict(r._mapping)
+        for r in conn.execute(
+            sa.select(SequentialLook.stratum, SequentialLook.look, SequentialLook.decision, SequentialLook.record)
+            .where(SequentialLook.sweep_id == sweep)
+            .order_by(SequentialLook.id)
+        )
+    ]
 
 
-def record_look(conn: Connection, sweep: int, stratum: str, look: int, decision: str,
-                record: Mapping[str, Any]) -> None:
-    conn.execute(sa.insert(SequentialLook).values(
-        sweep_id=sweep, stratum=stratum, look=look, decision=decision, record=dict(record)))
+def record_look(
+    conn: Connection, sweep: int, stratum: str, look: int, decision: str, record: Mapping[str, Any]
+) -> None:
+    conn.execute(
+        sa.insert(SequentialLook).values(
+            sweep_id=sweep, stratum=stratum, look=look, decision=decision, record=dict(record)
+        )
+    )
 
 
 def skip_trials(conn: Connection, ids: Sequence[int], reason: str) -> int:
     """Mark never-run trials ``skipped`` with ``reason``; trials that already ran keep theirs."""
     if not ids:
         return 0
-    res = conn.execute(sa.update(Trial).where(
-        Trial.id.in_(list(ids)), Trial.status == Status.pending.value).values(
-        status=Status.skipped.value, error=reason, updated_at=sa.func.now()))
+    res = conn.execute(
+        sa.update(Trial)
+        .where(Trial.id.in_(list(ids)), Trial.status == Status.pending.value)
+        .values(status=Status.skipped.value, error=reason, updated_at=sa.func.now())
+    )
     return res.rowcount or 0
 
 

@@ -1,4 +1,5 @@
 """What ``orchestrator status`` shows: counts by status, per-axis completion, an ETA."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -35,12 +36,19 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
         result = []
         stale_if = lease.stale_condition(conn)
         for sid, sname in sweeps:
-            last = (sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id)
-                    .correlate(Trial).scalar_subquery())
-            rows = conn.execute(sa.select(
-                Trial.key, Trial.status, Trial.params, Trial.started_at, Trial.finished_at,
-                Trial.error, Trial.steps, last.label("last_step"),
-                stale_if.label("stale")).where(Trial.sweep_id == sid)
+            last = sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id).correlate(Trial).scalar_subquery()
+            rows = conn.execute(
+                sa.select(
+                    Trial.key,
+                    Trial.status,
+                    Trial.params,
+                    Trial.started_at,
+                    Trial.finished_at,
+                    Trial.error,
+                    Trial.steps,
+                    last.label("last_step"),
+                    stale_if.label("stale"),
+                ).where(Trial.sweep_id == sid)
             ).all()
             # `stale` is a view: a running trial nobody has heartbeated within the lease TTL.
             counts = {s.value: 0 for s in ALL}
@@ -50,8 +58,7 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
             holder = lease.holder(conn, sid)
             # Superseded trials are no part of the design any more.
             rows = [r for r in rows if r.status != Status.superseded]
-            params = [r.params if isinstance(r.params, dict) else json.loads(r.params)
-                      for r in rows]
+            params = [r.params if isinstance(r.params, dict) else json.loads(r.params) for r in rows]
             axes: dict[str, list[dict[str, Any]]] = {}
             names = sorted({k for p in params for k in p})
             for n in names:
@@ -63,15 +70,13 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     v = json.dumps(p.get(n), sort_keys=True)
                     tally[v][1] += 1
                     tally[v][0] += r.status in DONE
-                axes[n] = [{"value": json.loads(v), "done": d, "total": t}
-                           for v, (d, t) in sorted(tally.items())]
+                axes[n] = [{"value": json.loads(v), "done": d, "total": t} for v, (d, t) in sorted(tally.items())]
             # Progress in training steps (finished trials count in full), so the ETA moves
             # before the first trial ends: wall time so far x (left / done). Failed trials
             # are no steps done (nor to do): they are counted as failed.
             live = [r for r in rows if r.status != Status.failed]
             total_steps = sum(r.steps or 0 for r in live)
-            done_steps = sum((r.steps or 0) if r.status in DONE
-                             else min(r.last_step or 0, r.steps or 0) for r in live)
+            done_steps = sum((r.steps or 0) if r.status in DONE else min(r.last_step or 0, r.steps or 0) for r in live)
             progress = done_steps / total_steps if total_steps else None
             eta = None
             starts = [_aware(r.started_at) for r in rows if r.started_at]
@@ -79,18 +84,36 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
             if driving and progress and progress < 1 and starts and now is not None:
                 span = (now - min(starts)).total_seconds()
                 eta = span * (1 - progress) / progress if span > 0 else None
-            failed = [{"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
-                      for r in rows if r.status == Status.failed]
+            failed = [
+                {"key": r.key, "error": (r.error or "").splitlines()[0] if r.error else ""}
+                for r in rows
+                if r.status == Status.failed
+            ]
             # Designs: steps never spent (skipped seeds' budgets, what the stop rule cut).
             skipped_steps = sum(r.steps or 0 for r in rows if r.status == Status.skipped)
-            stops = conn.execute(sa.select(sa.func.count(), sa.func.coalesce(
-                sa.func.sum(TrialStop.budget - TrialStop.step), 0)).join(
-                Trial, Trial.id == TrialStop.trial_id).where(Trial.sweep_id == sid)).one()
-            saved = {"steps": int(skipped_steps + stops[1]), "of_steps": int(total_steps),
-                     "skipped_trials": counts.get(Status.skipped.value, 0),
-                     "stopped_trials": int(stops[0]), "stopped_steps": int(stops[1])}
-            result.append({"sweep": sname, "total": len(rows), "counts": counts, "axes": axes,
-                           "progress": progress, "eta_s": eta, "failed": failed,
-                           "saved": saved,
-                           "driver": holder.describe() if driving and holder else None})
+            stops = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(TrialStop.budget - TrialStop.step), 0))
+                .join(Trial, Trial.id == TrialStop.trial_id)
+                .where(Trial.sweep_id == sid)
+            ).one()
+            saved = {
+                "steps": int(skipped_steps + stops[1]),
+                "of_steps": int(total_steps),
+                "skipped_trials": counts.get(Status.skipped.value, 0),
+                "stopped_trials": int(stops[0]),
+                "stopped_steps": int(stops[1]),
+            }
+            result.append(
+                {
+                    "sweep": sname,
+                    "total": len(rows),
+                    "counts": counts,
+                    "axes": axes,
+                    "progress": progress,
+                    "eta_s": eta,
+                    "failed": failed,
+                    "saved": saved,
+                    "driver": holder.describe() if driving and holder else None,
+                }
+            )
     return {"sweeps": result}

@@ -1,5 +1,6 @@
 """Device and precision choice: CUDA when present, bf16 autocast only where the GPU has it
 (compute capability >= 8.0), fp32 on older cards (GTX 1070) or when ``fp32`` forces it."""
+
 from __future__ import annotations
 
 import contextlib

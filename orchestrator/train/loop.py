@@ -7,6 +7,7 @@ stream the tasks module keeps disjoint from training. A checkpoint holds every p
 (model, optimizer, data generator, RNG, curriculum, anneal, trace), so a resumed trial
 continues bit for bit on the same device.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,9 +70,16 @@ def score(model: torch.nn.Module, batches, bf16: bool, device: torch.device) -> 
     return correct / total, loss_sum / total
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-               targets: torch.Tensor, *, device: torch.device, bf16: bool,
-               grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    device: torch.device,
+    bf16: bool,
+    grad_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One optimizer update on one batch: mean cross-entropy over the scored positions
     (targets != IGNORE), optional global-norm clipping. Returns (loss, scored logits, scored
     targets). The lone trial's step, and what ``orchestrator bench tasks`` times."""
@@ -94,8 +102,13 @@ class Trainer:
     ``eval_every`` steps and at the last step; afterwards ``status`` is ``completed`` or
     ``diverged`` (non-finite loss: the trace so far is kept, ``error`` says where)."""
 
-    def __init__(self, params: Mapping[str, Any], *, device: str | torch.device | None = None,
-                 stop: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        *,
+        device: str | torch.device | None = None,
+        stop: Mapping[str, Any] | None = None,
+    ):
         self.params = resolve(dict(params))
         top, knobs, task_params, _tags = split(self.params)
         self.p = p = TrialParams.model_validate(top)
@@ -103,8 +116,9 @@ class Trainer:
         self.bf16 = devices.use_bf16(self.device, p.fp32)
         self.task = tasks.build(p.task, **task_params)
         torch.manual_seed(p.seed)
-        self.model = cells.build(p.arm, vocab_size=self.task.vocab_size, d_model=p.d_model,
-                                 n_layers=p.n_layers, **knobs).to(self.device)
+        self.model = cells.build(
+            p.arm, vocab_size=self.task.vocab_size, d_model=p.d_model, n_layers=p.n_layers, **knobs
+        ).to(self.device)
         if hasattr(self.model, "param_groups"):
             groups = self.model.param_groups(p.lr, p.weight_decay)
         else:
@@ -112,10 +126,8 @@ class Trainer:
         for g in groups:
             g.setdefault("lr", p.lr)
             g["base_lr"] = g["lr"]
-        self.optimizer = torch.optim.AdamW(groups, lr=p.lr, betas=(p.beta1, p.beta2),
-                                           weight_decay=p.weight_decay)
-        self.generator = tasks.train_generator(
-            p.data_seed if p.data_seed is not None else p.seed, self.device)
+        self.optimizer = torch.optim.AdamW(groups, lr=p.lr, betas=(p.beta1, p.beta2), weight_decay=p.weight_decay)
+        self.generator = tasks.train_generator(p.data_seed if p.data_seed is not None else p.seed, self.device)
         self.eval_set = self.task.eval_batches(p.eval_seed, self.device)
         self.rebind_set = None
         if p.rebinding:
@@ -124,8 +136,7 @@ class Trainer:
                 raise ValueError(f"task {p.task!r} has no rebinding control (rebinding: true)")
         self.curriculum = self.task.curriculum(total_steps=p.steps)
         if p.anneal != "none" and not hasattr(self.model, "set_read_blend"):
-            raise ValueError(f"anneal {p.anneal!r} needs an arm with a read blend (mlstm), "
-                             f"not {p.arm!r}")
+            raise ValueError(f"anneal {p.anneal!r} needs an arm with a read blend (mlstm), not {p.arm!r}")
         self.step = 0
         self.trace: list[EvalPoint] = []
         self.elapsed = 0.0
@@ -145,9 +156,14 @@ class Trainer:
     # ---- schedules -------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         p = self.p
-        return p.lr * lr_multiplier(step, schedule=p.schedule, steps=p.steps,
-                                    warmup_steps=p.warmup_steps, cosine_steps=p.cosine_steps,
-                                    min_lr_ratio=p.min_lr_ratio)
+        return p.lr * lr_multiplier(
+            step,
+            schedule=p.schedule,
+            steps=p.steps,
+            warmup_steps=p.warmup_steps,
+            cosine_steps=p.cosine_steps,
+            min_lr_ratio=p.min_lr_ratio,
+        )
 
     def read_blend_at(self, step: int) -> float | None:
         """α of the read blend (1 = whitened, 0 = raw) for the anneals, else None."""
@@ -168,8 +184,9 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = g["base_lr"] * mult
         self.model.train()
-        loss, lg, tg = train_step(self.model, self.optimizer, inputs, targets, device=self.device,
-                                  bf16=self.bf16, grad_clip=self.p.grad_clip)
+        loss, lg, tg = train_step(
+            self.model, self.optimizer, inputs, targets, device=self.device, bf16=self.bf16, grad_clip=self.p.grad_clip
+        )
         probe = None
         if self.curriculum is not None:
             probe = (lg.detach().argmax(-1) == tg).float().mean().item()
@@ -180,8 +197,7 @@ class Trainer:
         acc, loss = score(self.model, self.eval_set, self.bf16, self.device)
         metrics: dict[str, float] = {}
         if self.rebind_set is not None:
-            metrics["rebind_acc"], metrics["rebind_loss"] = score(
-                self.model, self.rebind_set, self.bf16, self.device)
+            metrics["rebind_acc"], metrics["rebind_loss"] = score(self.model, self.rebind_set, self.bf16, self.device)
         return self.eval_point(step, lr, acc, loss, metrics)
 
     # ---- the per-trial bookkeeping shared with seed packs (orchestrator.train.pack) ------
@@ -201,8 +217,7 @@ class Trainer:
             self.curriculum.observe(step, probe)
         return True
 
-    def eval_point(self, step: int, lr: float, acc: float, loss: float,
-                   metrics: dict[str, float]) -> EvalPoint:
+    def eval_point(self, step: int, lr: float, acc: float, loss: float, metrics: dict[str, float]) -> EvalPoint:
         """The eval row at ``step`` from held-out scores (``metrics`` already holds the
         rebinding control's); drains the train-loss accumulator."""
         if self.curriculum is not None:
@@ -212,8 +227,9 @@ class Trainer:
             metrics["read_blend"] = blend
         train_loss = self._loss_sum / self._loss_n if self._loss_n else None
         self._loss_sum, self._loss_n = 0.0, 0
-        return EvalPoint(step=step, acc=acc, loss=loss, train_loss=train_loss, lr=lr,
-                         elapsed_s=self.elapsed, metrics=metrics)
+        return EvalPoint(
+            step=step, acc=acc, loss=loss, train_loss=train_loss, lr=lr, elapsed_s=self.elapsed, metrics=metrics
+        )
 
     def accept_eval(self, point: EvalPoint) -> bool:
         """Append ``point`` to the trace; on a non-finite score mark the trial diverged
@@ -222,8 +238,7 @@ class Trainer:
         if not (math.isfinite(point.loss) and math.isfinite(point.acc)):
             self.status, self.error = Status.diverged, f"non-finite eval loss at step {point.step}"
             return False
-        if (p.anneal == "escape" and self.anneal_start is None
-                and point.acc >= p.anneal_escape_at):
+        if p.anneal == "escape" and self.anneal_start is None and point.acc >= p.anneal_escape_at:
             self.anneal_start = point.step
         self.trace.append(point)
         self._check_stop()
@@ -245,8 +260,9 @@ class Trainer:
         if run >= self.stop_after + 1 and self.step < self.p.steps:
             since = self.trace[-run].step
             self.stopped_at = self.step
-            self.stop_reason = (f"escape at step {since} sustained {self.stop_after} evals "
-                                f"(acc >= {self.stop_escape_at:g})")
+            self.stop_reason = (
+                f"escape at step {since} sustained {self.stop_after} evals (acc >= {self.stop_escape_at:g})"
+            )
 
     def finish(self) -> None:
         if self.status == Status.running:
@@ -305,8 +321,7 @@ class Trainer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"checkpoint version {state.get('version')} is not "
-                             f"{CHECKPOINT_VERSION}")
+            raise ValueError(f"checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
         if state["params"] != self.params:
             raise ValueError("checkpoint belongs to a different trial config")
         self.model.load_state_dict(state["model"])

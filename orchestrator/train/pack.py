@@ -8,6 +8,7 @@ member norm), trace, status and checkpoint. Each member's checkpoint is written 
 trial's format, so a member can resume alone or in a pack. A member that diverges is marked
 ``diverged`` and its trace ends; the others go on (vmap keeps members' arithmetic apart).
 """
+
 from __future__ import annotations
 
 import copy
@@ -50,8 +51,7 @@ class PackTrainer:
     status, trace and lone-format state (after :meth:`sync_members`).
     """
 
-    def __init__(self, member_params: Sequence[Mapping[str, Any]], *,
-                 device: str | torch.device | None = None):
+    def __init__(self, member_params: Sequence[Mapping[str, Any]], *, device: str | torch.device | None = None):
         if len(member_params) < 2:
             raise ValueError("a pack needs at least two members")
         sigs = {pack_signature(dict(p)) for p in member_params}
@@ -107,8 +107,10 @@ class PackTrainer:
                     st = self.optimizer.state.get(sp)
                     if st:
                         m.optimizer.state[named[name]] = {
-                            "step": st["step"].clone(), "exp_avg": st["exp_avg"][j].clone(),
-                            "exp_avg_sq": st["exp_avg_sq"][j].clone()}
+                            "step": st["step"].clone(),
+                            "exp_avg": st["exp_avg"][j].clone(),
+                            "exp_avg_sq": st["exp_avg_sq"][j].clone(),
+                        }
                 for name, b in m.model.named_buffers():
                     b.copy_(self.buffers[name][j])
                 for g_m, g_s in zip(m.optimizer.param_groups, self.optimizer.param_groups):
@@ -136,8 +138,9 @@ class PackTrainer:
         logits = self._forward(inputs).float()
         n = len(self.members)
         mask = targets != tasks.IGNORE
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                             ignore_index=tasks.IGNORE, reduction="none").view(n, -1)
+        ce = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=tasks.IGNORE, reduction="none"
+        ).view(n, -1)
         counts = mask.view(n, -1).sum(1)
         losses = (ce * mask.view(n, -1)).sum(1) / counts
         self.optimizer.zero_grad(set_to_none=True)
@@ -173,8 +176,13 @@ class PackTrainer:
             mask = targets != tasks.IGNORE
             lg = logits[:, mask].float()  # (N, n_scored, V)
             tg = targets[mask]
-            loss_sum += F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.repeat(n),
-                                        reduction="none").view(n, -1).sum(1).double().cpu()
+            loss_sum += (
+                F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.repeat(n), reduction="none")
+                .view(n, -1)
+                .sum(1)
+                .double()
+                .cpu()
+            )
             correct += (lg.argmax(-1) == tg).sum(1).double().cpu()
             total += tg.numel()
         return (correct / total).tolist(), (loss_sum / total).tolist()
@@ -187,8 +195,7 @@ class PackTrainer:
             racc, rloss = self._score(self.rebind_set)
             for j in range(len(self.members)):
                 extra[j].update(rebind_acc=racc[j], rebind_loss=rloss[j])
-        return [m.eval_point(step, lr, accs[j], losses[j], extra[j])
-                for j, m in enumerate(self.members)]
+        return [m.eval_point(step, lr, accs[j], losses[j], extra[j]) for j, m in enumerate(self.members)]
 
     def run(self) -> Iterator[list[tuple[int, EvalPoint]]]:
         p = self.p

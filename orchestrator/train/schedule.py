@@ -1,12 +1,20 @@
 """Learning-rate schedules, as a multiplier of the base LR for optimizer update ``step``
 (1-based: the first update is step 1)."""
+
 from __future__ import annotations
 
 import math
 
 
-def lr_multiplier(step: int, *, schedule: str, steps: int, warmup_steps: int = 0,
-                  cosine_steps: int | None = None, min_lr_ratio: float = 0.0) -> float:
+def lr_multiplier(
+    step: int,
+    *,
+    schedule: str,
+    steps: int,
+    warmup_steps: int = 0,
+    cosine_steps: int | None = None,
+    min_lr_ratio: float = 0.0,
+) -> float:
     """Linear warmup over ``warmup_steps``, then constant or cosine decay to ``min_lr_ratio``
     over the period ``cosine_steps`` (default: the budget). Past the period the LR stays at
     its floor: a period longer than the budget (the scaffold study's T = 4,000 at a 2,000-step

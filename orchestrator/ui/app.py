@@ -5,6 +5,7 @@ browser by Plotly.js (served from the ``plotly`` wheel, so no CDN) from the JSON
 which the pages poll for what is new. Every handler is a plain function: Starlette runs
 them in its thread pool, so a slow query does not stall the event loop.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,7 @@ def _clean(v: Any) -> Any:
 
 class _JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":"), default=str,
-                          allow_nan=False).encode()
+        return json.dumps(content, separators=(",", ":"), default=str, allow_nan=False).encode()
 
 
 def create_app(engine, url: str) -> Starlette:
@@ -67,8 +67,9 @@ def create_app(engine, url: str) -> Starlette:
     shown_url = describe(url)
 
     def page(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
-        return templates.TemplateResponse(request, name, {"db": shown_url, "poll_ms": POLL_MS,
-                                                          **ctx}, status_code=status)
+        return templates.TemplateResponse(
+            request, name, {"db": shown_url, "poll_ms": POLL_MS, **ctx}, status_code=status
+        )
 
     def not_found(request: Request, msg: str) -> Response:
         if request.url.path.startswith("/api/"):
@@ -83,6 +84,7 @@ def create_app(engine, url: str) -> Starlette:
                 return not_found(request, str(exc))
             except UserError as exc:
                 return _JSON({"error": f"error: {exc}"}, status_code=400)
+
         return handler
 
     def arg(request: Request, name: str) -> str | None:
@@ -123,17 +125,18 @@ def create_app(engine, url: str) -> Starlette:
         ids = None
         if where or key:
             ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
-        return _JSON(q.traces(engine, name, since=arg(request, "since"), trial_ids=ids,
-                              full=arg(request, "full") == "1"))
+        return _JSON(
+            q.traces(engine, name, since=arg(request, "since"), trial_ids=ids, full=arg(request, "full") == "1")
+        )
 
     @guarded
     def api_km(request: Request) -> Response:
-        return _JSON(_clean(q.escape_times(engine, request.path_params["name"],
-                                           arg(request, "by"), arg(request, "where"))))
+        return _JSON(
+            _clean(q.escape_times(engine, request.path_params["name"], arg(request, "by"), arg(request, "where")))
+        )
 
     def plotly(_request: Request) -> Response:
-        return FileResponse(plotly_path, media_type="text/javascript",
-                            headers={"Cache-Control": "max-age=86400"})
+        return FileResponse(plotly_path, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
     async def missing(request: Request, exc) -> Response:
         return not_found(request, f"nothing at {request.url.path}")
@@ -164,8 +167,7 @@ def serve(db: str | None, host: str, port: int, *, announce=print) -> None:
             pass
     except OSError as exc:
         engine.dispose()
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
-                        "pick another with --port") from None
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with --port") from None
     app = create_app(engine, url)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)

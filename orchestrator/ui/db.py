@@ -13,6 +13,7 @@ plus any touched since (clock - margin), and sends only steps past the ones the 
 The margin covers PostgreSQL's ``now()`` being the writer's transaction start and SQLite's
 one-second clock.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,8 +36,7 @@ from orchestrator.store.dialect import readonly_authorizer, sqlite_connect
 # SQLAlchemy reads the isolation level on connect and Alembic the version table's
 # columns; neither pragma changes anything (the ``*_info`` ones take a table name).
 _EXTRA_READ_PRAGMAS = {"read_uncommitted"}
-_INFO_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo",
-                 "foreign_key_list"}
+_INFO_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
 
 
 def _ui_authorizer(action: int, arg1, arg2, dbname, source) -> int:
@@ -45,6 +45,7 @@ def _ui_authorizer(action: int, arg1, arg2, dbname, source) -> int:
         if (arg2 is None and name in _EXTRA_READ_PRAGMAS) or name in _INFO_PRAGMAS:
             return sqlite3.SQLITE_OK
     return readonly_authorizer(action, arg1, arg2, dbname, source)
+
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
@@ -78,6 +79,7 @@ def readonly_engine(db: str | None) -> tuple[Engine, str]:
             with dbapi_conn.cursor() as cur:
                 cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
             dbapi_conn.commit()
+
     try:
         ensure_schema(engine, url, auto_create=False)
     except sa.exc.DBAPIError as exc:
@@ -110,8 +112,7 @@ def _params(p: Any) -> dict:
 
 
 def sweep_id(conn, name: str) -> int:
-    sid = conn.execute(sa.text("SELECT id FROM sweeps WHERE name = :n"), {"n": name}
-                       ).scalar_one_or_none()
+    sid = conn.execute(sa.text("SELECT id FROM sweeps WHERE name = :n"), {"n": name}).scalar_one_or_none()
     if sid is None:
         raise NotFound(f"no sweep named {name!r} in this database")
     return int(sid)
@@ -126,8 +127,7 @@ def describe_spec(spec_text: str) -> str:
 
 
 def spec_analysis(conn, name: str) -> dict[str, Any]:
-    text = conn.execute(sa.text("SELECT spec_text FROM sweeps WHERE name = :n"), {"n": name}
-                        ).scalar_one_or_none() or ""
+    text = conn.execute(sa.text("SELECT spec_text FROM sweeps WHERE name = :n"), {"n": name}).scalar_one_or_none() or ""
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError:
@@ -142,18 +142,29 @@ def sweeps(engine: Engine) -> list[dict[str, Any]]:
 
     report = {s["sweep"]: s for s in sweep_status(engine)["sweeps"]}
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT s.name, s.spec_text, s.created_at, MIN(t.started_at) AS started, "
-            "MAX(t.updated_at) AS updated FROM sweeps s LEFT JOIN trials t ON t.sweep_id = s.id "
-            "GROUP BY s.id, s.name, s.spec_text, s.created_at ORDER BY s.created_at")).all()
+        rows = conn.execute(
+            sa.text(
+                "SELECT s.name, s.spec_text, s.created_at, MIN(t.started_at) AS started, "
+                "MAX(t.updated_at) AS updated FROM sweeps s LEFT JOIN trials t ON t.sweep_id = s.id "
+                "GROUP BY s.id, s.name, s.spec_text, s.created_at ORDER BY s.created_at"
+            )
+        ).all()
     out = []
     for r in rows:
         st = report.get(r.name, {})
-        out.append({"name": r.name, "description": describe_spec(r.spec_text),
-                    "total": st.get("total", 0), "counts": st.get("counts", {}),
-                    "progress": st.get("progress"), "eta_s": st.get("eta_s"),
-                    "created_at": _iso(r.created_at), "started_at": _iso(r.started),
-                    "updated_at": _iso(r.updated)})
+        out.append(
+            {
+                "name": r.name,
+                "description": describe_spec(r.spec_text),
+                "total": st.get("total", 0),
+                "counts": st.get("counts", {}),
+                "progress": st.get("progress"),
+                "eta_s": st.get("eta_s"),
+                "created_at": _iso(r.created_at),
+                "started_at": _iso(r.started),
+                "updated_at": _iso(r.updated),
+            }
+        )
     return out
 
 
@@ -172,30 +183,50 @@ class TrialTable:
     varying: list[str]
 
 
-def trials(engine: Engine, name: str, where: str | None = None,
-           key: str | None = None) -> TrialTable:
+def trials(engine: Engine, name: str, where: str | None = None, key: str | None = None) -> TrialTable:
     from orchestrator.analysis.data import params_frame
     from orchestrator.analysis.where import filter_trial_ids
     from orchestrator.params import flatten_params
 
     with engine.connect() as conn:
         sid = sweep_id(conn, name)
-        fin = conn.execute(sa.text(
-            "SELECT trial_id, key, status, steps, final_step, final_acc, final_loss, best_acc, "
-            "params FROM trial_final WHERE sweep = :n ORDER BY trial_id"), {"n": name}).all()
-        meta = {r.id: r for r in conn.execute(sa.text(
-            "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials "
-            "WHERE sweep_id = :s"), {"s": sid}).all()}
-        stops = dict(conn.execute(sa.text(
-            "SELECT s.trial_id, s.step FROM trial_stops s JOIN trials t ON t.id = s.trial_id "
-            "WHERE t.sweep_id = :s"), {"s": sid}).all()) if where and where.strip() else {}
+        fin = conn.execute(
+            sa.text(
+                "SELECT trial_id, key, status, steps, final_step, final_acc, final_loss, best_acc, "
+                "params FROM trial_final WHERE sweep = :n ORDER BY trial_id"
+            ),
+            {"n": name},
+        ).all()
+        meta = {
+            r.id: r
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials "
+                    "WHERE sweep_id = :s"
+                ),
+                {"s": sid},
+            ).all()
+        }
+        stops = (
+            dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT s.trial_id, s.step FROM trial_stops s JOIN trials t ON t.id = s.trial_id "
+                        "WHERE t.sweep_id = :s"
+                    ),
+                    {"s": sid},
+                ).all()
+            )
+            if where and where.strip()
+            else {}
+        )
     params = [_params(r.params) for r in fin]
     if where and where.strip():
-        frame, _names, _al = params_frame([r.trial_id for r in fin], [r.key for r in fin],
-                                          [r.status for r in fin], params)
+        frame, _names, _al = params_frame(
+            [r.trial_id for r in fin], [r.key for r in fin], [r.status for r in fin], params
+        )
         # The same columns the analysis filters on (analysis.data.load), so a --where reads alike.
-        frame["stopped_at"] = [float(stops[t]) if t in stops else float("nan")
-                               for t in frame["trial_id"]]
+        frame["stopped_at"] = [float(stops[t]) if t in stops else float("nan") for t in frame["trial_id"]]
         keep = set(filter_trial_ids(frame, where))
     else:
         keep = None
@@ -212,14 +243,24 @@ def trials(engine: Engine, name: str, where: str | None = None,
             names.setdefault(k, None)
         m = meta.get(r.trial_id)
         err = (m.error or "") if m else ""
-        rows.append({"trial_id": r.trial_id, "key": r.key, "status": r.status,
-                     "steps": r.steps, "step": r.final_step, "final_acc": r.final_acc,
-                     "final_loss": r.final_loss, "best_acc": r.best_acc,
-                     "error": err.strip().splitlines()[-1] if err.strip() else "",
-                     "params": flat,
-                     "host": m.host if m else None, "device": m.device if m else None,
-                     "started_at": _iso(m.started_at) if m else None,
-                     "updated_at": _iso(m.updated_at) if m else None})
+        rows.append(
+            {
+                "trial_id": r.trial_id,
+                "key": r.key,
+                "status": r.status,
+                "steps": r.steps,
+                "step": r.final_step,
+                "final_acc": r.final_acc,
+                "final_loss": r.final_loss,
+                "best_acc": r.best_acc,
+                "error": err.strip().splitlines()[-1] if err.strip() else "",
+                "params": flat,
+                "host": m.host if m else None,
+                "device": m.device if m else None,
+                "started_at": _iso(m.started_at) if m else None,
+                "updated_at": _iso(m.updated_at) if m else None,
+            }
+        )
     varying = [n for n in names if _varies(f.get(n) for f in flat_all)]
     return TrialTable(rows=rows, params=list(names), varying=varying)
 
@@ -239,10 +280,14 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
     """One trial: every param, status, error text, placement, timestamps."""
     with engine.connect() as conn:
         sid = sweep_id(conn, name)
-        r = conn.execute(sa.text(
-            "SELECT id, key, status, attempts, params, host, node_id, device, steps, error, "
-            "final_step, final_acc, best_acc, created_at, started_at, finished_at, updated_at "
-            "FROM trials WHERE sweep_id = :s AND key = :k"), {"s": sid, "k": key}).first()
+        r = conn.execute(
+            sa.text(
+                "SELECT id, key, status, attempts, params, host, node_id, device, steps, error, "
+                "final_step, final_acc, best_acc, created_at, started_at, finished_at, updated_at "
+                "FROM trials WHERE sweep_id = :s AND key = :k"
+            ),
+            {"s": sid, "k": key},
+        ).first()
     if r is None:
         raise NotFound(f"sweep {name!r} has no trial {key!r}")
     from orchestrator.params import flatten_params
@@ -255,8 +300,7 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
 
 
 def encode_cursor(t: dt.datetime, last: dict[int, int]) -> str:
-    raw = json.dumps({"t": t.isoformat(), "s": {str(k): v for k, v in last.items()}},
-                     separators=(",", ":"))
+    raw = json.dumps({"t": t.isoformat(), "s": {str(k): v for k, v in last.items()}}, separators=(",", ":"))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -266,12 +310,12 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, dict[int, int]]:
         data = json.loads(raw)
         return (_aware(data["t"]), {int(k): int(v) for k, v in data["s"].items()})
     except Exception:
-        raise UserError(f"since={cursor[:40]!r}: not a cursor this server gave out "
-                        "(drop it to start over)") from None
+        raise UserError(f"since={cursor[:40]!r}: not a cursor this server gave out (drop it to start over)") from None
 
 
-def traces(engine: Engine, name: str, since: str | None = None,
-           trial_ids: set[int] | None = None, full: bool = False) -> dict[str, Any]:
+def traces(
+    engine: Engine, name: str, since: str | None = None, trial_ids: set[int] | None = None, full: bool = False
+) -> dict[str, Any]:
     """Eval rows of a sweep as columns (``trial_id, step, acc, loss``; with ``full`` also
     ``train_loss, step_lr, elapsed_s, metrics``), only those past ``since``, plus the
     cursor for the next call."""
@@ -284,10 +328,16 @@ def traces(engine: Engine, name: str, since: str | None = None,
             cand = None
         else:
             th = _since_param(conn, prev_t - dt.timedelta(seconds=MARGIN_S))
-            cand = {int(i) for i in conn.execute(sa.text(
-                "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
-                "AND (t.updated_at >= :th OR t.status = 'running')"), {"n": name, "th": th}
-            ).scalars()} | set(prev_last)
+            cand = {
+                int(i)
+                for i in conn.execute(
+                    sa.text(
+                        "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
+                        "AND (t.updated_at >= :th OR t.status = 'running')"
+                    ),
+                    {"n": name, "th": th},
+                ).scalars()
+            } | set(prev_last)
         if trial_ids is not None:
             cand = set(trial_ids) if cand is None else cand & set(trial_ids)
         sql = f"SELECT {', '.join(cols)} FROM trial_trace WHERE sweep = :n"
@@ -300,19 +350,28 @@ def traces(engine: Engine, name: str, since: str | None = None,
         sql += " ORDER BY trial_id, step"
         rows = _raw(conn, sql, bind)
         th_new = _since_param(conn, now - dt.timedelta(seconds=MARGIN_S))
-        open_ids = {int(i) for i in conn.execute(sa.text(
-            "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
-            "AND (t.updated_at >= :th OR t.status = 'running')"), {"n": name, "th": th_new}
-        ).scalars()}
+        open_ids = {
+            int(i)
+            for i in conn.execute(
+                sa.text(
+                    "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
+                    "AND (t.updated_at >= :th OR t.status = 'running')"
+                ),
+                {"n": name, "th": th_new},
+            ).scalars()
+        }
     if prev_last:
         rows = [r for r in rows if r[1] > prev_last.get(int(r[0]), -1)]
     # Rows come ordered by (trial, step): the last value a dict keeps per trial is its top step.
     last: dict[int, int] = dict(zip(map(itemgetter(0), rows), map(itemgetter(1), rows)))
-    keep = {i: max(last.get(i, -1), prev_last.get(i, -1)) for i in open_ids
-            if trial_ids is None or i in trial_ids}
+    keep = {i: max(last.get(i, -1), prev_last.get(i, -1)) for i in open_ids if trial_ids is None or i in trial_ids}
     keep = {i: s for i, s in keep.items() if s >= 0 or i in last}
-    return {"columns": _columns(rows, cols, exact=full), "n": len(rows),
-            "cursor": encode_cursor(now, keep), "now": now.isoformat(timespec="seconds")}
+    return {
+        "columns": _columns(rows, cols, exact=full),
+        "n": len(rows),
+        "cursor": encode_cursor(now, keep),
+        "now": now.isoformat(timespec="seconds"),
+    }
 
 
 def _columns(rows: list[tuple], cols: tuple[str, ...], exact: bool) -> dict[str, list]:
@@ -370,10 +429,13 @@ class _PrepCache:
     @staticmethod
     def stamp(engine: Engine, name: str) -> tuple:
         with engine.connect() as conn:
-            rows = conn.execute(sa.text(
-                "SELECT t.status, COUNT(*), MAX(t.updated_at) FROM trials t JOIN sweeps s "
-                "ON s.id = t.sweep_id WHERE s.name = :n GROUP BY t.status ORDER BY t.status"),
-                {"n": name}).all()
+            rows = conn.execute(
+                sa.text(
+                    "SELECT t.status, COUNT(*), MAX(t.updated_at) FROM trials t JOIN sweeps s "
+                    "ON s.id = t.sweep_id WHERE s.name = :n GROUP BY t.status ORDER BY t.status"
+                ),
+                {"n": name},
+            ).all()
         return tuple((r[0], int(r[1]), str(r[2])) for r in rows)
 
     def get(self, engine: Engine, name: str, key: tuple, build):
@@ -404,21 +466,22 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
         sweep_id(conn, name)
         # The spec's thresholds (escape_at, horizon, ...) hold; its groups and contrasts do
         # not, since the page picks the grouping.
-        block = {k: v for k, v in spec_analysis(conn, name).items()
-                 if k not in ("by", "cells", "compare", "contrasts", "heatmap", "statuses",
-                              "where")}
+        block = {
+            k: v
+            for k, v in spec_analysis(conn, name).items()
+            if k not in ("by", "cells", "compare", "contrasts", "heatmap", "statuses", "where")
+        }
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(
-        where=where or None, statuses=["running", "completed", "diverged"])
+        where=where or None, statuses=["running", "completed", "diverged"]
+    )
     key = (id(engine), name, cfg.model_dump_json())
     prep = PREPARED.get(engine, name, key, lambda: api.prepare(engine, name, cfg))
     if by:
         check_params(prep.trials, [by], prep.data.params, "by")
     cfg = cfg.with_overrides(by=[by] if by else None)
     km = survival.km(prep.trials, cfg)
-    out: dict[str, Any] = {"by": cfg.by, "escape_at": cfg.escape_at,
-                           "groups": km.to_dict()["groups"], "logrank": None}
+    out: dict[str, Any] = {"by": cfg.by, "escape_at": cfg.escape_at, "groups": km.to_dict()["groups"], "logrank": None}
     if cfg.by and len(km.groups) >= 2:
         lr = survival.logrank(prep.trials, cfg)
-        out["logrank"] = {"p_value": lr.p_value, "test_statistic": lr.test_statistic,
-                          "kind": lr.details.get("kind")}
+        out["logrank"] = {"p_value": lr.p_value, "test_statistic": lr.test_statistic, "kind": lr.details.get("kind")}
     return out

@@ -8,6 +8,7 @@ sees what the submitting terminal sees. The ETA is steps left over the rate of s
 (:func:`eta_seconds`), so it moves from the first eval on instead of waiting for a trial to
 finish.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -83,8 +84,7 @@ class TrialBoard:
 
     @property
     def done_steps(self) -> int:
-        return self.finished_steps + sum(min(r.step, r.steps or r.step)
-                                         for r in self.running.values())
+        return self.finished_steps + sum(min(r.step, r.steps or r.step) for r in self.running.values())
 
     def elapsed(self) -> float:
         if self.elapsed_override is not None:
@@ -98,14 +98,14 @@ class TrialBoard:
 
     def table(self) -> Table:
         t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for col, j in (("running trial", "left"), ("step", "right"), ("acc", "right"),
-                       ("elapsed", "right")):
+        for col, j in (("running trial", "left"), ("step", "right"), ("acc", "right"), ("elapsed", "right")):
             t.add_column(col, justify=j)
         now = time.monotonic()
         rows = sorted(self.running.values(), key=lambda r: r.started)
         for r in rows[:MAX_ROWS]:
-            t.add_row(r.label, f"{r.step}/{r.steps or '?'}",
-                      "" if r.acc is None else f"{r.acc:.3f}", fmt_eta(now - r.started))
+            t.add_row(
+                r.label, f"{r.step}/{r.steps or '?'}", "" if r.acc is None else f"{r.acc:.3f}", fmt_eta(now - r.started)
+            )
         if len(rows) > MAX_ROWS:
             t.add_row(f"... {len(rows) - MAX_ROWS} more", "", "", "")
         return t
@@ -116,17 +116,20 @@ class BoardProgress(Progress):
 
     def __init__(self, board: TrialBoard, **kwargs: Any):
         self.board = board  # before Progress.__init__, which renders once
-        super().__init__(TextColumn("[bold]{task.description}"), BarColumn(),
-                         TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
-                         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                         TextColumn("ETA {task.fields[eta]}"), **kwargs)
-        self.task = self.add_task("steps", total=max(board.total_steps, 1), detail="",
-                                  eta=fmt_eta(None))
+        super().__init__(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA {task.fields[eta]}"),
+            **kwargs,
+        )
+        self.task = self.add_task("steps", total=max(board.total_steps, 1), detail="", eta=fmt_eta(None))
 
     def sync(self, detail: str) -> None:
         b = self.board
-        self.update(self.task, total=max(b.total_steps, 1), completed=b.done_steps,
-                    detail=detail, eta=fmt_eta(b.eta()))
+        self.update(self.task, total=max(b.total_steps, 1), completed=b.done_steps, detail=detail, eta=fmt_eta(b.eta()))
 
     def get_renderables(self):
         yield self.make_tasks_table(self.tasks)
@@ -151,10 +154,14 @@ def board_from_db(engine, sweep: str) -> tuple[TrialBoard, dict[str, Any]]:
     st = sweep_status(engine, sweep)["sweeps"][0]
     with engine.connect() as conn:
         now = _aware(conn.execute(sa.text("SELECT CURRENT_TIMESTAMP")).scalar_one())
-        rows = conn.execute(sa.text(
-            "SELECT f.key, f.status, f.steps, f.final_step, f.final_acc, f.params, t.started_at "
-            "FROM trial_final f JOIN trials t ON t.id = f.trial_id WHERE f.sweep = :n "
-            "ORDER BY f.trial_id"), {"n": sweep}).all()
+        rows = conn.execute(
+            sa.text(
+                "SELECT f.key, f.status, f.steps, f.final_step, f.final_acc, f.params, t.started_at "
+                "FROM trial_final f JOIN trials t ON t.id = f.trial_id WHERE f.sweep = :n "
+                "ORDER BY f.trial_id"
+            ),
+            {"n": sweep},
+        ).all()
     board = TrialBoard(counts=st["counts"])
     mono = time.monotonic()
     starts = []
@@ -166,8 +173,7 @@ def board_from_db(engine, sweep: str) -> tuple[TrialBoard, dict[str, Any]]:
             starts.append(started)
         if r.status == "running":
             params = r.params if isinstance(r.params, dict) else json.loads(r.params or "{}")
-            run = Running(short_label(r.key, params), steps or None, int(r.final_step or 0),
-                          r.final_acc)
+            run = Running(short_label(r.key, params), steps or None, int(r.final_step or 0), r.final_acc)
             if started is not None and now is not None:
                 run.started = mono - (now - started).total_seconds()
             board.running[r.key] = run
@@ -180,10 +186,15 @@ def board_from_db(engine, sweep: str) -> tuple[TrialBoard, dict[str, Any]]:
 
 
 def counts_detail(counts: dict[str, int]) -> str:
-    short = {"pending": "wait", "running": "run", "completed": "ok", "diverged": "div",
-             "failed": "fail", "retry": "retry"}
-    return " ".join(f"{short.get(k, k)} {v}" for k, v in counts.items() if v or k in
-                    ("running", "completed"))
+    short = {
+        "pending": "wait",
+        "running": "run",
+        "completed": "ok",
+        "diverged": "div",
+        "failed": "fail",
+        "retry": "retry",
+    }
+    return " ".join(f"{short.get(k, k)} {v}" for k, v in counts.items() if v or k in ("running", "completed"))
 
 
 def watch(engine, sweep: str, interval: float, console) -> dict[str, Any]:

@@ -15,6 +15,7 @@ output says so. Prints one JSON object; exit status 1 if a check failed.
 
     python tests/gpu/train_smoke.py [--device cuda] [--impl triton] [--steps 50] [--out FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,12 +56,12 @@ class TinyScanModel(nn.Module):
             q, k, v, g = parts
             beta = torch.sigmoid(g[..., 0])
             alpha = torch.sigmoid(g[..., 1] + 3.0)
-            o, _ = kernels.delta_rule(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta, alpha,
-                                      impl=self.impl)
+            o, _ = kernels.delta_rule(F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta, alpha, impl=self.impl)
         else:
             r, k, v, w, kap, a = parts
-            o, _ = kernels.dplr_scan(r, k, v, torch.sigmoid(w + 3.0), F.normalize(kap, dim=-1),
-                                     torch.sigmoid(a), impl=self.impl)
+            o, _ = kernels.dplr_scan(
+                r, k, v, torch.sigmoid(w + 3.0), F.normalize(kap, dim=-1), torch.sigmoid(a), impl=self.impl
+            )
         return self.head(h + self.out(o.squeeze(1)))
 
 
@@ -103,9 +104,17 @@ def train(arm: str, impl: str, precision: str, args) -> dict:
     secs = time.perf_counter() - t0
     # Means over the first and last fifth: single-batch losses are noisy.
     win = max(1, len(losses) // 5)
-    return {"arm": arm, "impl": impl, "precision": precision, "model": source,
-            "first_loss": sum(losses[:win]) / win, "last_loss": sum(losses[-win:]) / win, "losses": losses,
-            "ms_per_step": 1e3 * secs / args.steps, "finite": all(math.isfinite(v) for v in losses)}
+    return {
+        "arm": arm,
+        "impl": impl,
+        "precision": precision,
+        "model": source,
+        "first_loss": sum(losses[:win]) / win,
+        "last_loss": sum(losses[-win:]) / win,
+        "losses": losses,
+        "ms_per_step": 1e3 * secs / args.steps,
+        "finite": all(math.isfinite(v) for v in losses),
+    }
 
 
 def main() -> int:
@@ -138,9 +147,15 @@ def main() -> int:
             "bf16_loss_falls": bf16["last_loss"] < bf16["first_loss"],
         }
     ok = all(v for c in checks.values() for k, v in c.items() if isinstance(v, bool))
-    result = {"device": args.device, "impl": args.impl, "steps": args.steps, "ok": ok, "checks": checks,
-              "runs": [{k: v for k, v in r.items() if k != "losses"} for r in runs],
-              "traces": {f"{r['arm']}/{r['impl']}/{r['precision']}": r["losses"] for r in runs}}
+    result = {
+        "device": args.device,
+        "impl": args.impl,
+        "steps": args.steps,
+        "ok": ok,
+        "checks": checks,
+        "runs": [{k: v for k, v in r.items() if k != "losses"} for r in runs],
+        "traces": {f"{r['arm']}/{r['impl']}/{r['precision']}": r["losses"] for r in runs},
+    }
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).write_text(text)
