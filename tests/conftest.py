@@ -59,3 +59,16 @@ def db_url(request, tmp_path):
         yield url
     finally:
         drop()
+
+
+def two_arm_spec(name: str, *, retries: int | None = None) -> str:
+    """The small two-arm, three-seed MQAR sweep the runner, lifecycle and fault tests kill,
+    cancel and resume (240 steps, an eval every 20: 13 rows a trial, checkpoint every step)."""
+    return (
+        f"\nname: {name}\n"
+        "fixed:\n  task: mqar\n  task.K: 8\n  task.eval_size: 64\n  d_model: 16\n  n_layers: 1\n"
+        "  batch_size: 16\n  checkpoint_every_s: 0\n"
+        "axes:\n  arm: [gated_deltanet, armed_gdn]\n  seed: 0..2\n"
+        "budget: {steps: 240, eval_every: 20}\nresources: {cpu: 1}\nmax_concurrent: 2\n"
+        + (f"retries: {retries}\n" if retries is not None else "")
+    )

@@ -20,28 +20,11 @@ import sqlalchemy as sa
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
-from conftest import POSTGRES_URL, make_pg_schema_url
+from conftest import POSTGRES_URL, make_pg_schema_url, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
-SPEC = """
-name: life
-fixed:
-  task: mqar
-  task.K: 8
-  task.eval_size: 64
-  d_model: 16
-  n_layers: 1
-  batch_size: 16
-  checkpoint_every_s: 0
-axes:
-  arm: [gated_deltanet, armed_gdn]
-  seed: 0..2
-budget: {steps: 240, eval_every: 20}
-resources: {cpu: 1}
-max_concurrent: 2
-retries: 2
-"""
+SPEC = two_arm_spec("life", retries=2)
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 # RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
 # (or engineer) left running on this machine.

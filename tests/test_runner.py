@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
-from conftest import POSTGRES_URL, make_pg_schema_url
+from conftest import POSTGRES_URL, make_pg_schema_url, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -84,23 +84,7 @@ def test_submit_end_to_end_and_sql(db_url, tmp_path, capsys):
         assert hosts == ["cpu (fp32)"]
 
 
-KILL_SPEC = """
-name: killme
-fixed:
-  task: mqar
-  task.K: 8
-  task.eval_size: 64
-  d_model: 16
-  n_layers: 1
-  batch_size: 16
-  checkpoint_every_s: 0
-axes:
-  arm: [gated_deltanet, armed_gdn]
-  seed: 0..2
-budget: {steps: 240, eval_every: 20}
-resources: {cpu: 1}
-max_concurrent: 2
-"""
+KILL_SPEC = two_arm_spec("killme")
 
 
 def _evals(url):
