@@ -313,6 +313,18 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, dict[int, int]]:
         raise UserError(f"since={cursor[:40]!r}: not a cursor this server gave out (drop it to start over)") from None
 
 
+def _touched(conn, name: str, th: Any) -> set[int]:
+    """Ids of the sweep's trials written since ``th`` or still running (what a cursor re-reads)."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
+            "AND (t.updated_at >= :th OR t.status = 'running')"
+        ),
+        {"n": name, "th": th},
+    ).scalars()
+    return {int(i) for i in rows}
+
+
 def traces(
     engine: Engine, name: str, since: str | None = None, trial_ids: set[int] | None = None, full: bool = False
 ) -> dict[str, Any]:
@@ -328,16 +340,7 @@ def traces(
             cand = None
         else:
             th = _since_param(conn, prev_t - dt.timedelta(seconds=MARGIN_S))
-            cand = {
-                int(i)
-                for i in conn.execute(
-                    sa.text(
-                        "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
-                        "AND (t.updated_at >= :th OR t.status = 'running')"
-                    ),
-                    {"n": name, "th": th},
-                ).scalars()
-            } | set(prev_last)
+            cand = _touched(conn, name, th) | set(prev_last)
         if trial_ids is not None:
             cand = set(trial_ids) if cand is None else cand & set(trial_ids)
         sql = f"SELECT {', '.join(cols)} FROM trial_trace WHERE sweep = :n"
@@ -350,16 +353,7 @@ def traces(
         sql += " ORDER BY trial_id, step"
         rows = _raw(conn, sql, bind)
         th_new = _since_param(conn, now - dt.timedelta(seconds=MARGIN_S))
-        open_ids = {
-            int(i)
-            for i in conn.execute(
-                sa.text(
-                    "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
-                    "AND (t.updated_at >= :th OR t.status = 'running')"
-                ),
-                {"n": name, "th": th_new},
-            ).scalars()
-        }
+        open_ids = _touched(conn, name, th_new)
     if prev_last:
         rows = [r for r in rows if r[1] > prev_last.get(int(r[0]), -1)]
     # Rows come ordered by (trial, step): the last value a dict keeps per trial is its top step.
