@@ -1,7 +1,25 @@
-"""Stable trial identity: a hash of the resolved config.
+"""Stable trial identity: a hash of what determines a trial's trajectory.
 
 Ray Tune's own trial ids change on every launch; ours must not, so re-submitting a spec names
 the same trials and adding seeds adds only the new ones.
+
+The key covers what decides where a trial goes, not how far it runs or how it is executed:
+
+- the budget, ``steps`` and ``eval_every``: a larger ``steps`` continues the same trial from
+  its checkpoint (its trace so far stays as it is); evaluating more or less often never
+  touches the training stream;
+- execution-only settings, ``threads`` and ``checkpoint_every_s``;
+- ``tag.*`` labels, which never reach the model or the data.
+
+``steps`` stays in the key when the budget shapes the trajectory itself, so that extending
+it would change the past (``budget_shapes_trajectory`` says why): a ``cosine`` schedule
+without an explicit ``cosine_steps`` period, a read-blend ``anneal`` (its length is a fraction
+of the budget), a ``ramp`` curriculum without ``ramp_steps`` (it spans half the budget).
+Such a trial at another budget is another trial.
+
+Imported records (``record_key``) keep a hash of every parameter: they are finished runs from
+elsewhere, never continued. Migration ``0005_identity`` re-keys databases written before this rule with a frozen copy of
+it; change the rule only together with a new migration.
 """
 
 from __future__ import annotations
@@ -11,13 +29,46 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+BUDGET_FIELDS = ("steps", "eval_every")
+EXECUTION_FIELDS = ("threads", "checkpoint_every_s")
+LABEL_PREFIX = "tag."
+
 
 def canonical_json(params: Mapping[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
 
 
+def budget_shapes_trajectory(params: Mapping[str, Any]) -> str | None:
+    """Why this resolved config's trajectory depends on its ``steps``, or None."""
+    if params.get("schedule") == "cosine" and params.get("cosine_steps") is None:
+        return "its cosine schedule decays over the budget (set cosine_steps to fix the period)"
+    if params.get("anneal", "none") != "none":
+        return f"its {params['anneal']} anneal lasts a fraction (anneal_frac) of the budget"
+    if params.get("task.curriculum") == "ramp" and params.get("task.ramp_steps") is None:
+        return "its ramp curriculum spans half the budget (set task.ramp_steps to fix it)"
+    return None
+
+
+def non_identity(name: str, params: Mapping[str, Any]) -> bool:
+    """True for a parameter that can change without making another trial."""
+    if name.startswith(LABEL_PREFIX) or name in EXECUTION_FIELDS or name == "eval_every":
+        return True
+    return name == "steps" and budget_shapes_trajectory(params) is None
+
+
+def identity(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a resolved config that decides the trajectory."""
+    return {k: v for k, v in params.items() if not non_identity(k, params)}
+
+
 def trial_key(params: Mapping[str, Any]) -> str:
-    """16 hex chars of sha256 over the canonical JSON of the resolved parameters."""
+    """16 hex chars of sha256 over the canonical JSON of the trial's identity."""
+    return hashlib.sha256(canonical_json(identity(params)).encode()).hexdigest()[:16]
+
+
+def record_key(params: Mapping[str, Any]) -> str:
+    """The key of an imported record (store/import_jsonl.py): a finished run from elsewhere,
+    never continued, so every parameter (tags included) tells two records apart."""
     return hashlib.sha256(canonical_json(params).encode()).hexdigest()[:16]
 
 

@@ -633,7 +633,7 @@ def load(
         designs.append((pre, fixed, axes, spec.zip + block.zip, spec.exclude + block.exclude))
 
     trials: list[tuple[str, dict[str, Any]]] = []
-    seen: set[str] = set()
+    seen: dict[str, dict[str, Any]] = {}
     axes_union: dict[str, list[Any]] = {}
     built: set[str] = set()
     matched: dict[tuple, dict[str, Any]] = {}
@@ -667,8 +667,17 @@ def load(
                 )
             key = trial_key(resolved)
             if key not in seen:
-                seen.add(key)
+                seen[key] = resolved
                 trials.append((key, resolved))
+            elif seen[key] != resolved:
+                other = seen[key]
+                fields = sorted(n for n in set(resolved) | set(other) if resolved.get(n) != other.get(n))
+                fail(
+                    where,
+                    f"this trial differs from another only in {', '.join(fields)}, which leave a trial's "
+                    "identity unchanged (budget, execution settings, tag.* labels): they are one trial; "
+                    "vary what it trains or keep one",
+                )
     if not trials:
         fail("exclude", "the design has no trials left (every combination is excluded)")
     sequential = None

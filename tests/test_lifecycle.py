@@ -219,7 +219,7 @@ def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, mon
 
 
 def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatch):
-    """Re-submitting with another budget: refused (exit 2, one line naming the change,
+    """Re-submitting with another model size: refused (exit 2, one line naming the change,
     nothing written) without --amend; with it the old trials are kept as superseded,
     never run, listed by status and left out of analysis."""
     from orchestrator.analysis.data import load_sweep
@@ -241,22 +241,24 @@ def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatc
         )
 
     before = snapshot()
-    spec.write_text(small.replace("steps: 40", "steps: 20"))
+    spec.write_text(small.replace("d_model: 16", "d_model: 8"))
     capsys.readouterr()
     assert main(args) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and "another design: 2 trial(s) added, 2 superseded (steps: 40 -> 20)" in err[0]
+    assert len(err) == 1 and "another design: 2 trial(s) added, 2 superseded (d_model: 16 -> 8)" in err[0]
     assert "--amend" in err[0]
     assert snapshot() == before
     assert main(args + ["--amend"]) == 0
     rows = _q(
         url,
-        "SELECT steps, status, spec_version, COUNT(*) FROM trials GROUP BY steps, status, spec_version ORDER BY steps",
+        "SELECT d_model, status, spec_version, COUNT(*) FROM "
+        "(SELECT json_extract(params, '$.d_model') AS d_model, status, spec_version FROM trials) "
+        "GROUP BY d_model, status, spec_version ORDER BY d_model",
     )
-    assert [tuple(r) for r in rows] == [(20, "completed", 2, 2), (40, "superseded", 1, 2)]
+    assert [tuple(r) for r in rows] == [(8, "completed", 2, 2), (16, "superseded", 1, 2)]
     assert len(_q(url, "SELECT version FROM sweep_specs")) == 2
     capsys.readouterr()
     assert main(["status", "life", "--db", url]) == 0
     assert "superseded 2" in capsys.readouterr().out
     data = load_sweep(make_engine(url), "life")
-    assert sorted(data.trials["steps"]) == [20, 20]
+    assert sorted(data.trials["d_model"]) == [8, 8]

@@ -33,6 +33,18 @@ def trial_path(root: Path, sweep: str, key: str) -> Path:
     return Path(root) / sweep / f"{key}.pt"
 
 
+def adopt_renamed(root: Path, sweep: str, renames: list[tuple[str, str]]) -> int:
+    """Give checkpoints written under a trial's old key (before migration 0005_identity
+    re-keyed it) their trial's key. Idempotent; returns how many files it renamed."""
+    moved = 0
+    for old, new in renames:
+        src, dst = trial_path(root, sweep, old), trial_path(root, sweep, new)
+        if src.exists() and not dst.exists():
+            os.replace(src, dst)
+            moved += 1
+    return moved
+
+
 def save(path: Path, state: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

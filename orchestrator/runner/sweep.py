@@ -61,7 +61,20 @@ def check_devices(trials: list[tuple[str, dict[str, Any]]], gpus: float, where: 
         raise UserError(f"{len(cuda)} trial(s) ask for device: cuda but {where} has no GPU (use device: cpu or auto)")
 
 
+def _checkpoints(url: str, spec: SweepSpec, override: str | None, engine, sid: int) -> Path:
+    """The sweep's checkpoint folder, with files named by pre-0005 keys renamed."""
+    root = _checkpoint_root(url, spec, override)
+    with engine.connect() as conn:
+        renames = repo.key_renames(conn, sid)
+    if renames:
+        checkpoints.adopt_renamed(root, spec.name, renames)
+    return root
+
+
 def _check_design(diff: repo.DesignDiff, name: str, amend: bool) -> None:
+    refusal = diff.refusal()
+    if refusal is not None:
+        raise UserError(f"sweep {name!r}: {refusal} (nothing was written)")
     if diff.changed and not amend:
         raise UserError(
             f"sweep {name!r} exists with another design: {diff.describe()}; "
@@ -95,9 +108,11 @@ def submit(
 ) -> RunSummary:
     """Record the sweep and its trials, then run every trial that is not finished.
 
-    Re-submitting a sweep whose design changed (trials added or dropped) needs ``amend``:
-    without it nothing is written and a UserError names the difference. With it the
-    dropped trials become ``superseded`` and the spec is kept as a new version."""
+    Re-submitting a sweep whose design changed (trials added or dropped, budgets, settings or
+    tags changed) needs ``amend``: without it nothing is written and a UserError names the
+    difference. With it the dropped trials become ``superseded``, trials given more steps
+    continue from their checkpoints, and the spec is kept as a new version. A budget below
+    what a trial has run is refused either way."""
     from orchestrator.runner.tune_runner import check_resources, cluster_limits, init_ray
 
     spec = sweep.spec
@@ -258,7 +273,7 @@ def _run(
     db: str | None,
 ) -> RunSummary:
 
-    root = _checkpoint_root(url, spec, checkpoint_dir)
+    root = _checkpoints(url, spec, checkpoint_dir, engine, sid)
     if on_start:
         on_start(describe(url), total, len(to_run), steps=sum(int(p.get("steps") or 0) for _, _, p in to_run))
     outcomes = _run_batch(spec, to_run, engine, root, max_concurrent, on_event, session)
@@ -302,7 +317,7 @@ def _run_sequential(
     from orchestrator.runner.sequential import drive
 
     spec = sweep.spec
-    root = _checkpoint_root(url, spec, checkpoint_dir)
+    root = _checkpoints(url, spec, checkpoint_dir, engine, sid)
     with engine.connect() as conn:
         todo = repo.unfinished_trials(conn, sid)
     pending = len(todo)

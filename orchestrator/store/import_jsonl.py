@@ -46,7 +46,7 @@ from pydantic import (
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.keys import trial_key  # the same identity the runner gives its trials
+from orchestrator.keys import record_key
 
 EVAL_FIELDS = ("loss", "train_loss", "elapsed_s")
 MAX_REPORTED = 5
@@ -252,7 +252,7 @@ def write_records(
         except ValidationError as exc:
             raise UserError(f"{source}: record {lineno}: {_describe(exc)}") from None
         params = repo.flatten_params(rec.params)
-        key = trial_key(params)
+        key = record_key(params)
         if key in seen:
             raise UserError(
                 f"{source}: line {lineno} has the same params as line {seen[key]} "

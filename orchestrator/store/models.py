@@ -186,3 +186,14 @@ class TrialStop(Base):
 
 # The views (trial_trace, trial_final) live in the migrations only: a migration freezes its
 # own copy of a view's SQL, and the models describe tables.
+
+
+class KeyRename(Base):
+    """A trial re-keyed by migration 0005_identity: its checkpoint file may still carry the
+    old key; the runner renames it before it runs the sweep."""
+
+    __tablename__ = "key_renames"
+
+    sweep_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
+    old_key: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    new_key: Mapped[str] = mapped_column(sa.String(32), nullable=False)

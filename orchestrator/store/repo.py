@@ -19,7 +19,17 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Eval, SequentialLook, Sweep, SweepSpec, Trial, TrialError, TrialParam, TrialStop
+from orchestrator.store.models import (
+    Eval,
+    KeyRename,
+    SequentialLook,
+    Sweep,
+    SweepSpec,
+    Trial,
+    TrialError,
+    TrialParam,
+    TrialStop,
+)
 
 EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
 # Typed trial columns copied from the resolved parameters.
@@ -78,23 +88,51 @@ def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> i
 
 
 @dataclass
+class Shrunk:
+    """A trial a spec would give fewer steps than it has already run."""
+
+    key: str
+    ran: int
+    steps: int
+
+
+@dataclass
 class DesignDiff:
     """What a re-submitted spec changes in a sweep's set of trials."""
 
     added: list[str] = field(default_factory=list)  # keys new to the sweep
     revived: list[str] = field(default_factory=list)  # superseded keys the spec has again
     superseded: list[str] = field(default_factory=list)  # active keys the spec no longer has
-    changes: list[str] = field(default_factory=list)  # "steps: 200 -> 100", ...
+    # Same trial, new budget/execution settings/tags (keys.non_identity): params updated in place.
+    updated: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> new params
+    extended: list[str] = field(default_factory=list)  # updated keys given more steps that can continue
+    shrunk: list[Shrunk] = field(default_factory=list)  # refused: a budget below what ran
+    changes: list[str] = field(default_factory=list)  # "steps: 200 -> 400", ...
     first: bool = False  # the sweep had no trials: nothing to compare
 
     @property
     def changed(self) -> bool:
-        return not self.first and bool(self.added or self.revived or self.superseded)
+        return not self.first and bool(self.added or self.revived or self.superseded or self.updated)
 
     def describe(self) -> str:
         parts = [f"{len(self.added) + len(self.revived)} trial(s) added", f"{len(self.superseded)} superseded"]
+        if self.extended:
+            parts.append(f"{len(self.extended)} budget(s) extended")
+        relabelled = len(self.updated) - len(self.extended)
+        if relabelled:
+            parts.append(f"{relabelled} trial(s) with new settings or tags")
         what = f" ({'; '.join(self.changes)})" if self.changes else ""
         return ", ".join(parts) + what
+
+    def refusal(self) -> str | None:
+        """One line when the spec asks a trial for fewer steps than it has run, else None."""
+        if not self.shrunk:
+            return None
+        worst = max(self.shrunk, key=lambda s: s.ran - s.steps)
+        return (
+            f"steps {worst.steps} is below the {worst.ran} step(s) trial {worst.key} has already run "
+            f"({len(self.shrunk)} trial(s) affected): a trial's budget can only grow"
+        )
 
 
 def _values(params: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
@@ -105,37 +143,77 @@ def _values(params: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
     return out
 
 
+def _change_lines(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, Any]]) -> list[str]:
+    old_v, new_v = _values(old), _values(new)
+    lines = []
+    for name in sorted(set(old_v) | set(new_v)):
+        a, b = old_v.get(name, set()), new_v.get(name, set())
+        if a != b and a and b:
+            lines.append(f"{name}: {', '.join(sorted(a))} -> {', '.join(sorted(b))}")
+    return lines
+
+
+def _as_dict(params: Any) -> dict[str, Any]:
+    return params if isinstance(params, dict) else json.loads(params)
+
+
 def design_diff(conn: Connection, sweep: int, trials: Sequence[tuple[str, Mapping[str, Any]]]) -> DesignDiff:
-    """Compare a spec's (key, params) trials with the sweep's stored ones."""
+    """Compare a spec's (key, params) trials with the sweep's stored ones.
+
+    A stored trial under the same key is the same trial (keys.py): where only its budget,
+    execution settings or tags differ, it is ``updated`` in place, and ``extended`` when its
+    ``steps`` grew and it can go on (not diverged, skipped or ended by the stop rule). A
+    budget below what a trial has run is ``shrunk`` (the caller refuses it)."""
+    ran = sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id).correlate(Trial).scalar_subquery()
+    stopped = sa.exists().where(TrialStop.trial_id == Trial.id)
     stored = {
-        r.key: r for r in conn.execute(sa.select(Trial.key, Trial.status, Trial.params).where(Trial.sweep_id == sweep))
+        r.key: r
+        for r in conn.execute(
+            sa.select(Trial.key, Trial.status, Trial.params, ran.label("ran"), stopped.label("stopped")).where(
+                Trial.sweep_id == sweep
+            )
+        )
     }
     if not stored:
         return DesignDiff(first=True)
     new = dict(trials)
     diff = DesignDiff()
-    for k in new:
-        if k not in stored:
+    before: list[dict[str, Any]] = []
+    after: list[Mapping[str, Any]] = []
+    for k, params in new.items():
+        row = stored.get(k)
+        if row is None:
             diff.added.append(k)
-        elif stored[k].status == Status.superseded:
+            after.append(params)
+            continue
+        old = _as_dict(row.params)
+        if row.status == Status.superseded:
             diff.revived.append(k)
+            if old == dict(params):
+                after.append(params)
+        if old == dict(params):
+            continue
+        diff.updated[k] = dict(params)
+        before.append(old)
+        after.append(params)
+        steps, old_steps, done = int(params.get("steps") or 0), int(old.get("steps") or 0), int(row.ran or 0)
+        if steps < done:
+            diff.shrunk.append(Shrunk(k, done, steps))
+        elif steps > old_steps and row.status not in (Status.diverged, Status.skipped) and not row.stopped:
+            diff.extended.append(k)
     diff.superseded = [k for k, r in stored.items() if r.status != Status.superseded and k not in new]
-    gone = [
-        stored[k].params if isinstance(stored[k].params, dict) else json.loads(stored[k].params)
-        for k in diff.superseded
-    ]
-    came = [new[k] for k in diff.added + diff.revived]
-    old_v, new_v = _values(gone), _values(came)
-    for name in sorted(set(old_v) | set(new_v)):
-        a, b = old_v.get(name, set()), new_v.get(name, set())
-        if a != b and a and b:
-            diff.changes.append(f"{name}: {', '.join(sorted(a))} -> {', '.join(sorted(b))}")
+    before += [_as_dict(stored[k].params) for k in diff.superseded]
+    diff.changes = _change_lines(before, after)
     return diff
 
 
 def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
-    """Mark the trials a spec dropped ``superseded`` (kept, never run, hidden from analysis)
-    and bring back the superseded ones it has again."""
+    """Mark the trials a spec dropped ``superseded`` (kept, never run, hidden from analysis),
+    bring back the superseded ones it has again, and write the new budgets, settings and tags
+    of the ones it keeps (an extended trial that had completed goes back to ``pending``: it
+    continues from its checkpoint)."""
+    if diff.shrunk:
+        raise ValueError(diff.refusal())
     if diff.superseded:
         conn.execute(
             sa.update(Trial)
@@ -148,6 +226,18 @@ def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
             .where(Trial.sweep_id == sweep, Trial.key.in_(diff.revived))
             .values(status=Status.pending.value, updated_at=sa.func.now())
         )
+    for key, params in diff.updated.items():
+        tid = conn.execute(sa.select(Trial.id).where(Trial.sweep_id == sweep, Trial.key == key)).scalar_one()
+        values: dict[str, Any] = {c: params.get(c) for c in TYPED_PARAMS}
+        if key in diff.extended:
+            values["status"] = sa.case(
+                (Trial.status == Status.completed.value, Status.pending.value), else_=Trial.status
+            )
+        conn.execute(sa.update(Trial).where(Trial.id == tid).values(params=params, updated_at=sa.func.now(), **values))
+        conn.execute(sa.delete(TrialParam).where(TrialParam.trial_id == tid))
+        rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
+        if rows:
+            conn.execute(sa.insert(TrialParam), rows)
 
 
 def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash: str) -> int:
@@ -164,6 +254,14 @@ def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash:
     version = (last.version if last is not None else 0) + 1
     conn.execute(sa.insert(SweepSpec).values(sweep_id=sweep, version=version, spec_text=spec_text, spec_hash=spec_hash))
     return version
+
+
+def key_renames(conn: Connection, sweep: int) -> list[tuple[str, str]]:
+    """(old key, new key) of the sweep's trials re-keyed by migration 0005_identity."""
+    return [
+        (r.old_key, r.new_key)
+        for r in conn.execute(sa.select(KeyRename.old_key, KeyRename.new_key).where(KeyRename.sweep_id == sweep))
+    ]
 
 
 def sweep_id(conn: Connection, name: str) -> int | None:

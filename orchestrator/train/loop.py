@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import cells
 import tasks
+from orchestrator.keys import identity
 from orchestrator.params import TrialParams, resolve, split
 from orchestrator.status import Status
 from orchestrator.train import device as devices
@@ -322,8 +323,12 @@ class Trainer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
-        if state["params"] != self.params:
+        # Budget, execution settings and tags may change between runs of one trial (a longer
+        # budget continues it); what decides the trajectory may not.
+        if identity(state["params"]) != identity(self.params):
             raise ValueError("checkpoint belongs to a different trial config")
+        if int(state["step"]) > self.p.steps:
+            raise ValueError(f"checkpoint is at step {state['step']}, past this trial's budget of {self.p.steps} steps")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
@@ -338,6 +343,8 @@ class Trainer:
         self.anneal_start = state["anneal_start"]
         self._loss_sum, self._loss_n = state["loss_acc"]
         self.status = Status(state.get("status", Status.running.value))
+        if self.status == Status.completed and self.step < self.p.steps and state.get("stopped_at") is None:
+            self.status = Status.running  # completed at a smaller budget: extended
         self.error = state.get("error")
         self.stopped_at = state.get("stopped_at")
         self.stop_reason = state.get("stop_reason")
