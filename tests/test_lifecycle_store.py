@@ -201,6 +201,13 @@ def test_running_trial_without_heartbeat_is_stale(db_url, monkeypatch, capsys):
     assert st["eta_s"] is None  # no driver holds the sweep: no ETA for a dead run
     assert main(["ls", "--db", db_url]) == 0
     assert "1 stale" in capsys.readouterr().out
+    # The analysis leaves running trials out and says so, naming the stale one.
+    from orchestrator.analysis.data import load_sweep
+
+    data = load_sweep(engine, "s1")
+    assert (data.running, data.stale, len(data.trials)) == (2, 1, 0)
+    assert data.unfinished_note().startswith("2 trial(s) still running, 1 of them stale")
+    assert load_sweep(engine, "s1", statuses=["running"]).unfinished_note() is None
     # cancel with no live driver: the leftovers become interrupted, and resume would run them.
     assert main(["cancel", "s1", "--db", db_url]) == 0
     with engine.connect() as conn:

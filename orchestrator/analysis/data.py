@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator.store.lease import stale_condition
 from orchestrator.store.models import Eval, SequentialLook, Sweep, Trial, TrialStop
 from orchestrator.params import flatten_params
 
@@ -46,6 +47,21 @@ class SweepData:
     # Training steps not spent: skipped trials' budgets plus what the stop rule cut.
     saved_steps: int = 0
     budget_steps: int = 0  # every trial's full budget, for the fraction
+    # Trials the default status filter leaves out because they are still running, and of
+    # those the stale ones (no heartbeat for longer than the lease TTL: their driver is gone).
+    running: int = 0
+    stale: int = 0
+
+    def unfinished_note(self) -> str | None:
+        """One line about running and stale trials not in the analysis, or None."""
+        if not self.running:
+            return None
+        stale = (
+            f", {self.stale} of them stale (no heartbeat: their driver is gone; `orchestrator resume` re-runs them)"
+            if self.stale
+            else ""
+        )
+        return f"{self.running} trial(s) still running{stale} are not in this analysis"
 
     def column(self, name: str) -> str:
         """The trials column for a parameter given by full name or alias."""
@@ -181,6 +197,12 @@ def load_sweep(
             .join(Trial, Trial.id == TrialStop.trial_id)
             .where(Trial.sweep_id == sid)
         ).scalar_one()
+        running = conn.execute(
+            sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sid, Trial.status == "running")
+        ).scalar_one()
+        stale = conn.execute(
+            sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sid, stale_condition(conn))
+        ).scalar_one()
         budget_steps = conn.execute(
             sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(Trial.sweep_id == sid)
         ).scalar_one()
@@ -212,6 +234,8 @@ def load_sweep(
         skipped=int(skipped),
         saved_steps=int(skipped_steps) + int(stop_steps),
         budget_steps=int(budget_steps),
+        running=0 if "running" in statuses else int(running),
+        stale=0 if "running" in statuses else int(stale),
     )
 
 

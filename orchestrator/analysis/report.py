@@ -427,6 +427,9 @@ def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
     if data.looks:
         lines.extend(format_looks(data.looks).splitlines())
         lines.append(f"{data.skipped} trial(s) skipped (never run: contrast decided, or beyond the last look)")
+    note = data.unfinished_note()
+    if note is not None:
+        lines.append(note)
     budget = prep
     stopped = n_stopped(prep.trials)
     if stopped and prep.cfg.stopped_as is None:

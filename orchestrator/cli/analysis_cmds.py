@@ -4,6 +4,7 @@ Imported on every CLI start, so the statistics libraries are imported inside the
 """
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -64,8 +65,6 @@ def _strata(strata: str | None, cells: str | None, warn: bool = True) -> str | N
     if strata is not None and cells is not None:
         raise UserError("--cells is the old name of --strata: give one of them")
     if cells is not None and warn:
-        import sys
-
         print("note: --cells is deprecated, use --strata", file=sys.stderr)
     return strata if strata is not None else cells
 
@@ -137,6 +136,9 @@ def analyze(
         stopped_as=stopped_as,
     )
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
+    note = prep.data.unfinished_note()
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
     if kind == "logrank" and _strata(strata, cells, warn=False):
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
