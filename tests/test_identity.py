@@ -376,3 +376,32 @@ def test_a_sweep_from_before_the_migration_extends_from_its_old_checkpoints(tmp_
     assert {r[1] for r in after} == {1, 20, 40, 60}
     assert sorted(p.name for p in (ck / "ident").glob("*.pt")) == sorted(f"{k}.pt" for k in old_to_new.values())
     assert {t[1:3] for t in _trials(url)} == {("completed", 60)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_seed_packs_extend_too(backend, tmp_path, capsys, monkeypatch):
+    """Two seeds trained as one pack, extended from 40 to 60 steps with --amend: the pack
+    resumes both members from their checkpoints (rows of the first 40 steps unchanged,
+    elapsed_s included) and runs them to the new budget; on PostgreSQL where it is set up."""
+    from conftest import POSTGRES_URL, make_pg_schema_url
+
+    if backend == "postgresql" and not POSTGRES_URL:
+        pytest.skip("ORCH_TEST_POSTGRES_URL is not set")
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    url, drop = (f"sqlite:///{tmp_path / 'p.db'}", None) if backend == "sqlite" else make_pg_schema_url()
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SMALL + "pack_seeds: 2\n")
+        args = ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]
+        assert main(args) == 0
+        before = _evals(url)
+        spec.write_text(SMALL.replace("steps: 40", "steps: 60") + "pack_seeds: 2\n")
+        assert main(args + ["--amend"]) == 0
+        after = _evals(url)
+        assert [r for r in after if r[1] <= 40] == before
+        assert sorted({r[1] for r in after}) == [1, 20, 40, 60]
+        assert {t[1:3] for t in _trials(url)} == {("completed", 60)}
+    finally:
+        if drop is not None:
+            drop()
