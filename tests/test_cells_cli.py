@@ -116,3 +116,23 @@ def test_bench_cells_table_and_errors(capsys):
     assert "linear_mamba" in capsys.readouterr().out
     assert main(["bench", "cells", "--arms", "nope"]) == 2
     assert "unknown arm 'nope'" in capsys.readouterr().err
+    assert main(["bench", "cells", "--arms", "linear_mamba", "--clock", "cpu", "--threads", "2"]) == 2
+    assert "--clock cpu times one thread" in capsys.readouterr().err
+    assert main(["bench", "cells", "--arms", "linear_mamba", "--clock", "sundial"]) == 2
+    assert "clock 'sundial'" in capsys.readouterr().err
+
+
+def test_bench_cells_cpu_clock(capsys):
+    """One thread's CPU time: the row's figures are tokens per CPU second, positive, and the
+    clock is reported with them."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        args = ["bench", "cells", "--json", "--arms", "gated_deltanet", "--seq-len", "12", "--d-model", "16"]
+        data = _json(capsys, args + ["--batch", "2", "--repeats", "1", "--clock", "cpu", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert data["clock"] == "cpu" and data["threads"] == 1
+    (row,) = data["rows"]
+    assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0

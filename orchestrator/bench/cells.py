@@ -5,7 +5,9 @@ loop over time) and one with the arm's default ``impl`` ("auto"). A timed call i
 forward + backward of a cross-entropy loss on a fixed random batch (gradients zeroed in
 between, no optimizer). Rounds interleave every (arm, impl) pair, so drift in machine load
 hits all of them alike; each figure is the median over rounds, in tokens per second
-(``batch * seq_len / seconds``).
+(``batch * seq_len / seconds``). ``clock="cpu"`` times the thread's CPU seconds instead of
+wall seconds (one torch thread only): on a machine other work shares, the ratios then measure
+the work each path does rather than how often it was scheduled out.
 
 An arm may carry knobs as ``ARM:key=value:key=value`` (values read as YAML scalars), e.g.
 ``mlstm:read=ns5:heads=2``, so one run can time several variants of one arm; the row's
@@ -48,17 +50,34 @@ def parse_variant(label: str) -> tuple[str, dict[str, Any]]:
     return arm.strip(), knobs_
 
 
-def _step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor, device: torch.device) -> float:
+CLOCKS = ("wall", "cpu")
+
+
+def _clock(clock: str, device: torch.device):
+    """``wall``: elapsed time. ``cpu``: this thread's CPU time, which other processes on a
+    shared machine do not inflate; valid only for one torch thread on the CPU (work done by
+    other threads would go uncounted), so it is refused otherwise."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
+    if clock == "wall":
+        return time.perf_counter
+    if device.type != "cpu" or torch.get_num_threads() != 1:
+        raise ValueError("--clock cpu times one thread: use it with --device cpu --threads 1")
+    return time.thread_time
+
+
+def _step(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor, device: torch.device, now=None) -> float:
+    now = now or time.perf_counter
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = now()
     logits = model(tokens)
     loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    return now() - start
 
 
 def run_bench(
@@ -73,9 +92,12 @@ def run_bench(
     warmup: int = 1,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    clock: str = "wall",
 ) -> list[dict[str, Any]]:
-    """Rows ``{arm, naive_tok_s, default_tok_s, speedup_vs_naive}`` in the order of ``arms``."""
+    """Rows ``{arm, naive_tok_s, default_tok_s, speedup_vs_naive}`` in the order of ``arms``
+    (tokens per second of the chosen ``clock``)."""
     device = torch.device(device)
+    now = _clock(clock, device)
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
     targets = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
@@ -96,7 +118,7 @@ def run_bench(
     for r in range(repeats):
         # Alternate the order each round so neither impl always runs right after the other.
         for key in keys if r % 2 == 0 else keys[::-1]:
-            times[key].append(_step(models[key], tokens, targets, device))
+            times[key].append(_step(models[key], tokens, targets, device, now))
     rows = []
     for arm in arms:
         naive = batch * seq_len / statistics.median(times[(arm, "naive")])

@@ -160,6 +160,9 @@ def bench_cells_cmd(
     repeats: int = typer.Option(5, "--repeats", min=1, help="interleaved timed rounds (median taken)"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, or cuda:N"),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="torch CPU threads (default: torch's)"),
+    clock: str = typer.Option(
+        "wall", "--clock", help="wall, or cpu: this thread's CPU time (with --threads 1; steadier on a shared machine)"
+    ),
     json_out: bool = typer.Option(False, "--json", help='print {"rows": [...]} as JSON'),
 ) -> None:
     """Forward+backward tokens/s per arm: naive recurrence vs the default path, in one run."""
@@ -187,6 +190,7 @@ def bench_cells_cmd(
             vocab_size=vocab_size,
             repeats=repeats,
             device=dev,
+            clock=clock,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -202,6 +206,7 @@ def bench_cells_cmd(
                     "repeats": repeats,
                     "device": str(dev),
                     "threads": torch.get_num_threads(),
+                    "clock": clock,
                 },
                 indent=2,
             )
@@ -212,7 +217,7 @@ def bench_cells_cmd(
 
     table = Table(
         title=f"fwd+bwd tokens/s, T={seq_len}, d={d_model}, batch={batch}, {dev}, "
-        f"{torch.get_num_threads()} threads, median of {repeats} interleaved rounds"
+        f"{torch.get_num_threads()} threads, median of {repeats} interleaved rounds, {clock} clock"
     )
     for col in ("arm", "naive tok/s", "default tok/s", "speedup"):
         table.add_column(col, justify="left" if col == "arm" else "right")
