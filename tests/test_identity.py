@@ -187,6 +187,8 @@ def test_resubmit_extends_refuses_a_smaller_budget_and_retags_in_place(tmp_path,
     longer = SMALL.replace("steps: 40, eval_every: 20", "steps: 80, eval_every: 10")
     spec.write_text(longer)
     capsys.readouterr()
+    assert main(["submit", str(spec), "--db", url, "--dry-run"]) == 0  # says what submit would do
+    assert "against the stored sweep: 0 trial(s) added, 0 superseded, 2 budget(s) extended" in capsys.readouterr().out
     assert main(args) == 2
     line = _one_line(capsys)
     assert "0 trial(s) added, 0 superseded, 2 budget(s) extended" in line and "steps: 40 -> 80" in line

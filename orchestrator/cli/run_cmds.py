@@ -197,6 +197,9 @@ def submit(
             doc: dict[str, Any] = {"trials": len(sweep.trials), "axes": sweep.axes}
             if arms:
                 doc["arms"] = arms
+            stored = _against_stored(sweep, db)
+            if stored is not None:
+                doc["against_stored"] = stored
             print(json.dumps(doc, default=str, allow_nan=False))
         else:
             out.print(f"sweep {escape(sweep.name)}: {len(sweep.trials)} trials")
@@ -217,6 +220,9 @@ def submit(
                 out.print(
                     escape(f"  arm {r['arm']}: {r['params']:,} params, {r['state_elements']:,} state elements, {width}")
                 )
+            stored = _against_stored(sweep, db)
+            if stored is not None:
+                out.print(escape(f"  against the stored sweep: {stored}"))
         return 0
     from orchestrator.runner.sweep import submit as run_submit
 
@@ -231,6 +237,32 @@ def submit(
         takeover=takeover,
         amend=amend,
     )
+
+
+def _against_stored(sweep, db: str | None) -> str | None:
+    """What submitting ``sweep`` would do to the stored sweep of that name (a dry run never
+    creates or upgrades a database), or None when there is none to compare with."""
+    from orchestrator.store import repo
+    from orchestrator.store.engine import open_store_engine
+
+    try:
+        engine, _ = open_store_engine(db, sweep.spec.storage, auto_create=False)
+    except UserError:
+        return None  # no database yet, or one this version would have to upgrade first
+    try:
+        with engine.connect() as conn:
+            sid = repo.sweep_id(conn, sweep.name)
+            diff = repo.design_diff(conn, sid, sweep.trials) if sid is not None else None
+    finally:
+        engine.dispose()
+    if diff is None or diff.first:
+        return None
+    refusal = diff.refusal()
+    if refusal is not None:
+        return f"refused: {refusal}"
+    if not diff.changed:
+        return "no change to its design"
+    return f"{diff.describe()}; submit needs --amend"
 
 
 @app.command()
