@@ -174,7 +174,8 @@ def submit(
         False,
         "--amend",
         "--yes",
-        help="apply a changed design to an existing sweep (trials it no longer has become superseded)",
+        help="apply a changed design to an existing sweep (trials it no longer has become superseded; "
+        "trials given more steps continue from their checkpoints; new tags are written in place)",
     ),
 ) -> int:
     """Run a sweep: expand the spec, record its trials, run the unfinished ones on Ray Tune."""
