@@ -262,3 +262,4 @@ def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatc
     assert "superseded 2" in capsys.readouterr().out
     data = load_sweep(make_engine(url), "life")
     assert sorted(data.trials["d_model"]) == [8, 8]
+    assert data.budget_steps == 2 * 40  # the superseded trials' budgets are not the design's

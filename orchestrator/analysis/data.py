@@ -203,8 +203,10 @@ def load_sweep(
         stale = conn.execute(
             sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sid, stale_condition(conn))
         ).scalar_one()
-        budget_steps = conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(Trial.sweep_id == sid)
+        budget_steps = conn.execute(  # superseded trials are no longer part of the design
+            sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(
+                Trial.sweep_id == sid, Trial.status != "superseded"
+            )
         ).scalar_one()
         stops = dict(
             conn.execute(
