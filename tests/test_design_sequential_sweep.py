@@ -89,6 +89,18 @@ def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys):
             sa.text("SELECT count(*) FROM evals e JOIN trials t ON t.id = e.trial_id WHERE t.status = 'skipped'")
         ).scalar_one()
     assert n_skipped == len(skipped) and n_evals_skipped == 0
+
+    # Its looks were decided at this budget: a longer one is refused, --amend or not.
+    longer = tmp_path / "longer.yaml"
+    text = SPEC.read_text()
+    steps = load(SPEC).trials[0][1]["steps"]
+    longer.write_text(text.replace(f"steps: {steps}", f"steps: {steps * 2}", 1))
+    assert load(longer).trials[0][1]["steps"] == steps * 2
+    capsys.readouterr()
+    assert main(["submit", str(longer), "--db", url, "-q", "--amend"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "sequential looks were decided at the old budget" in err[0]
+    assert _looks(engine) == redo
     engine.dispose()
 
 

@@ -71,10 +71,15 @@ def _checkpoints(url: str, spec: SweepSpec, override: str | None, engine, sid: i
     return root
 
 
-def _check_design(diff: repo.DesignDiff, name: str, amend: bool) -> None:
+def _check_design(diff: repo.DesignDiff, name: str, amend: bool, looked: bool = False) -> None:
     refusal = diff.refusal()
     if refusal is not None:
         raise UserError(f"sweep {name!r}: {refusal} (nothing was written)")
+    if looked and diff.extended:
+        raise UserError(
+            f"sweep {name!r}: its sequential looks were decided at the old budget; a longer budget would change "
+            "what they tested (submit the longer design under a new name; nothing was written)"
+        )
     if diff.changed and not amend:
         raise UserError(
             f"sweep {name!r} exists with another design: {diff.describe()}; "
@@ -124,12 +129,14 @@ def submit(
         with engine.connect() as conn:
             existing = repo.sweep_id(conn, spec.name)
             if existing is not None:  # refuse before the lease: nothing written at all
-                _check_design(repo.design_diff(conn, existing, sweep.trials), spec.name, amend)
+                looked = bool(repo.sequential_looks(conn, existing))
+                _check_design(repo.design_diff(conn, existing, sweep.trials), spec.name, amend, looked)
         sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
         with DriverSession(engine, sid, spec.name, takeover=takeover, note=note) as session:
             with engine.begin() as conn:
                 diff = repo.design_diff(conn, sid, sweep.trials)
-                _check_design(diff, spec.name, amend)  # again, now that we hold the sweep
+                # again, now that we hold the sweep
+                _check_design(diff, spec.name, amend, bool(repo.sequential_looks(conn, sid)))
                 version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash)
                 repo.upsert_sweep(conn, spec.name, sweep.text, sweep.hash)
                 repo.apply_design(conn, sid, diff)
