@@ -18,8 +18,8 @@ of the budget), a ``ramp`` curriculum without ``ramp_steps`` (it spans half the 
 Such a trial at another budget is another trial.
 
 Imported records (``record_key``) keep a hash of every parameter: they are finished runs from
-elsewhere, never continued. Migration ``0005_identity`` re-keys databases written before this rule with a frozen copy of
-it; change the rule only together with a new migration.
+elsewhere, never continued. Migration ``0005_identity`` re-keys databases written before this
+rule with a frozen copy of it; change the rule only together with a new migration.
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ def budget_shapes_trajectory(params: Mapping[str, Any]) -> str | None:
 
 def non_identity(name: str, params: Mapping[str, Any]) -> bool:
     """True for a parameter that can change without making another trial."""
-    if name.startswith(LABEL_PREFIX) or name in EXECUTION_FIELDS or name == "eval_every":
+    if name.startswith(LABEL_PREFIX) or name in EXECUTION_FIELDS:
         return True
-    return name == "steps" and budget_shapes_trajectory(params) is None
+    if name in BUDGET_FIELDS:
+        return name != "steps" or budget_shapes_trajectory(params) is None
+    return False
 
 
 def identity(params: Mapping[str, Any]) -> dict[str, Any]:
