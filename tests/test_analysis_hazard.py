@@ -155,6 +155,8 @@ def test_collapsed_fit_equals_the_row_by_row_fit():
     records, _ = simulate(rng, 25, "logit")
     pp = _frame(records)
     pp["task.vocab_size"] = np.where(pp["trial_id"] % 3 == 0, 88, 80)
+    # Batch size varies across trials, so the I(...) term below is not a combination of the others.
+    pp["batch_size"] = np.where(pp["trial_id"] % 2 == 0, 16, 32)
     for formula in (
         "np.log(t) + C(lr) * C(variant)",
         "np.log(t) + C(variant) + C(Q('task.vocab_size'))",
@@ -170,6 +172,23 @@ def test_collapsed_fit_equals_the_row_by_row_fit():
     # A stateful transform learns from the rows it sees: no collapsing there.
     assert formula_columns("event ~ center(np.log(t)) + C(lr)", pp.columns) is None
     assert formula_columns("event ~ C(variant)", pp.columns) == ["variant"]
+
+
+def test_a_collinear_design_is_refused_naming_the_redundant_term():
+    rng = np.random.default_rng(3)
+    records, _ = simulate(rng, 25, "logit")
+    pp = _frame(records)
+    assert pp["batch_size"].nunique() == 1  # so 2 log lr - log bs is a combination of log lr and 1
+    formula = "np.log(t) + np.log(lr) + I(2*np.log(lr) - np.log(batch_size))"
+    for collapse in (True, False):
+        with pytest.raises(UserError) as exc:
+            fit_hazard(pp, formula, collapse=collapse)
+        msg = str(exc.value)
+        assert "\n" not in msg and "collinear (4 columns, rank 3)" in msg
+        assert "I(2 * np.log(lr) - np.log(batch_size)) is a combination" in msg
+    # Without the constant covariate the same design fits.
+    pp["batch_size"] = np.where(pp["trial_id"] % 2 == 0, 16, 32)
+    assert np.isfinite(fit_hazard(pp, formula).summary["coef"]).all()
 
 
 def test_bad_formulas_are_one_line_user_errors():

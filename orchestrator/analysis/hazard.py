@@ -149,6 +149,27 @@ def _glm(formula: str, data: pd.DataFrame, fam, **kw):
     return smf.glm(formula, data=data, family=fam, eval_env=0, **kw)
 
 
+def _refuse_collinear(model, formula: str) -> None:
+    """A rank-deficient design has no unique coefficients: IRLS would return whichever the
+    pseudo-inverse's cut-off picks, which differs between BLAS builds. Name the columns that
+    add nothing to the ones before them (in the formula's order) instead."""
+    exog = np.asarray(model.exog, dtype=float)
+    if np.linalg.matrix_rank(exog) == exog.shape[1]:
+        return
+    names = model.exog_names
+    redundant, rank = [], 0
+    for j in range(exog.shape[1]):
+        r = np.linalg.matrix_rank(exog[:, : j + 1])
+        if r == rank:
+            redundant.append(names[j])
+        rank = r
+    raise UserError(
+        f"hazard fit {formula!r}: the design is collinear ({exog.shape[1]} columns, rank {rank}): "
+        f"{', '.join(redundant)} {'is a combination' if len(redundant) == 1 else 'are combinations'} "
+        "of earlier terms (a covariate constant in this data, or an empty cell): drop or change it"
+    )
+
+
 def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit", collapse: bool = True) -> HazardResult:
     """Fit ``formula`` (right-hand side or ``event ~ ...``) on a person-period frame.
 
@@ -180,6 +201,7 @@ def fit_hazard(pp: pd.DataFrame, formula: str, link: str = "logit", collapse: bo
         except Exception as exc:  # patsy errors: unknown names, bad syntax
             msg = " ".join(str(exc).split("\n")[0].split())
             raise UserError(f"--formula {formula!r}: {msg}") from None
+        _refuse_collinear(model, full)
         try:
             # Tight IRLS tolerance: cheap on collapsed rows, and fits agree to 1e-9.
             res = model.fit(tol=1e-12, maxiter=200)
