@@ -105,15 +105,45 @@ def test_bench_cells_json(capsys):
     )
     assert [r["arm"] for r in data["rows"]] == ["gated_deltanet", "mlstm"]
     for row in data["rows"]:
-        assert set(row) == {"arm", "naive_tok_s", "default_tok_s", "speedup_vs_naive"}
-        assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0
+        assert set(row) == {
+            "arm",
+            "naive_tok_s",
+            "default_tok_s",
+            "speedup_vs_naive",
+            "harness_tok_s",
+            "ceiling_vs_naive",
+        }
+        assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0 and row["harness_tok_s"] > 0
         assert abs(row["speedup_vs_naive"] - row["default_tok_s"] / row["naive_tok_s"]) < 1e-9
+        assert abs(row["ceiling_vs_naive"] - row["harness_tok_s"] / row["naive_tok_s"]) < 1e-9
     assert data["seq_len"] == 12 and data["device"] == "cpu"
+
+
+def test_bench_harness_is_the_model_without_its_mixers():
+    import torch
+
+    from cells.registry import build
+    from orchestrator.bench.cells import harness_of
+
+    torch.manual_seed(0)
+    model = build("gated_deltanet", 11, d_model=8, n_layers=2)
+    harness = harness_of(model)
+    tokens = torch.randint(0, 11, (2, 7))
+    # By hand: every block reduces to x + norm1(x), then its MLP; the original keeps its mixers.
+    x = model.embedding(tokens)
+    for block in model.blocks:
+        x = x + block.norm1(x)
+        x = x + block.mlp(block.norm2(x))
+    expected = model.readout(model.norm(x))
+    torch.testing.assert_close(harness(tokens), expected, rtol=0, atol=0)
+    assert all(type(b.mixer).__name__ == "DeltaMixer" for b in model.blocks)
+    assert not torch.allclose(model(tokens), expected)
 
 
 def test_bench_cells_table_and_errors(capsys):
     assert main(["bench", "cells", "--arms", "linear_mamba", "--seq-len", "8", "--batch", "1", "--repeats", "1"]) == 0
-    assert "linear_mamba" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "linear_mamba" in out and "ceiling" in out
     assert main(["bench", "cells", "--arms", "nope"]) == 2
     assert "unknown arm 'nope'" in capsys.readouterr().err
     assert main(["bench", "cells", "--arms", "linear_mamba", "--clock", "cpu", "--threads", "2"]) == 2

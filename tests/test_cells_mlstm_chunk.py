@@ -172,6 +172,7 @@ def test_bench_cells_times_mlstm_read_variants(capsys):
     for row in rows:
         assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0
         assert abs(row["speedup_vs_naive"] - row["default_tok_s"] / row["naive_tok_s"]) < 1e-9
+        assert abs(row["ceiling_vs_naive"] - row["harness_tok_s"] / row["naive_tok_s"]) < 1e-9
     for bad, msg in (
         ("mlstm:read", "expected ARM:key=value"),
         ("mlstm:impl=naive", "impl is what the bench"),

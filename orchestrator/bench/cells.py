@@ -9,6 +9,11 @@ hits all of them alike; each figure is the median over rounds, in tokens per sec
 wall seconds (one torch thread only): on a machine other work shares, the ratios then measure
 the work each path does rather than how often it was scheduled out.
 
+Each row also times the *harness*: the default model with every mixer replaced by the
+identity (embedding, norms, MLPs, readout and the loss, nothing recurrent). ``ceiling_vs_naive``
+is the naive time over the harness time: the speedup a mixer that cost nothing would give,
+an upper bound no mixer optimisation can pass on that machine.
+
 An arm may carry knobs as ``ARM:key=value:key=value`` (values read as YAML scalars), e.g.
 ``mlstm:read=ns5:heads=2``, so one run can time several variants of one arm; the row's
 ``arm`` is that label.
@@ -25,6 +30,23 @@ import torch
 import torch.nn.functional as F
 
 from cells.registry import build, knobs
+
+
+class _FreeMixer(torch.nn.Module):
+    """Stands in for a mixer at zero cost: the block then computes everything but the recurrence."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def harness_of(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose every block's mixer is the identity."""
+    import copy
+
+    harness = copy.deepcopy(model)
+    for block in harness.blocks:
+        block.mixer = _FreeMixer()
+    return harness
 
 
 def bench_arms() -> tuple[str, ...]:
@@ -94,8 +116,8 @@ def run_bench(
     seed: int = 0,
     clock: str = "wall",
 ) -> list[dict[str, Any]]:
-    """Rows ``{arm, naive_tok_s, default_tok_s, speedup_vs_naive}`` in the order of ``arms``
-    (tokens per second of the chosen ``clock``)."""
+    """Rows ``{arm, naive_tok_s, default_tok_s, speedup_vs_naive, harness_tok_s, ceiling_vs_naive}``
+    in the order of ``arms`` (tokens per second of the chosen ``clock``; see the module docstring)."""
     device = torch.device(device)
     now = _clock(clock, device)
     gen = torch.Generator().manual_seed(seed)
@@ -110,6 +132,7 @@ def run_bench(
             models[(arm, label)] = build(base, vocab_size, d_model=d_model, n_layers=n_layers, impl=impl, **extra).to(
                 device
             )
+        models[(arm, "harness")] = harness_of(models[(arm, "default")])
     for key, model in models.items():
         for _ in range(warmup):
             _step(model, tokens, targets, device)
@@ -121,7 +144,17 @@ def run_bench(
             times[key].append(_step(models[key], tokens, targets, device, now))
     rows = []
     for arm in arms:
-        naive = batch * seq_len / statistics.median(times[(arm, "naive")])
-        default = batch * seq_len / statistics.median(times[(arm, "default")])
-        rows.append({"arm": arm, "naive_tok_s": naive, "default_tok_s": default, "speedup_vs_naive": default / naive})
+        naive, default, harness = (
+            batch * seq_len / statistics.median(times[(arm, k)]) for k in ("naive", "default", "harness")
+        )
+        rows.append(
+            {
+                "arm": arm,
+                "naive_tok_s": naive,
+                "default_tok_s": default,
+                "speedup_vs_naive": default / naive,
+                "harness_tok_s": harness,
+                "ceiling_vs_naive": harness / naive,
+            }
+        )
     return rows

@@ -219,10 +219,18 @@ def bench_cells_cmd(
         title=f"fwd+bwd tokens/s, T={seq_len}, d={d_model}, batch={batch}, {dev}, "
         f"{torch.get_num_threads()} threads, median of {repeats} interleaved rounds, {clock} clock"
     )
-    for col in ("arm", "naive tok/s", "default tok/s", "speedup"):
+    for col in ("arm", "naive tok/s", "default tok/s", "speedup", "harness tok/s", "ceiling"):
         table.add_column(col, justify="left" if col == "arm" else "right")
     for r in rows:
         table.add_row(
-            r["arm"], f"{r['naive_tok_s']:,.0f}", f"{r['default_tok_s']:,.0f}", f"{r['speedup_vs_naive']:.1f}x"
+            r["arm"],
+            f"{r['naive_tok_s']:,.0f}",
+            f"{r['default_tok_s']:,.0f}",
+            f"{r['speedup_vs_naive']:.1f}x",
+            f"{r['harness_tok_s']:,.0f}",
+            f"{r['ceiling_vs_naive']:.1f}x",
         )
     Console(width=200).print(table)
+    typer.echo(
+        "harness: the model with every mixer replaced by the identity; ceiling: the speedup a free mixer would give"
+    )

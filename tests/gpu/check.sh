@@ -12,6 +12,7 @@
 # triton; nothing is installed). RUN_SETUP=1 runs ./setup.sh first (needs the network).
 # Exit status: 0 when every step passed (bench pack missing counts as passed), else 1.
 # DRY_RUN=1 rehearses every step on a CPU with tiny settings (checks this script, not speed).
+# Then run tests/gpu/figures.sh (the issues' GPU figures: the study step, bench cells).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu_check_out}
