@@ -242,3 +242,40 @@ def test_status_members_are_stored_as_their_strings(db_url):
     assert got == {"k0": "diverged", **{f"k{i}": ALL[i].value for i in range(1, len(ALL))}}
     assert all(type(v) is str for v in got.values())
     engine.dispose()
+
+
+def _open_schema(url: str) -> str:
+    from orchestrator.store.engine import open_store_engine
+
+    try:
+        open_store_engine(url)
+        return "ok"
+    except Exception as exc:  # returned, not raised: the parent reports every process's outcome
+        return f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_drivers_opening_one_fresh_database_together_all_get_the_schema(tmp_path, backend):
+    """Every process that opens a new database at once must find it at head: never tables
+    without a version row (SQLite: the migration is one write transaction), never a failed
+    CREATE for the process that lost the race (PostgreSQL: it finds the winner's schema)."""
+    import multiprocessing as mp
+
+    from conftest import POSTGRES_URL, make_pg_schema_url
+
+    if backend == "postgresql" and not POSTGRES_URL:
+        pytest.skip("ORCH_TEST_POSTGRES_URL not set")
+    ctx = mp.get_context("spawn")  # a fresh interpreter per driver, as two CLIs would be
+    with ctx.Pool(6) as pool:
+        for i in range(4 if backend == "sqlite" else 2):
+            url, drop = (
+                (f"sqlite:///{tmp_path / f'fresh{i}.db'}", lambda: None)
+                if backend == "sqlite"
+                else make_pg_schema_url()
+            )
+            try:
+                outcomes = pool.map(_open_schema, [url] * 6)
+                assert outcomes == ["ok"] * 6, outcomes
+                assert current_revision(make_engine(url)) == head_revision()
+            finally:
+                drop()

@@ -7,6 +7,8 @@ SQLite and PostgreSQL are both first-class; what differs between them lives in
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -14,7 +16,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store import dialect
@@ -114,6 +116,22 @@ def _unknown_revision(url: str, current: str) -> UserError:
     )
 
 
+@contextmanager
+def _migration_transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction for a whole migration, holding the write lock from its first statement.
+
+    PostgreSQL's DDL is transactional already. pysqlite opens transactions only before DML,
+    so on SQLite each ``CREATE TABLE`` would commit on its own and a driver opening the same
+    new file a moment later would see tables without their version row (or race to create
+    them too). ``BEGIN IMMEDIATE`` makes the migration atomic and makes that second driver wait
+    (busy_timeout) and then find the schema at head; Alembic then has nothing to do for it.
+    """
+    with engine.begin() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        yield conn
+
+
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Bring the schema to head. Returns (revision before, revision after).
 
@@ -134,10 +152,10 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
                     "version, and its tables match no known revision: not touched "
                     "(export what you need and start a new database)"
                 )
-            with engine.begin() as conn:
+            with _migration_transaction(engine) as conn:
                 command.stamp(_alembic_config(conn), rev)
             before = f"unversioned (stamped {rev})"
-        with engine.begin() as conn:
+        with _migration_transaction(engine) as conn:
             command.upgrade(_alembic_config(conn), "head")
     except sa.exc.OperationalError as exc:  # an unwritable path, a server that is not there
         raise UserError(f"cannot open database {describe(url)}: {str(exc.orig).strip().splitlines()[0]}") from None
