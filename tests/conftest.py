@@ -61,6 +61,27 @@ def db_url(request, tmp_path):
         drop()
 
 
+@pytest.fixture(scope="session")
+def two_arm_reference_db(tmp_path_factory) -> str:
+    """A SQLite URL holding one uninterrupted run of :func:`two_arm_spec`, made once per
+    session: the lifecycle and fault tests compare their interrupted runs against it (trial
+    keys do not depend on the sweep's name, so one run serves every name)."""
+    import subprocess
+    import sys
+
+    tmp = tmp_path_factory.mktemp("two_arm_reference")
+    spec = tmp / "spec.yaml"
+    spec.write_text(two_arm_spec("reference", retries=2))
+    url = f"sqlite:///{tmp / 'ref.db'}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local"}
+    cmd = [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", url, "--quiet"]
+    res = subprocess.run(
+        cmd + ["--checkpoint-dir", str(tmp / "ck")], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr
+    return url
+
+
 def two_arm_spec(name: str, *, retries: int | None = None) -> str:
     """The small two-arm, three-seed MQAR sweep the runner, lifecycle and fault tests kill,
     cancel and resume (240 steps, an eval every 20: 13 rows a trial, checkpoint every step)."""

@@ -74,15 +74,8 @@ def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ref")
-    spec = tmp / "spec.yaml"
-    spec.write_text(SPEC)
-    url = f"sqlite:///{tmp / 'ref.db'}"
-    p = _start(["submit", str(spec)], url, tmp / "ck")
-    _, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err
-    rows = _evals(url)
+def reference(two_arm_reference_db):
+    rows = _evals(two_arm_reference_db)
     assert len(rows) == N_EVALS
     return rows
 

@@ -78,21 +78,9 @@ def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(two_arm_reference_db):
     """The uninterrupted run every interrupted one must equal."""
-    tmp = tmp_path_factory.mktemp("ref")
-    spec = tmp / "spec.yaml"
-    spec.write_text(SPEC)
-    url = f"sqlite:///{tmp / 'ref.db'}"
-    res = subprocess.run(
-        CLI + ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp / "ck")],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr
-    rows = _evals(url)
+    rows = _evals(two_arm_reference_db)
     assert len(rows) == 6 * 13
     return rows
 

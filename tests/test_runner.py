@@ -4,11 +4,6 @@ resume equality, and a two-node cluster writing to PostgreSQL."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +12,6 @@ import sqlalchemy as sa
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
-from conftest import POSTGRES_URL, make_pg_schema_url, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -84,117 +78,8 @@ def test_submit_end_to_end_and_sql(db_url, tmp_path, capsys):
         assert hosts == ["cpu (fp32)"]
 
 
-KILL_SPEC = two_arm_spec("killme")
-
-
-def _evals(url):
-    with make_engine(url).connect() as conn:
-        return conn.execute(
-            sa.text(
-                "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr FROM evals e "
-                "JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step"
-            )
-        ).all()
-
-
-def _count(url, q):
-    try:
-        with make_engine(url).connect() as conn:
-            return conn.execute(sa.text(q)).scalar_one()
-    except Exception:
-        return 0
-
-
-def _kill_and_resume(tmp_path, url_ref, url_kill):
-    spec = _write(tmp_path, KILL_SPEC)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cli = [sys.executable, "-m", "orchestrator.cli"]
-    ref = subprocess.run(
-        cli + ["submit", str(spec), "--db", url_ref, "--quiet", "--checkpoint-dir", str(tmp_path / "ck_ref")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert ref.returncode == 0, ref.stderr
-    proc = subprocess.Popen(
-        cli + ["submit", str(spec), "--db", url_kill, "--quiet", "--checkpoint-dir", str(tmp_path / "ck_kill")],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 300
-    # Kill once some trial is mid-way: its trace has started but not finished.
-    while time.time() < deadline:
-        mid = _count(
-            url_kill,
-            "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
-            "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) BETWEEN 40 AND 200",
-        )
-        if mid:
-            break
-        time.sleep(0.2)
-    assert mid, "no trial was caught mid-way"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    time.sleep(1.0)
-    before = _count(url_kill, "SELECT COUNT(*) FROM trials WHERE status = 'completed'")
-    assert before < 6
-    res = subprocess.run(
-        cli + ["resume", "killme", "--db", url_kill, "--quiet", "--checkpoint-dir", str(tmp_path / "ck_kill")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr
-    assert _count(url_kill, "SELECT COUNT(*) FROM trials WHERE status = 'completed'") == 6
-    a, b = _evals(url_ref), _evals(url_kill)
-    assert len(a) == 6 * 13
-    assert a == b  # row for row, bit for bit on CPU
-
-
-def test_kill9_and_resume_equals_uninterrupted_sqlite(tmp_path):
-    _kill_and_resume(tmp_path, f"sqlite:///{tmp_path / 'ref.db'}", f"sqlite:///{tmp_path / 'kill.db'}")
-
-
-@pytest.mark.skipif(not POSTGRES_URL, reason="ORCH_TEST_POSTGRES_URL not set")
-def test_kill9_and_resume_equals_uninterrupted_postgres(tmp_path):
-    url_ref, drop_ref = make_pg_schema_url()
-    url_kill, drop_kill = make_pg_schema_url()
-    try:
-        _kill_and_resume(tmp_path, url_ref, url_kill)
-    finally:
-        drop_ref()
-        drop_kill()
-
-
-@pytest.mark.skipif(not POSTGRES_URL, reason="ORCH_TEST_POSTGRES_URL not set")
-def test_two_node_cluster_places_trials_on_both_nodes(tmp_path):
-    from ray.cluster_utils import Cluster
-
-    from orchestrator import spec as specs
-    from orchestrator.runner.sweep import submit
-
-    url, drop = make_pg_schema_url()
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    try:
-        text = SPEC.replace("budget: {steps: 20, eval_every: 10}", "budget: {steps: 60, eval_every: 20}")
-        sweep = specs.load(_write(tmp_path, text))
-        summary = submit(sweep, db=url, address=cluster.address, checkpoint_dir=str(tmp_path / "ck"))
-        assert summary.outcomes == {"completed": 12}
-        with make_engine(url).connect() as conn:
-            nodes = conn.execute(sa.text("SELECT DISTINCT node_id FROM trials")).scalars().all()
-        assert len(nodes) == 2 and None not in nodes
-    finally:
-        import ray
-
-        ray.shutdown()
-        cluster.shutdown()
-        drop()
+# A driver killed mid-sweep and resumed (bit-identical to an uninterrupted run, SQLite and
+# PostgreSQL) is tests/test_faults.py's; a sweep spread over two nodes is tests/test_cluster.py's.
 
 
 def test_seed_packed_sweep_keeps_one_row_and_trace_per_member(tmp_path):

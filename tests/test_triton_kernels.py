@@ -287,7 +287,9 @@ def test_triton_kernels_were_interpreted_or_on_cuda():
 
 @isolated
 def test_triton_is_deterministic():
-    case = CASES["delta_alpha_s0"]
+    # Run-to-run differences can only come from a GPU's scheduling; under the CPU interpreter a
+    # short sequence checks the same code path in a fraction of the time.
+    case = CASES["delta_alpha_s0"] if ON_CUDA else dict(CASES["delta_alpha_s0"], T=9)
     xs = make_inputs(case, device=DEVICE)
     g = torch.Generator().manual_seed(3)
     go = torch.randn(case["B"], case["H"], case["T"], case["DV"], generator=g).to(DEVICE)
