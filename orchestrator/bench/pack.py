@@ -60,14 +60,18 @@ def _pack(args: tuple[list[int], int]) -> list[float]:
 
 
 def run(seeds: int = 10, steps: int = 200, cores: int | None = None) -> dict[str, Any]:
+    if seeds < 2:
+        raise ValueError(f"--seeds {seeds}: a seed pack needs at least 2 seeds")
     cores = cores or os.cpu_count() or 1
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
     with ctx.Pool(processes=cores, maxtasksperchild=1) as pool:
         lone_acc = pool.map(_lone, [(s, steps) for s in range(seeds)], chunksize=1)
     lone_s = time.perf_counter() - t0
-    groups = [list(range(seeds))[i::cores] for i in range(cores)]
-    groups = [g for g in groups if g]
+    # One pack per core, but never a pack of one (a pack needs two members): with fewer than
+    # two seeds per core, fewer, larger packs.
+    n_packs = max(1, min(cores, seeds // 2))
+    groups = [list(range(seeds))[i::n_packs] for i in range(n_packs)]
     t0 = time.perf_counter()
     with ctx.Pool(processes=len(groups)) as pool:
         parts = pool.map(_pack, [(g, steps) for g in groups], chunksize=1)

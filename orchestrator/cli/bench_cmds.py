@@ -70,8 +70,8 @@ def bench_store(
 
 @bench_app.command("pack")
 def bench_pack(
-    seeds: int = typer.Option(10, help="seeds (trials) per arm"),
-    steps: int = typer.Option(200, help="training steps per trial"),
+    seeds: int = typer.Option(10, min=2, help="seeds (trials) per arm (a pack needs at least 2)"),
+    steps: int = typer.Option(200, min=1, help="training steps per trial"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> int:
     """Trials/hour: one trial per process vs one seed pack (armed_gdn d=32, MQAR K=16)."""

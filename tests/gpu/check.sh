@@ -47,14 +47,8 @@ if [[ $DRY == 1 ]]; then
     note "DRY RUN on CPU: rehearses the steps, measures nothing worth quoting"
 fi
 
-PY=""
-for cand in .venv/bin/python python3 python; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$NEED_CUDA" 2>/dev/null; then
-        PY=$cand
-        break
-    fi
-done
-if [[ -z "$PY" ]]; then
+source tests/gpu/find_python.sh
+if ! find_python "$NEED_CUDA"; then
     note "no python with CUDA torch and triton found (.venv/bin/python, python3, python); nothing to check"
     exit 1
 fi

@@ -37,14 +37,8 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
     NEED_CUDA='import torch'
     echo "DRY RUN on CPU: rehearses the steps, measures nothing worth quoting" | tee -a "$SUMMARY"
 fi
-PY=""
-for cand in .venv/bin/python python3 python; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$NEED_CUDA" 2>/dev/null; then
-        PY=$cand
-        break
-    fi
-done
-if [[ -z "$PY" ]]; then
+source tests/gpu/find_python.sh
+if ! find_python "$NEED_CUDA"; then
     echo "no python with CUDA torch found; nothing to measure" | tee -a "$SUMMARY"
     exit 1
 fi

@@ -1,0 +1,14 @@
+# Sourced by check.sh and figures.sh: find_python CHECK sets PY to the first of the repo's
+# .venv python, python3 and python that runs the Python snippet CHECK (e.g. "torch sees
+# CUDA"); PY stays empty when none does.
+find_python() {
+    PY=""
+    local cand
+    for cand in .venv/bin/python python3 python; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "$1" 2>/dev/null; then
+            PY=$cand
+            return 0
+        fi
+    done
+    return 1
+}
