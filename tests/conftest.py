@@ -30,19 +30,32 @@ def _pg_base() -> str:
     return url
 
 
-def make_pg_schema_url() -> tuple[str, callable]:
-    """A URL whose search_path is a brand-new schema, and a function that drops it."""
+def make_pg_schema_url(*, reader: bool = True) -> tuple[str, callable]:
+    """A URL whose search_path is a brand-new schema, and a function that drops it.
+
+    The URL's role (the CI server's ``root``) is a superuser, so ``sql`` and ``ui`` read
+    through a reader role or refuse: with ``reader`` (the default) the schema gets one,
+    made by ``orchestrator db create-reader`` as a lab's administrator would, and dropped
+    with the schema."""
     base = _pg_base()
     schema = f"t_{uuid.uuid4().hex[:12]}"
+    role = f"orch_r_{schema[2:]}"
     admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
         c.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     sep = "&" if "?" in base else "?"
     url = f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
+    if reader:
+        from orchestrator.store.readonly import create_reader
+
+        create_reader(url, role)
 
     def drop() -> None:
         with admin.connect() as c:
             c.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+            if reader:
+                c.execute(sa.text(f'DROP OWNED BY "{role}"'))
+                c.execute(sa.text(f'DROP ROLE IF EXISTS "{role}"'))
         admin.dispose()
 
     return url, drop

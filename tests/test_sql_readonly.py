@@ -248,3 +248,52 @@ def test_reader_role_cannot_use_admin_functions(capsys):
                     c.execute(sa.text(st))
         admin.dispose()
         drop()
+
+
+def test_output_is_capped_by_rows_and_bytes_with_a_note(filled, capsys):
+    code, out, err = _run(
+        capsys, "sql", "SELECT step FROM evals ORDER BY trial_id, step", "--db", filled, "--csv", "--max-rows", "4"
+    )
+    assert code == 0, err
+    assert out.splitlines() == ["step", "1", "2", "3", "1"]
+    assert "note: output stopped after 4 row(s) at --max-rows 4" in err
+    # 9 rows of 8 "bytes" each (numbers count 8): 40 bytes hold 5
+    code, out, err = _run(capsys, "sql", "SELECT step FROM evals", "--db", filled, "--csv", "--max-bytes", "40")
+    assert code == 0 and len(out.splitlines()) == 1 + 5 and "--max-bytes 40" in err
+    code, out, err = _run(capsys, "sql", "SELECT step FROM evals", "--db", filled, "--csv")
+    assert code == 0 and len(out.splitlines()) == 1 + 9 and "note" not in err
+
+
+def test_a_huge_value_is_refused_or_cut_within_the_timeout(filled, capsys):
+    import time
+
+    pg = not filled.startswith("sqlite")
+    q = "SELECT repeat('x', 300000000) AS big" if pg else "SELECT randomblob(1000000000) AS big"
+    t0 = time.monotonic()
+    code, out, err = _run(capsys, "sql", q, "--db", filled, "--timeout", "20", "--max-bytes", "1000000")
+    took = time.monotonic() - t0
+    assert took < 20, took
+    assert len(err.strip().splitlines()) <= 2
+    if pg:  # fetched, then left out at the byte cap
+        assert code == 0 and "--max-bytes 1000000" in err and out.strip() != ""
+    else:  # SQLite refuses to build it at all
+        assert code == 2 and "--max-bytes" in err, err
+
+
+def test_where_is_bounded_in_time_and_value_size():
+    import time
+
+    import pandas as pd
+
+    from orchestrator.analysis.where import filter_trial_ids
+    from orchestrator.errors import UserError
+
+    frame = pd.DataFrame({"trial_id": range(200), "key": [f"k{i}" for i in range(200)], "lr": [0.1] * 200})
+    slow = "(SELECT count(*) FROM trials a, trials b, trials c, trials d WHERE a.lr + b.lr + c.lr + d.lr > 0) > 0"
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="cancelled after 1 s"):
+        filter_trial_ids(frame, slow, timeout_s=1)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(UserError, match="too big"):
+        filter_trial_ids(frame, "length(zeroblob(1000000000)) > 0")
+    assert filter_trial_ids(frame, "lr > 0.05 AND trial_id < 3") == [0, 1, 2]

@@ -156,7 +156,8 @@ def test_sql_is_read_only(db_url):
     engine, url = open_store_engine(db_url)
     _fill(engine)
     before = _snapshot(engine)
-    cols, rows = readonly_query(url, "SELECT arm, COUNT(*) AS n FROM trial_final GROUP BY arm ORDER BY arm")
+    got = readonly_query(url, "SELECT arm, COUNT(*) AS n FROM trial_final GROUP BY arm ORDER BY arm")
+    cols, rows = got.columns, got.rows
     assert cols == ["arm", "n"] and [tuple(r) for r in rows] == [("armed_gdn", 1), ("gated_deltanet", 2)]
     for stmt in WRITES:
         with pytest.raises(UserError):

@@ -14,10 +14,12 @@ its short name when unique (``vocab_size``), its name with dots as underscores
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pandas as pd
 
 from orchestrator.errors import UserError
+from orchestrator.store.dialect import set_length_limit
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
 
@@ -66,9 +68,16 @@ def _check_shape(condition: str) -> None:
         raise UserError(f"--where {condition!r}: unbalanced parentheses")
 
 
-def filter_trial_ids(frame: pd.DataFrame, condition: str) -> list[int]:
+# A condition runs over a few thousand short rows: a minute is generous, and no value it
+# builds needs to be larger than this (zeroblob(1e9) per row would take the memory).
+WHERE_TIMEOUT_S = 60.0
+WHERE_MAX_VALUE_BYTES = 1 << 20
+
+
+def filter_trial_ids(frame: pd.DataFrame, condition: str, *, timeout_s: float = WHERE_TIMEOUT_S) -> list[int]:
     """Ids (column ``trial_id`` of ``frame``) of the rows where ``condition`` holds, in frame
-    order. A condition SQLite cannot run is a one-line :class:`UserError`."""
+    order. A condition SQLite cannot run, or that runs past ``timeout_s``, is a one-line
+    :class:`UserError`."""
     cond = condition.strip()
     if not cond:
         return [int(i) for i in frame["trial_id"]]
@@ -81,10 +90,16 @@ def filter_trial_ids(frame: pd.DataFrame, condition: str) -> list[int]:
         rows = [tuple(_sql_value(v) for v in rec) for rec in frame[columns].itertuples(index=False, name=None)]
         con.executemany(f"INSERT INTO trials VALUES ({', '.join('?' * len(columns))})", rows)
         con.set_authorizer(_authorize)
+        longest = max((len(v) for r in rows for v in r if isinstance(v, str)), default=0)
+        set_length_limit(con, max(WHERE_MAX_VALUE_BYTES, 2 * longest))
+        deadline = time.monotonic() + timeout_s
+        con.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
         try:
             cur = con.execute(f"SELECT trial_id FROM trials WHERE ({cond})")
             keep = {int(r[0]) for r in cur.fetchall()}
         except (sqlite3.Error, sqlite3.Warning) as exc:
+            if time.monotonic() > deadline:
+                raise UserError(f"--where {condition!r}: cancelled after {timeout_s:g} s") from None
             msg = str(exc).splitlines()[0]
             hint = ""
             if "no such column" in msg:

@@ -373,33 +373,63 @@ def list_sweeps(
 
 @app.command()
 def sql(
-    query: str = typer.Argument(..., help="one SELECT (or WITH/EXPLAIN/reading PRAGMA)"),
+    query: str = typer.Argument(
+        ..., help="one SELECT (or WITH/VALUES/EXPLAIN; SHOW/TABLE on PostgreSQL; a reading PRAGMA on SQLite)"
+    ),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout"),
     as_json: bool = typer.Option(False, "--json", help="JSON list of row objects"),
-    timeout: float = typer.Option(60.0, "--timeout", help="cancel the query after this many seconds"),
+    timeout: float = typer.Option(60.0, "--timeout", help="cancel the query (and its output) after this many seconds"),
+    max_rows: int = typer.Option(100_000, "--max-rows", help="print at most this many rows (a note says when cut)"),
+    max_bytes: int = typer.Option(64 * 2**20, "--max-bytes", help="print at most this many bytes of values"),
 ) -> int:
     """Read-only SQL on the result database (writes are refused, the DB is untouched).
 
     The statement is sent exactly as written; the connection is read-only (SQLite mode=ro
-    and an authorizer, PostgreSQL a READ ONLY transaction; point --db at a read-only role,
-    see `orchestrator db create-reader`)."""
+    and an authorizer, PostgreSQL a READ ONLY transaction as a role with a reader's rights:
+    a superuser URL reads as the role `orchestrator db create-reader` made, or is refused).
+    Fetching and printing both stop at --timeout."""
+    import time
+
+    from orchestrator.errors import UserError
     from orchestrator.store.engine import resolve_url
     from orchestrator.store.readonly import readonly_query
 
-    cols, rows = readonly_query(resolve_url(db), query, timeout_s=timeout)
+    got = readonly_query(resolve_url(db), query, timeout_s=timeout, max_rows=max_rows, max_bytes=max_bytes)
+    cols, rows = got.columns, got.rows
+
+    def in_time(seq):
+        # The rows are fetched; showing them must still end by the deadline.
+        for i, r in enumerate(seq):
+            if i % 256 == 0 and time.monotonic() > got.deadline:
+                raise UserError(
+                    f"output cancelled after the {timeout:g} s timeout, {i} row(s) printed (--timeout to change)"
+                )
+            yield r
+
     if as_csv:
         w = csv.writer(sys.stdout)
         w.writerow(cols)
-        w.writerows(rows)
+        for r in in_time(rows):
+            w.writerow(r)
     elif as_json:
-        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
+        print(json.dumps([dict(zip(cols, r)) for r in in_time(rows)], default=str))
     else:
         from rich.table import Table
 
         table = Table(*(escape(str(c)) for c in cols), show_header=True, header_style="bold")
-        for r in rows:
-            table.add_row(*("" if v is None else escape(str(v)) for v in r))
+        for r in in_time(rows):
+            table.add_row(*("" if v is None else escape(_cell(v)) for v in r))
         out.print(table)
         err.print(f"{len(rows)} row(s)")
+    if got.cut:
+        limit = f"--max-rows {max_rows}" if got.cut == "max_rows" else f"--max-bytes {max_bytes}"
+        err.print(escape(f"note: output stopped after {len(rows)} row(s) at {limit}; raise it to see more"))
     return 0
+
+
+def _cell(v: object, width: int = 1000) -> str:
+    """A value as a table cell, long ones shortened (the CSV and JSON forms keep them whole)."""
+    if isinstance(v, (str, bytes, bytearray)) and len(v) > width:
+        return str(v[:width]) + f"... ({len(v):,} {'chars' if isinstance(v, str) else 'bytes'})"
+    return str(v)

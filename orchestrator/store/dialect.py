@@ -8,9 +8,11 @@ backend-neutral. A new backend is a subclass here plus its entry in :data:`DIALE
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import quote
@@ -21,6 +23,49 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.errors import UserError
 
 Rows = tuple[list[str], list[tuple[Any, ...]]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much a read on a user's behalf may bring back. ``deadline`` (``time.monotonic``)
+    bounds fetching and, for the caller, formatting; rows past ``max_rows`` or
+    ``max_bytes`` (values' sizes added up) are left unfetched and ``Fetched.cut`` says so."""
+
+    max_rows: int = 100_000
+    max_bytes: int = 64 * 2**20
+    deadline: float = math.inf
+
+
+@dataclass
+class Fetched:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    cut: str | None = None  # why rows were left out ("max_rows" / "max_bytes"), None if none
+    deadline: float = math.inf  # when the caller's --timeout runs out (formatting included)
+
+
+def value_size(v: Any) -> int:
+    """Bytes a value costs to show: its length for text and binary, a few for the rest."""
+    if isinstance(v, (str, bytes, bytearray, memoryview)):
+        return len(v)
+    return 8 if isinstance(v, (int, float, bool)) or v is None else len(str(v))
+
+
+def collect(rows: Iterator[Sequence[Any]], limits: Limits) -> tuple[list[tuple[Any, ...]], str | None]:
+    """Rows from ``rows`` until a limit is reached (the iterator is left unexhausted)."""
+    out: list[tuple[Any, ...]] = []
+    total = 0
+    for r in rows:
+        if len(out) >= limits.max_rows:
+            return out, "max_rows"
+        total += sum(value_size(v) for v in r)
+        if total > limits.max_bytes:
+            return out, "max_bytes"
+        out.append(tuple(r))
+        if len(out) % 1024 == 0 and time.monotonic() > limits.deadline:
+            raise UserError("query cancelled: fetching its rows ran past the --timeout (--timeout to change)")
+    return out, None
+
 
 # Pragmas that only read (a pragma with an argument or `= value` sets something).
 READ_PRAGMAS = {
@@ -44,7 +89,115 @@ READ_PRAGMAS = {
     "collation_list",
     "freelist_count",
     "encoding",
+    "read_uncommitted",  # SQLAlchemy reads it on connect
 }
+
+# What a read may start with, per backend (the first keyword of the statement); anything
+# else (COPY, LOCK, ANALYZE, VACUUM, DO, SET, CALL, LISTEN, PREPARE, ...) is refused before
+# it reaches the server. The connection's own read-only-ness stays the real guard.
+SQLITE_READ_STATEMENTS = frozenset({"select", "with", "values", "explain", "pragma"})
+PG_READ_STATEMENTS = frozenset({"select", "with", "values", "table", "explain", "show"})
+
+# Server functions a reader has no business calling, refused by name before the statement
+# is sent: they act on the server (signals, configuration, WAL, files, large objects, locks,
+# session settings) or run SQL hidden in a string. A reader role lacks the rights for most
+# of them anyway; a few (terminating one's own backend, advisory locks, set_config) every
+# role may call, so the name check is what stops those.
+PG_ADMIN_FUNCTIONS = frozenset(
+    {
+        "pg_terminate_backend",
+        "pg_cancel_backend",
+        "pg_reload_conf",
+        "pg_rotate_logfile",
+        "pg_switch_wal",
+        "pg_switch_xlog",
+        "pg_create_restore_point",
+        "pg_promote",
+        "pg_checkpoint",
+        "pg_backup_start",
+        "pg_backup_stop",
+        "pg_start_backup",
+        "pg_stop_backup",
+        "pg_log_backend_memory_contexts",
+        "pg_stat_reset",
+        "pg_stat_reset_shared",
+        "pg_stat_reset_single_table_counters",
+        "pg_stat_reset_single_function_counters",
+        "pg_stat_reset_slru",
+        "pg_stat_reset_replication_slot",
+        "pg_stat_reset_subscription_stats",
+        "pg_read_file",
+        "pg_read_binary_file",
+        "pg_stat_file",
+        "pg_ls_dir",
+        "pg_ls_logdir",
+        "pg_ls_waldir",
+        "pg_ls_tmpdir",
+        "pg_ls_archive_statusdir",
+        "pg_ls_logicalsnapdir",
+        "pg_ls_logicalmapdir",
+        "pg_ls_replslotdir",
+        "pg_file_write",
+        "pg_file_rename",
+        "pg_file_unlink",
+        "lo_import",
+        "lo_export",
+        "lo_create",
+        "lo_creat",
+        "lo_unlink",
+        "lo_open",
+        "lo_put",
+        "lo_from_bytea",
+        "lo_truncate",
+        "lowrite",
+        "set_config",
+        "pg_notify",
+        "pg_advisory_lock",
+        "pg_advisory_lock_shared",
+        "pg_advisory_xact_lock",
+        "pg_advisory_xact_lock_shared",
+        "pg_try_advisory_lock",
+        "pg_try_advisory_lock_shared",
+        "pg_try_advisory_xact_lock",
+        "pg_try_advisory_xact_lock_shared",
+        "pg_advisory_unlock",
+        "pg_advisory_unlock_shared",
+        "pg_advisory_unlock_all",
+        "query_to_xml",
+        "query_to_xmlschema",
+        "query_to_xml_and_xmlschema",
+        "cursor_to_xml",
+        "cursor_to_xmlschema",
+        "dblink",
+        "dblink_exec",
+        "dblink_connect",
+        "dblink_connect_u",
+        "pg_create_logical_replication_slot",
+        "pg_create_physical_replication_slot",
+        "pg_drop_replication_slot",
+        "pg_replication_origin_create",
+        "pg_import_system_collations",
+        "pg_wal_replay_pause",
+        "pg_wal_replay_resume",
+    }
+)
+
+# Predefined roles whose members act on the server rather than read rows.
+PG_ADMIN_ROLES = (
+    "pg_execute_server_program",
+    "pg_read_server_files",
+    "pg_write_server_files",
+    "pg_signal_backend",
+    "pg_checkpoint",
+    "pg_write_all_data",
+    "pg_create_subscription",
+    "pg_signal_autovacuum_worker",
+    "pg_maintain",
+    "pg_use_reserved_connections",
+)
+# `db create-reader` marks the roles it makes with this comment; reads on a privileged URL
+# switch to such a role.
+READER_COMMENT = "orchestrator read-only role (db create-reader)"
 
 
 DEFAULT_QUERY_TIMEOUT_S = 60.0
@@ -85,6 +238,14 @@ def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = 30.0)
     return sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
 
 
+def set_length_limit(conn: sqlite3.Connection, n: int) -> None:
+    """Make SQLite refuse to build a string or blob longer than ``n`` bytes (Python 3.11+;
+    on 3.10 the output caps still apply, after the value is built)."""
+    setlimit = getattr(conn, "setlimit", None)
+    if setlimit is not None:
+        setlimit(getattr(sqlite3, "SQLITE_LIMIT_LENGTH", 0), n)
+
+
 class Dialect:
     name: ClassVar[str]
     prefixes: ClassVar[tuple[str, ...]]
@@ -103,9 +264,18 @@ class Dialect:
         inside the caller's transaction, at the driver's best speed."""
         raise NotImplementedError
 
-    def readonly_query(self, url: str, body: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
-        """Run ``body`` exactly as given, read-only by the connection itself, cancelled
-        after ``timeout_s`` seconds."""
+    read_statements: ClassVar[frozenset[str]]
+    admin_functions: ClassVar[frozenset[str]] = frozenset()
+
+    def reader_engine(self, url: str) -> Engine:
+        """An engine that reads on a user's behalf with no more than a reader's rights, and
+        cannot write, whatever the URL grants (UserError when that cannot be had)."""
+        raise NotImplementedError
+
+    def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
+        """Run ``body`` exactly as given, read-only by the connection itself and with a
+        reader's rights, cancelled after ``timeout_s`` seconds; rows past ``limits`` are not
+        fetched."""
         raise NotImplementedError
 
     def now_plus(self, seconds: float) -> Any:
@@ -182,17 +352,35 @@ class SQLite(Dialect):
         finally:
             cur.close()
 
-    def readonly_query(self, url: str, body: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
-        # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs; a
-        # progress handler interrupts a query past its deadline.
+    read_statements = SQLITE_READ_STATEMENTS
+
+    def _reader_connect(self, path: Path) -> sqlite3.Connection:
+        conn = sqlite_connect(path, readonly=True)  # never created, never written
+        conn.set_authorizer(readonly_authorizer)
+        return conn
+
+    def _existing(self, url: str) -> Path:
         path = sqlite_path(url)
         if path is None or not path.is_file():
             raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
+        return path
+
+    def reader_engine(self, url: str) -> Engine:
+        # mode=ro and the read-only authorizer on every pooled connection: no WAL pragma, no
+        # checkpoint, no write of any kind reaches the file.
+        path = self._existing(url)
+        return sa.create_engine("sqlite://", creator=lambda: self._reader_connect(path))
+
+    def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
+        # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs; a
+        # progress handler interrupts a query past its deadline; SQLite itself refuses to
+        # build a value larger than the byte limit (randomblob(1e9) would take 40 s to show).
+        path = self._existing(url)
         try:
-            conn = sqlite_connect(path, readonly=True)
+            conn = self._reader_connect(path)
         except sqlite3.Error as exc:
             raise UserError(f"cannot open database {path}: {exc}") from None
-        deadline = time.monotonic() + timeout_s
+        deadline = min(time.monotonic() + timeout_s, limits.deadline)
         timed_out = False
 
         def _progress() -> int:
@@ -201,11 +389,13 @@ class SQLite(Dialect):
             return 1 if timed_out else 0
 
         try:
-            conn.set_authorizer(readonly_authorizer)
+            # (the limit also bounds a stored row, hence the floor)
+            set_length_limit(conn, min(max(limits.max_bytes, 16 << 20), 2**31 - 1))
             conn.set_progress_handler(_progress, 10_000)
             try:
                 cur = conn.execute(body)
-                rows = cur.fetchall()
+                cols = [d[0] for d in cur.description or ()]
+                rows, cut = collect(iter(cur.fetchone, None), limits)
             except sqlite3.Warning as exc:  # e.g. "You can only execute one statement"
                 raise UserError(f"query refused: {exc}") from None
             except sqlite3.DatabaseError as exc:
@@ -215,9 +405,13 @@ class SQLite(Dialect):
                     ) from None
                 if "not authorized" in str(exc) or "readonly" in str(exc):
                     raise UserError(f"refused: `orchestrator sql` is read-only ({exc})") from None
+                if "too big" in str(exc):
+                    raise UserError(
+                        f"query refused: it builds a value larger than {max(limits.max_bytes, 16 << 20):,} bytes "
+                        "(--max-bytes to change)"
+                    ) from None
                 raise UserError(f"query failed: {exc}") from None
-            cols = [d[0] for d in cur.description or ()]
-            return cols, rows
+            return Fetched(cols, rows, cut)
         finally:
             conn.close()
 
@@ -253,46 +447,164 @@ class PostgreSQL(Dialect):
             )
             cur.execute(f"TRUNCATE {stage}")
 
-    def readonly_query(self, url: str, body: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S) -> Rows:
-        # A READ ONLY transaction with a statement_timeout, and the extended query protocol
-        # refuses stacked statements.
+    read_statements = PG_READ_STATEMENTS
+    admin_functions = PG_ADMIN_FUNCTIONS
+
+    def reader_engine(self, url: str) -> Engine:
+        # A superuser (or a member of the server-acting roles) can run programs and read
+        # server files even in a READ ONLY transaction, and SET ROLE from such a session is
+        # undone by set_config('role', ...) inside a SELECT: so a privileged URL reads by
+        # logging in as a reader role instead (one `db create-reader` made), or is refused.
         engine = self.make_engine(url)
         try:
             with engine.connect() as conn:
+                who, why = _privileged(conn)
+                if why is None:
+                    return _read_only_sessions(engine)
+                readers = _readers(conn)
+        except sa.exc.OperationalError as exc:
+            engine.dispose()
+            raise UserError(f"cannot open database {describe(url)}: {_first_line(exc.orig)}") from None
+        except UserError:
+            engine.dispose()
+            raise
+        engine.dispose()
+        fix = (
+            "create a read-only role once with `orchestrator db create-reader NAME --db URL` "
+            "(reads then log in as it), or pass the URL of a role without those rights"
+        )
+        if not readers:
+            raise UserError(f"refused: the URL connects as {who!r}, {why}; {fix}")
+        reader = readers[0]
+        rurl = sa.engine.make_url(url).set(username=reader, password=None).render_as_string(hide_password=False)
+        engine = self.make_engine(rurl)
+        try:
+            with engine.connect() as conn:
+                _, rwhy = _privileged(conn)
+        except sa.exc.OperationalError as exc:
+            engine.dispose()
+            raise UserError(
+                f"refused: the URL connects as {who!r}, {why}, and logging in as the read-only role {reader!r} "
+                f"failed ({_first_line(exc.orig)}); put its password in ~/.pgpass or pass its URL with --db"
+            ) from None
+        if rwhy is not None:
+            engine.dispose()
+            raise UserError(f"refused: the read-only role {reader!r} is not read-only ({rwhy}); {fix}")
+        return _read_only_sessions(engine)
+
+    def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
+        # A READ ONLY transaction with a statement_timeout, as a reader; the extended query
+        # protocol refuses stacked statements; rows are streamed, so a huge result is cut at
+        # the limits instead of being held whole.
+        engine = self.reader_engine(url)
+        try:
+            with engine.connect() as conn:
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {int(timeout_s * 1000)}")
+                remaining = min(timeout_s, limits.deadline - time.monotonic())
+                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(remaining * 1000))}")
                 # Take the snapshot now: after it, `SET TRANSACTION READ WRITE` is an error.
                 conn.exec_driver_sql("SELECT 1")
                 raw = conn.connection.driver_connection
                 assert raw is not None  # a checked-out connection always has one
+                import psycopg
+
                 try:
                     with raw.cursor() as cur:
-                        cur.execute(body, prepare=True)  # extended protocol: one statement only
-                        cols = [d.name for d in cur.description or ()]
-                        rows = cur.fetchall() if cur.description else []
+                        stream = cur.stream(body)
+                        try:
+                            first = next(stream, None)
+                            cols = [d.name for d in cur.description or ()]
+                            head = iter(()) if first is None else iter((first,))
+                            rows, cut = collect(_chain(head, stream), limits)
+                        finally:
+                            stream.close()  # cancels what is still coming
+                except UserError:
+                    raise
                 except Exception as exc:
                     raw.rollback()
-                    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    msg = _first_line(exc)
                     if getattr(exc, "sqlstate", None) == "57014":  # query_canceled
                         raise UserError(
                             f"query cancelled after the {timeout_s:g} s timeout (--timeout to change)"
                         ) from None
                     if getattr(exc, "sqlstate", None) in ("25006", "42501"):
                         raise UserError(f"refused: `orchestrator sql` is read-only ({msg})") from None
+                    if isinstance(exc, psycopg.OperationalError) and raw.closed:
+                        raise UserError(f"query ended the database session: {msg}") from None
                     raise UserError(f"query failed: {msg}") from None
                 # COMMIT/ROLLBACK as the statement would end the read-only transaction.
-                import psycopg
-
                 if raw.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
                     raise UserError(
                         "refused: transaction control is not allowed in `orchestrator sql` (it is read-only)"
                     )
                 conn.rollback()
-                return cols, [tuple(r) for r in rows]
+                return Fetched(cols, rows, cut)
         except sa.exc.OperationalError as exc:
-            raise UserError(f"cannot open database {describe(url)}: {exc.orig}") from None
+            raise UserError(f"cannot open database {describe(url)}: {_first_line(exc.orig)}") from None
         finally:
             engine.dispose()
+
+
+def _chain(*its: Iterator[Any]) -> Iterator[Any]:
+    for it in its:
+        yield from it
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _privileged(conn: Connection) -> tuple[str, str | None]:
+    """(current role, why it is more than a reader, or None when it is one)."""
+    row = conn.execute(
+        sa.text(
+            "SELECT current_user, rolsuper, rolcreaterole, rolreplication, rolbypassrls "
+            "FROM pg_roles WHERE rolname = current_user"
+        )
+    ).one()
+    who = str(row[0])
+    attrs = [n for n, v in zip(("a superuser", "CREATEROLE", "REPLICATION", "BYPASSRLS"), row[1:]) if v]
+    held = conn.execute(
+        sa.text(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY(:names) "
+            "AND pg_has_role(current_user, oid, 'MEMBER') ORDER BY rolname"
+        ),
+        {"names": list(PG_ADMIN_ROLES)},
+    ).scalars()
+    attrs += [f"a member of {r}" for r in held]
+    if not attrs:
+        return who, None
+    return who, " and ".join(attrs) + " (it could run programs or touch files on the server)"
+
+
+def _readers(conn: Connection) -> list[str]:
+    """Login roles ``db create-reader`` made that can read this schema's sweeps, and no more."""
+    names = conn.execute(
+        sa.text(
+            "SELECT r.rolname FROM pg_roles r "
+            "JOIN pg_shdescription d ON d.objoid = r.oid AND d.classoid = 'pg_authid'::regclass "
+            "WHERE d.description = :marker AND r.rolcanlogin AND NOT r.rolsuper AND NOT r.rolcreaterole "
+            "AND NOT r.rolreplication AND NOT r.rolbypassrls "
+            "AND has_table_privilege(r.oid, to_regclass('sweeps'), 'SELECT') "
+            "AND NOT EXISTS (SELECT 1 FROM pg_roles a WHERE a.rolname = ANY(:admin) "
+            "AND pg_has_role(r.oid, a.oid, 'MEMBER')) "
+            "ORDER BY r.rolname"
+        ),
+        {"marker": READER_COMMENT, "admin": list(PG_ADMIN_ROLES)},
+    ).scalars()
+    return [str(n) for n in names]
+
+
+def _read_only_sessions(engine: Engine) -> Engine:
+    @sa.event.listens_for(engine, "connect")
+    def _ro(dbapi_conn, _record) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        dbapi_conn.commit()
+
+    engine.pool.dispose()  # a connection opened before the listener would be read-write
+    return engine
 
 
 DIALECTS: tuple[Dialect, ...] = (SQLite(), PostgreSQL())

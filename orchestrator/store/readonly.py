@@ -2,23 +2,25 @@
 
 The statement goes to the database exactly as the user wrote it. Read-only-ness comes from
 the connection: SQLite opened with ``mode=ro`` plus an authorizer that denies writes,
-ATTACH and assigning PRAGMAs; PostgreSQL in a READ ONLY transaction (and, for the admin
-functions a READ ONLY transaction still allows, a role without those rights: see
-``orchestrator db create-reader``). A SQL tokenizer (sqlparse) is used for one thing only:
-refusing stacked statements, with quotes, comments and ``$$`` strings understood.
-Both backends cancel a statement past its timeout.
+ATTACH and assigning PRAGMAs; PostgreSQL in a READ ONLY transaction, logged in as a role
+with a reader's rights whatever role the URL names (see ``Dialect.reader_engine`` and
+``orchestrator db create-reader``). A SQL tokenizer (sqlparse) screens the statement
+first: exactly one, starting with a reading keyword of the backend, calling none of the
+server-acting functions (quotes, comments and ``$$`` strings understood). Both backends
+cancel a statement past its timeout, and the rows brought back are capped.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import sqlparse
 
 from orchestrator.errors import UserError
 from orchestrator.store import dialect
-from orchestrator.store.dialect import DEFAULT_QUERY_TIMEOUT_S
+from orchestrator.store.dialect import DEFAULT_QUERY_TIMEOUT_S, READER_COMMENT, Fetched, Limits
 
 
 def _meaningful(stmt: str) -> bool:
@@ -36,8 +38,20 @@ def _meaningful(stmt: str) -> bool:
     return False
 
 
-def check_statement(sql: str) -> str:
-    """``sql`` itself, unchanged, when it holds exactly one statement; else UserError."""
+def _words(stmt: sqlparse.sql.Statement) -> list[tuple[Any, str]]:
+    """(token type, lower-cased value) of every token that is not whitespace or comment."""
+    out = []
+    for tok in stmt.flatten():
+        if tok.is_whitespace or tok.ttype in sqlparse.tokens.Comment:
+            continue
+        out.append((tok.ttype, tok.value.lower()))
+    return out
+
+
+def check_statement(sql: str, backend: dialect.Dialect | None = None) -> str:
+    """``sql`` itself, unchanged, when it holds exactly one statement that starts with a
+    reading keyword of ``backend`` and names none of its server-acting functions; else
+    UserError."""
     if not sql.strip():
         raise UserError("empty query")
     pieces = [p for p in sqlparse.split(sql) if _meaningful(p)]
@@ -47,17 +61,42 @@ def check_statement(sql: str) -> str:
         raise UserError(
             f"one statement at a time ({len(pieces)} given): `orchestrator sql` runs a single read-only statement"
         )
+    if backend is None:
+        return sql
+    words = _words(sqlparse.parse(pieces[0])[0])
+    first = words[0][1] if words else ""
+    if first not in backend.read_statements:
+        allowed = ", ".join(sorted(w.upper() for w in backend.read_statements))
+        raise UserError(f"refused: `orchestrator sql` is read-only: it runs {allowed}, not {first.upper()}")
+    for i, (ttype, word) in enumerate(words):
+        name = word.strip('"')
+        called = i + 1 < len(words) and words[i + 1][1] == "("
+        if called and ttype not in sqlparse.tokens.Literal.String and name in backend.admin_functions:
+            raise UserError(f"refused: `orchestrator sql` is read-only, and {name}() acts on the server")
     return sql
 
 
 def readonly_query(
-    url: str, sql: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
-) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one statement read-only; returns (column names, rows)."""
+    url: str,
+    sql: str,
+    *,
+    timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+    max_rows: int = Limits.max_rows,
+    max_bytes: int = Limits.max_bytes,
+) -> Fetched:
+    """Run one statement read-only with a reader's rights; returns its columns and at most
+    ``max_rows`` rows / ``max_bytes`` of values (``cut`` says when more were left out).
+    ``Fetched.deadline`` is the timeout's end: the caller formats the rows within it."""
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout_s}")
-    body = check_statement(sql)
-    return dialect.for_url(url).readonly_query(url, body, timeout_s=timeout_s)
+    if max_rows < 0 or max_bytes < 1:
+        raise UserError(f"--max-rows must be >= 0 and --max-bytes >= 1 (got {max_rows}, {max_bytes})")
+    backend = dialect.for_url(url)
+    body = check_statement(sql, backend)
+    limits = Limits(max_rows=max_rows, max_bytes=max_bytes, deadline=time.monotonic() + timeout_s)
+    fetched = backend.readonly_query(url, body, timeout_s=timeout_s, limits=limits)
+    fetched.deadline = limits.deadline
+    return fetched
 
 
 # ---- a read-only PostgreSQL role -----------------------------------------------------------
@@ -91,6 +130,8 @@ def reader_sql(
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {sch} GRANT SELECT ON TABLES TO {q}",
         f"ALTER ROLE {q} SET default_transaction_read_only = on",
         f"ALTER ROLE {q} SET statement_timeout = {int(timeout_s * 1000)}",
+        # the mark `sql` and `ui` look for when a URL names a privileged role
+        f"COMMENT ON ROLE {q} IS '{READER_COMMENT}'",
     ]
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import sqlite3
 import threading
 from dataclasses import dataclass
 from operator import itemgetter
@@ -30,22 +29,8 @@ import yaml
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store.engine import describe, ensure_schema, resolve_url, sqlite_path
-from orchestrator.store.dialect import readonly_authorizer, sqlite_connect
-
-# SQLAlchemy reads the isolation level on connect and Alembic the version table's
-# columns; neither pragma changes anything (the ``*_info`` ones take a table name).
-_EXTRA_READ_PRAGMAS = {"read_uncommitted"}
-_INFO_PRAGMAS = {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
-
-
-def _ui_authorizer(action: int, arg1, arg2, dbname, source) -> int:
-    if action == sqlite3.SQLITE_PRAGMA:
-        name = (arg1 or "").lower()
-        if (arg2 is None and name in _EXTRA_READ_PRAGMAS) or name in _INFO_PRAGMAS:
-            return sqlite3.SQLITE_OK
-    return readonly_authorizer(action, arg1, arg2, dbname, source)
-
+from orchestrator.store import dialect
+from orchestrator.store.engine import describe, ensure_schema, resolve_url
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
@@ -58,28 +43,11 @@ class NotFound(UserError):
 
 
 def readonly_engine(db: str | None) -> tuple[Engine, str]:
-    """An engine on ``db`` that refuses writes; a missing SQLite file is a UserError."""
+    """An engine on ``db`` that refuses writes and reads with a reader's rights (the
+    backend's :meth:`~orchestrator.store.dialect.Dialect.reader_engine`); a missing SQLite
+    file or a privileged PostgreSQL URL without a reader role is a UserError."""
     url = resolve_url(db)
-    if url.startswith("sqlite"):
-        path = sqlite_path(url)
-        if path is None or not path.exists():
-            raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
-
-        def connect() -> sqlite3.Connection:
-            conn = sqlite_connect(path, readonly=True)  # the store's one way to open a file
-            conn.set_authorizer(_ui_authorizer)
-            return conn
-
-        engine = sa.create_engine("sqlite://", creator=connect)
-    else:
-        engine = sa.create_engine(url, pool_pre_ping=True)
-
-        @sa.event.listens_for(engine, "connect")
-        def _ro(dbapi_conn, _record) -> None:
-            with dbapi_conn.cursor() as cur:
-                cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-            dbapi_conn.commit()
-
+    engine = dialect.for_url(url).reader_engine(url)
     try:
         ensure_schema(engine, url, auto_create=False)
     except sa.exc.DBAPIError as exc:
