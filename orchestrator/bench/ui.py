@@ -51,7 +51,7 @@ def _free_port() -> int:
 def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3) -> dict[str, Any]:
     import uvicorn
 
-    from orchestrator.analysis.bench import build_db
+    from orchestrator.bench.analysis import build_db
     from orchestrator.ui import db as q
     from orchestrator.ui.app import create_app
 
