@@ -572,7 +572,9 @@ def _privileged(conn: Connection) -> tuple[str, str | None]:
         ),
         {"names": list(PG_ADMIN_ROLES)},
     ).scalars()
-    attrs += [f"a member of {r}" for r in held]
+    held = list(held)
+    if not row[1] and held:  # a superuser is a member of every role: saying so adds nothing
+        attrs.append("a member of " + ", ".join(held))
     if not attrs:
         return who, None
     return who, " and ".join(attrs) + " (it could run programs or touch files on the server)"
