@@ -85,9 +85,9 @@ def submit(
     from orchestrator.store.engine import resolve_url
 
     sweep = _spec(spec)
+    url = resolve_url(db, sweep.spec.storage)  # refused (empty, in memory) before Ray starts
     return _run(
-        run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir),
-        resolve_url(db, sweep.spec.storage),
+        run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir), url
     )
 
 
@@ -103,9 +103,9 @@ def resume(
     from orchestrator.runner.sweep import resume as run_resume
     from orchestrator.store.engine import resolve_url
 
+    url = resolve_url(db)
     return _run(
-        run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir),
-        resolve_url(db),
+        run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir), url
     )
 
 

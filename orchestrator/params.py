@@ -9,12 +9,36 @@ never be silently ignored in a 500-trial sweep.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 NAMESPACES = ("model", "task", "tag")
+
+# Upper bounds no real study comes near, stated in the message that refuses a value past them
+# (1.0e+300 is a finite float: an lr that large overflows the first update, and the trial
+# would fail in its worker with a traceback instead of here with one line). The checked-in
+# sweeps and the seed papers train at lr 3e-4 .. 1e-2 and weight decay 0 .. 0.1.
+MAX_LR = 10.0
+MAX_WEIGHT_DECAY = 10.0
+MAX_GRAD_CLIP = 1e6
+MAX_CHECKPOINT_EVERY_S = 86_400.0  # a day
+MAX_THREADS = 256
+
+
+def _at_most(bound: float, why: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v is not None and v > bound:
+            shown = f"{int(bound):,}" if bound == int(bound) else f"{bound:g}"
+            raise ValueError(f"must be at most {shown} ({why})")
+        return v
+
+    return check
+
+
+def _at_most_v(bound: float, why: str) -> AfterValidator:
+    return AfterValidator(_at_most(bound, why))
 
 
 class TrialParams(BaseModel):
@@ -27,7 +51,7 @@ class TrialParams(BaseModel):
     seed: int = Field(0, ge=0, description="model-init seed (and data seed unless data_seed)")
     data_seed: int | None = Field(None, ge=0, description="training-data stream seed; None = seed")
     eval_seed: int = Field(0, ge=0, description="seed of the fixed held-out set (shared by all seeds)")
-    lr: PositiveFloat = 1e-3
+    lr: Annotated[PositiveFloat, _at_most_v(MAX_LR, "far above any study's learning rate")] = 1e-3
     batch_size: PositiveInt = 64
     steps: PositiveInt = 1000
     eval_every: PositiveInt = 100
@@ -35,10 +59,14 @@ class TrialParams(BaseModel):
     cosine_steps: PositiveInt | None = Field(None, description="cosine period T; None = the budget (cosine-to-budget)")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
     warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 over this many steps")
-    weight_decay: float = Field(0.01, ge=0.0)
+    weight_decay: Annotated[float, _at_most_v(MAX_WEIGHT_DECAY, "far above any study's weight decay")] = Field(
+        0.01, ge=0.0
+    )
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.999, ge=0.0, lt=1.0)
-    grad_clip: float | None = Field(1.0, gt=0.0, description="max global grad norm; None = off")
+    grad_clip: Annotated[float | None, _at_most_v(MAX_GRAD_CLIP, "null turns clipping off")] = Field(
+        1.0, gt=0.0, description="max global grad norm; None = off"
+    )
     d_model: PositiveInt | None = None
     n_layers: PositiveInt | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -47,8 +75,12 @@ class TrialParams(BaseModel):
     anneal: Literal["none", "time", "escape"] = Field("none", description="read-blend anneal (mlstm): whitened -> raw")
     anneal_frac: float = Field(0.3, gt=0.0, le=1.0, description="anneal length as a fraction of the budget")
     anneal_escape_at: float = Field(0.8, gt=0.0, le=1.0, description="escape-gated anneal starts at this eval acc")
-    checkpoint_every_s: float = Field(30.0, ge=0.0, description="min seconds between checkpoints (0 = at every eval)")
-    threads: PositiveInt | None = Field(None, description="torch CPU threads; None = the trial's cpu resources")
+    checkpoint_every_s: Annotated[float, _at_most_v(MAX_CHECKPOINT_EVERY_S, "a day")] = Field(
+        30.0, ge=0.0, description="min seconds between checkpoints (0 = at every eval)"
+    )
+    threads: Annotated[PositiveInt | None, _at_most_v(MAX_THREADS, "torch threads of one trial")] = Field(
+        None, description="torch CPU threads; None = the trial's cpu resources"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrialParams:

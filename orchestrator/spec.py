@@ -35,18 +35,34 @@ from orchestrator.design.matching import MatchParams
 from orchestrator.errors import UserError
 from orchestrator.keys import spec_hash, trial_key
 from orchestrator.params import NAMESPACES, TOP_LEVEL, TrialParams, resolve, split
-from orchestrator.yaml_load import DuplicateKeyError, load_strict
+from orchestrator.sources import MAX_SPEC_BYTES, read_text_file
+from orchestrator.yaml_load import DuplicateKeyError, TagError, load_strict
 
 
 class SpecError(UserError):
     """A spec that cannot run; the message is ``FILE: KEY.PATH: what was expected``."""
 
 
+# Bounds of the sweep-level numbers (a trial's own are in orchestrator.params).
+MAX_CPU = 1024  # CPUs of one trial
+MAX_GPU = 64  # GPUs of one trial
+MAX_RETRIES = 100  # a trial failing more often than this is failing for a reason
+
+
+def _not_bool(cls, v: Any) -> Any:
+    """YAML's ``true`` is not a count (pydantic would take it as 1)."""
+    if isinstance(v, bool):
+        raise ValueError("expected a number")
+    return v
+
+
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cpu: float = Field(1.0, gt=0, description="CPUs per trial (also torch threads, rounded down)")
-    gpu: float = Field(0.0, ge=0, description="GPU fraction per trial; 0.25 = four share a GPU")
+    cpu: float = Field(1.0, gt=0, le=MAX_CPU, description="CPUs per trial (also torch threads, rounded down)")
+    gpu: float = Field(0.0, ge=0, le=MAX_GPU, description="GPU fraction per trial; 0.25 = four share a GPU")
+
+    _not_bool = field_validator("cpu", "gpu", mode="before")(_not_bool)
 
     @field_validator("cpu", "gpu")
     @classmethod
@@ -111,7 +127,7 @@ class SweepSpec(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     resources: Resources = Field(default_factory=Resources)
     max_concurrent: PositiveInt | None = None
-    retries: int = Field(0, ge=0)
+    retries: int = Field(0, ge=0, le=MAX_RETRIES)
     storage: str | None = Field(None, description="database URL; --db overrides")
     checkpoint_dir: str | None = None
     pack_seeds: PositiveInt | Literal["auto"] = 1
@@ -124,11 +140,21 @@ class SweepSpec(BaseModel):
     # Modules registering the sweep's own cells/tasks (orchestrator.plugins).
     plugins: list[str] = Field(default_factory=list)
 
+    _not_bool = field_validator("retries", "max_concurrent", "pack_seeds", mode="before")(_not_bool)
+
     @field_validator("storage")
     @classmethod
     def _storage_scheme(cls, v: str | None) -> str | None:
         if v is not None and "://" in v and not re.match(r"(sqlite|postgresql|postgres)(\+\w+)?://", v):
             raise ValueError("expected a file path, sqlite:///PATH or postgresql://HOST/DB")
+        if v is not None:
+            # Imported here: the store loads SQLAlchemy and Alembic, which a spec without
+            # storage: never needs. Empty or in-memory storage would store nothing queryable.
+            from orchestrator.store.engine import storage_problem
+
+            problem = storage_problem(v)
+            if problem is not None:
+                raise ValueError(problem.removeprefix("is "))
         return v
 
     @model_validator(mode="after")
@@ -199,7 +225,6 @@ def _first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
 # ---- bounds -------------------------------------------------------------------------------
 
 DEFAULT_MAX_TRIALS = 100_000
-MAX_SPEC_BYTES = 1 << 20  # a spec is a page of YAML; 1 MiB is far past any real one
 MAX_DEPTH = 32  # a spec is a few levels deep (blocks -> axes -> values)
 MAX_NODES = 1_000_000  # values after alias expansion ("billion laughs" stops here)
 # Typed columns of the store (trials.seed, steps, eval_every, batch_size, ...) are 32-bit
@@ -346,7 +371,7 @@ def _check_value(name: str, value: Any, where: str, fail) -> Any:
             return _FIELD_ADAPTERS[name].validate_python(value)
         except ValidationError as exc:
             err = exc.errors()[0]
-            fail(where, f"{err['msg']}, got {value!r}")
+            fail(where, f"{err['msg'].removeprefix('Value error, ')}, got {value!r}")
     if isinstance(value, (dict, list)) and not name.startswith("tag."):
         # knobs are scalars; a list here is almost always an axis written under `fixed`
         if isinstance(value, list):
@@ -554,23 +579,16 @@ def load(
         raise SpecError(f"{label}: {where}: {msg}")
 
     if text is None:
+        if path is None:
+            raise SpecError("<spec>: give a path or the spec's text")
         try:
-            p = Path(path)  # type: ignore[arg-type]
-            if p.is_file() and p.stat().st_size > MAX_SPEC_BYTES:
-                raise SpecError(
-                    f"{label}: {p.stat().st_size:,} bytes, above the {MAX_SPEC_BYTES:,}-byte limit of a spec"
-                )
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SpecError(f"{label}: no such file") from None
-        except IsADirectoryError:
-            raise SpecError(f"{label}: is a folder, not a spec file") from None
-        except UnicodeDecodeError as exc:
-            raise SpecError(f"{label}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        except OSError as exc:
-            raise SpecError(f"{label}: cannot read: {exc.strerror or exc}") from None
+            # A regular file only, its size checked before reading (a symlink to /dev/zero or
+            # a FIFO would otherwise fill memory or hang).
+            text = read_text_file(path, limit=MAX_SPEC_BYTES, label=label)
+        except UserError as exc:
+            raise SpecError(str(exc)) from None
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
-        raise SpecError(f"{label}: above the {MAX_SPEC_BYTES:,}-byte limit of a spec")
+        raise SpecError(f"{label}: above the {MAX_SPEC_BYTES:,}-byte (1 MiB) limit of a spec")
     if "\x00" in text:
         raise SpecError(f"{label}: contains a NUL byte (not a text file?)")
     try:
@@ -583,6 +601,12 @@ def load(
     except DuplicateKeyError as exc:
         line = exc.mark.line + 1 if exc.mark else "?"
         raise SpecError(f"{label}: line {line}: duplicate key {exc.key!r}") from None
+    except TagError as exc:
+        line = exc.mark.line + 1 if exc.mark else "?"
+        raise SpecError(
+            f"{label}: line {line}: YAML tag {exc.shown!r} is not allowed "
+            "(a spec is plain values, lists and mappings; quote a value to make it a string)"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         pos = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"

@@ -1,6 +1,9 @@
 """YAML loading that refuses what PyYAML silently accepts: duplicate keys (the last one would
-win and an axis would vanish) and YAML 1.1's reading of ``1e-3`` as a string. Merge keys
-(``<<``) work as YAML defines them: merged keys are defaults, written keys override them."""
+win and an axis would vanish), YAML 1.1's reading of ``1e-3`` as a string, and explicit tags
+(``!!binary``, ``!!set``, ``!!str 3``, ``!custom``: a spec is plain values, lists and mappings,
+so a tag can only change what a value silently becomes). An untagged date (``2026-01-01``) is
+a string, as in JSON, so the usual type checks see what was written. Merge keys (``<<``) work
+as YAML defines them: merged keys are defaults, written keys override them."""
 
 from __future__ import annotations
 
@@ -16,8 +19,31 @@ class DuplicateKeyError(yaml.YAMLError):
         super().__init__(f"duplicate key {key!r}")
 
 
+class TagError(yaml.YAMLError):
+    """An explicit YAML tag (``!!set``, ``!foo``, ``!``) on a node."""
+
+    def __init__(self, tag: str, mark: yaml.Mark | None):
+        self.tag, self.mark = tag, mark
+        super().__init__(f"YAML tag {tag!r}")
+
+    @property
+    def shown(self) -> str:
+        """The tag as it was written (``!!binary``, not ``tag:yaml.org,2002:binary``)."""
+        return "!!" + self.tag.removeprefix(_CORE) if self.tag.startswith(_CORE) else self.tag
+
+
+_CORE = "tag:yaml.org,2002:"
+
+
 class _StrictLoader(yaml.SafeLoader):
-    pass
+    def compose_node(self, parent, index):
+        # Refused before the node is built: an explicit tag picks the constructor (a set, a
+        # binary blob, an ordered list of pairs, a Python object) where plain YAML would not.
+        event = self.peek_event()
+        tag = None if isinstance(event, yaml.AliasEvent) else getattr(event, "tag", None)
+        if tag is not None:
+            raise TagError(tag, event.start_mark)
+        return super().compose_node(parent, index)
 
 
 # YAML 1.1 requires a dot in floats, so `1e-3` would load as the string "1e-3".
@@ -29,8 +55,9 @@ _FLOAT = re.compile(
     |\.(?:nan|NaN|NAN))$""",
     re.X,
 )
+# Dates stay strings (dropped with the float resolver, which is replaced just below).
 _StrictLoader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
+    k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))

@@ -1,18 +1,24 @@
 """The hostile-spec corpus (tests/bad_specs/): every file is refused by `orchestrator
 submit` with exit 2 and one line on stderr, no traceback, and no database file or any other
-file written; plus the bounds that accept (merge keys, --max-trials) and the warnings."""
+file written; plus the bounds that accept (merge keys, --max-trials) and the warnings, spec
+sources that are not regular files, and database values that would store nothing."""
 
 from __future__ import annotations
 
 import os
+import resource
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import orchestrator
 from orchestrator import spec as specs
 from orchestrator.cli import main
+from orchestrator.errors import UserError
+from orchestrator.sources import read_text_file
 
 CORPUS = Path(__file__).parent / "bad_specs"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -27,7 +33,7 @@ budget: {steps: 20, eval_every: 10}
 
 
 def test_corpus_size():
-    assert len(FILES) >= 80
+    assert len(FILES) >= 145
 
 
 def _refused(code: int, err: str) -> None:
@@ -123,3 +129,226 @@ def test_every_checked_in_sweep_still_loads():
     for p in sorted(root.glob("*.yaml")):
         assert specs.load(p).trials, p
     assert os.environ.get("ORCH_NODE_MEMORY_BYTES") is None
+
+
+def test_bad_spec_is_refused_on_the_amend_path_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("lr_1e300", "tag_set_axis", "storage_sqlite_memory"):
+        code = main(["submit", str(CORPUS / f"{name}.yaml"), "--amend", "--db", str(tmp_path / "o.db"), "-q"])
+        _refused(code, capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- spec sources that are not regular files ---------------------------------------------
+
+
+def _limit_memory() -> None:
+    # 1 GiB of address space: a dry run needs a fraction of it, and a loader that regressed to
+    # reading /dev/zero whole dies of MemoryError at once instead of taking the machine's memory.
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def _not_regular(kind: str, tmp_path: Path) -> Path:
+    path = tmp_path / "specs" / f"{kind}.yaml"
+    path.parent.mkdir()
+    if kind in ("zero", "urandom"):
+        path.symlink_to(f"/dev/{kind}")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, shown",
+    [
+        ("zero", "is a character device"),
+        ("urandom", "is a character device"),
+        ("fifo", "is a FIFO (named pipe)"),
+        ("folder", "is a folder"),
+        ("socket", "is a socket"),
+    ],
+)
+def test_spec_that_is_not_a_regular_file_is_refused_unread(kind, shown, tmp_path):
+    """A symlink to /dev/zero or /dev/urandom, a FIFO, a folder or a socket is refused from its
+    stat, never read (a FIFO never even opened): one line, exit 2, quickly. A separate process
+    under a memory cap and a timeout, so a regression fails this test instead of the machine."""
+    path = _not_regular(kind, tmp_path)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "submit", str(path), "--dry-run"],
+            capture_output=True,
+            text=True,
+            cwd=work,
+            timeout=60,
+            preexec_fn=_limit_memory,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"submit of a {kind} spec did not return within 60 s (it read or opened it)")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"error: {path}: {shown}, not a regular file (a spec must be a regular file)\n"
+    assert r.stdout == "" and list(work.iterdir()) == []
+
+
+def test_read_is_bounded_whatever_size_the_file_reports(tmp_path):
+    """A regular file can report size 0 and hold more (/proc): the read stops at limit + 1."""
+    proc = Path("/proc/self/maps")
+    if not proc.is_file():
+        pytest.skip("no /proc")
+    with pytest.raises(
+        UserError, match=r"^/proc/self/maps: more than the 64-byte \(6.10352e-05 MiB\) limit of a spec$"
+    ):
+        read_text_file(proc, limit=64)
+    small = tmp_path / "s.yaml"
+    small.write_text(GOOD)
+    assert read_text_file(small, limit=len(GOOD)) == GOOD
+    with pytest.raises(UserError, match=r"above the 10-byte"):
+        read_text_file(small, limit=10)
+
+
+def test_size_limit_is_named_and_checked_before_reading(tmp_path, capsys):
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:  # sparse: 2 GiB on paper, nothing on disk
+        f.truncate(2 << 30)
+    code = main(["submit", str(big), "--dry-run"])
+    err = capsys.readouterr().err
+    _refused(code, err)
+    assert err == f"error: {big}: 2,147,483,648 bytes, above the 1,048,576-byte (1 MiB) limit of a spec\n"
+
+
+# ---- YAML: dates stay strings --------------------------------------------------------------
+
+
+def test_untagged_date_is_a_string():
+    """YAML 1.1 would make `2026-01-01` a datetime.date; here it is the string written, so a
+    label keeps it as text and a number field refuses it (tests/bad_specs/date_as_seed.yaml)."""
+    sw = specs.load(text=GOOD.replace("task.K: 8,", "task.K: 8, tag.when: 2026-01-01, tag.at: 2026-01-01 10:00:00,"))
+    params = sw.trials[0][1]
+    assert params["tag.when"] == "2026-01-01" and params["tag.at"] == "2026-01-01 10:00:00"
+    with pytest.raises(specs.SpecError, match=r"fixed.seed: .*integer.*got '2026-01-01'"):
+        specs.load(
+            text=GOOD.replace("axes:\n  seed: 0..2", "axes:\n  eval_seed: 0..2").replace(
+                "n_layers: 1}", "n_layers: 1, seed: 2026-01-01}"
+            )
+        )
+
+
+def test_upper_bounds_accept_what_real_studies_use():
+    text = GOOD.replace(
+        "n_layers: 1}", "n_layers: 1, lr: 10.0, weight_decay: 0.1, grad_clip: 1.0e+6, threads: 256}"
+    ).replace("budget:", "retries: 100\nresources: {cpu: 2}\nbudget:")
+    sw = specs.load(text=text)
+    assert sw.spec.retries == 100 and sw.trials[0][1]["lr"] == 10.0 and sw.trials[0][1]["threads"] == 256
+
+
+# ---- database values that would store nothing --------------------------------------------
+
+_MEMORY = "is an in-memory SQLite database, gone when the run ends: give a file path or sqlite:///PATH"
+_EMPTY = "is empty: give a file path, sqlite:///PATH or postgresql://HOST/DB"
+
+
+@pytest.mark.parametrize(
+    "db, says",
+    [
+        ("sqlite://", _MEMORY),
+        ("sqlite:///:memory:", _MEMORY),
+        ("sqlite+pysqlite://", _MEMORY),
+        (":memory:", _MEMORY),
+        ("sqlite:///file::memory:?cache=shared", _MEMORY),
+        ("", _EMPTY),
+        ("  ", _EMPTY),
+    ],
+)
+def test_in_memory_or_empty_db_is_refused_by_every_command(db, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ORCH_DB", raising=False)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD)
+    for argv in (
+        ["submit", str(spec), "--dry-run"],
+        ["submit", str(spec), "--dry-run", "--json"],
+        ["submit", str(spec), "-q"],
+        ["submit", str(spec), "-q", "--amend"],
+        ["resume", "t", "-q"],
+        ["ls"],
+        ["status", "t"],
+        ["sql", "SELECT 1"],
+    ):
+        code = main([*argv, "--db", db])
+        out = capsys.readouterr()
+        _refused(code, out.err)
+        assert out.err == f"error: --db {db!r} {says}\n", argv
+        assert out.out == ""
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]  # no runs/ folder, no database
+
+
+def test_orch_db_in_memory_is_refused_and_empty_means_unset(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORCH_DB", "sqlite:///:memory:")
+    code = main(["ls"])
+    err = capsys.readouterr().err
+    _refused(code, err)
+    assert err == f"error: $ORCH_DB 'sqlite:///:memory:' {_MEMORY}\n"
+    monkeypatch.setenv("ORCH_DB", "")  # `ORCH_DB= orchestrator ls`: the shell's way to unset it
+    code = main(["ls"])
+    err = capsys.readouterr().err
+    _refused(code, err)
+    assert "no database at" in err and "runs/orchestrator.db" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_api_refuses_the_same(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"^--db 'sqlite://' is an in-memory SQLite database"):
+        orchestrator.submit(GOOD, db="sqlite://")
+    with pytest.raises(UserError, match=r"^--db '' is empty"):
+        orchestrator.resume("t", db="")
+    doc = {"name": "t", "fixed": {"task": "mqar", "task.K": 8, "arm": "armed_gdn", "d_model": 16, "n_layers": 1}}
+    doc["budget"] = {"steps": 20, "eval_every": 10}
+    with pytest.raises(UserError, match=r"^<dict>: storage: empty"):
+        orchestrator.submit({**doc, "storage": ""}, db=str(tmp_path / "o.db"))
+    with pytest.raises(UserError, match=r"^<dict>: fixed.lr: must be at most 10 .*got 1e\+300$"):
+        orchestrator.submit({**doc, "fixed": {**doc["fixed"], "lr": 1e300}}, db=str(tmp_path / "o.db"))
+    with pytest.raises(UserError, match=r"^<dict>: line \d+: YAML tag '!!set' is not allowed"):
+        orchestrator.submit({**doc, "axes": {"seed": {1, 2}}}, db=str(tmp_path / "o.db"))
+    with pytest.raises(UserError, match=r"^<dict>: line \d+: YAML tag '!!binary' is not allowed"):
+        orchestrator.submit({**doc, "description": b"bytes"}, db=str(tmp_path / "o.db"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_validates_the_stored_spec_the_same_way(tmp_path, capsys):
+    """A sweep stored before these bounds (its spec has lr 1e300) is refused at resume, before
+    Ray starts or a row changes."""
+    from orchestrator.keys import spec_hash
+    from orchestrator.store import repo
+    from orchestrator.store.engine import open_store_engine
+
+    db = tmp_path / "o.db"
+    engine, _ = open_store_engine(str(db))
+    text = GOOD.replace("n_layers: 1}", "n_layers: 1, lr: 1.0e+300}")
+    repo.ensure_sweep(engine, "t", text, spec_hash(text))
+    engine.dispose()
+    before = _dump(db)
+    code = main(["resume", "t", "--db", str(db), "-q"])
+    err = capsys.readouterr().err
+    _refused(code, err)
+    assert err == "error: <sweep t>: fixed.lr: must be at most 10 (far above any study's learning rate), got 1e+300\n"
+    assert _dump(db) == before  # every row as it was (the file's header counters may move)
+
+
+def _dump(db: Path) -> list[str]:
+    import sqlite3
+
+    con = sqlite3.connect(db)
+    try:
+        return list(con.iterdump())
+    finally:
+        con.close()

@@ -54,13 +54,15 @@ def resolve_target(target: str, db: Any = _NO_DB) -> tuple[str, dict[str, Any] |
     if p.suffix.lower() in (".yaml", ".yml") or p.is_file():
         import yaml
 
+        from orchestrator.sources import MAX_SPEC_BYTES, read_text_file
         from orchestrator.yaml_load import DuplicateKeyError, load_strict
 
-        if not p.is_file():
+        if not p.exists():
             raise UserError(f"no spec file {target!r}")
+        text = read_text_file(p, limit=MAX_SPEC_BYTES, label=target)  # a regular file, bounded
         try:
             # The spec's own loader: duplicate keys are refused and 1e-3 is a float, as in submit.
-            spec = load_strict(p.read_text(encoding="utf-8"))
+            spec = load_strict(text)
         except DuplicateKeyError as exc:
             line = exc.mark.line + 1 if exc.mark else "?"
             raise UserError(f"{target}: line {line}: duplicate key {exc.key!r}") from None

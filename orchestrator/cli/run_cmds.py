@@ -182,6 +182,9 @@ def submit(
     from orchestrator import spec as specs
 
     sweep = specs.load(spec, max_trials=max_trials)
+    from orchestrator.store.engine import resolve_url
+
+    resolve_url(db, sweep.spec.storage)  # an empty or in-memory --db is refused, dry run or not
     for w in sweep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if dry_run:

@@ -7,6 +7,7 @@ SQLite and PostgreSQL are both first-class; what differs between them lives in
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,11 +28,45 @@ VERSION_TABLE = "orchestrator_alembic_version"
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
+def storage_problem(value: str) -> str | None:
+    """Why ``value`` (a ``--db``/``storage:``/``$ORCH_DB`` value) cannot hold results, or None.
+
+    An empty value would fall back to another database, and an in-memory SQLite database
+    (``sqlite://``, ``sqlite:///:memory:``, ``file::memory:``, ``mode=memory``) is gone when the
+    driver exits: both would report success while storing nothing anyone can query."""
+    if not value.strip():
+        return "is empty: give a file path, sqlite:///PATH or postgresql://HOST/DB"
+    if "://" in value and not re.match(r"sqlite(\+\w+)?://", value):
+        return None  # PostgreSQL (or a scheme resolve_url refuses by name)
+    memory = "is an in-memory SQLite database, gone when the run ends: give a file path or sqlite:///PATH"
+    if ":memory:" in value.lower():
+        return memory
+    if "://" in value:
+        try:
+            u = sa.engine.make_url(value)
+        except sa.exc.ArgumentError:
+            return None  # malformed: the engine says so when it opens it
+        if not (u.database or "").strip() or u.query.get("mode") == "memory":
+            return memory
+    return None
+
+
 def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     """The database URL to use: ``--db``, else the spec's ``storage``, else ``$ORCH_DB``, else
     ``runs/orchestrator.db`` under the current directory. Plain paths mean SQLite files and
-    ``postgresql://`` is routed to psycopg 3."""
-    url = db or spec_storage or os.environ.get("ORCH_DB") or str(DEFAULT_DB_PATH)
+    ``postgresql://`` is routed to psycopg 3. A given value that is empty or in memory is
+    refused (:func:`storage_problem`), never replaced by the next source; an empty ``$ORCH_DB``
+    counts as unset."""
+    for value, source in ((db, "--db"), (spec_storage, "storage:"), (os.environ.get("ORCH_DB"), "$ORCH_DB")):
+        if value is None or (source == "$ORCH_DB" and value == ""):
+            continue
+        problem = storage_problem(value)
+        if problem is not None:
+            raise UserError(f"{source} {value!r} {problem}")
+        url = value
+        break
+    else:
+        url = str(DEFAULT_DB_PATH)
     if "://" not in url:
         return sqlite_url(url)
     if url.startswith(("postgresql://", "postgres://")):
