@@ -74,7 +74,8 @@ def test_load_exposes_params_under_full_short_and_formula_names(store):
     assert (trials["lr"] * 10 == trials["model.lr"]).all()
     assert set(trials["variant"]) == {"baseline", "ns5"}
     assert trials["dims"].iloc[0] == "[32, 64]"  # lists become their JSON text
-    assert list(evals.columns) == ["trial_id", "step", "acc", "loss"]
+    assert list(evals.columns) == ["trial_id", "step", "acc", "loss", "nonfinite"]
+    assert not evals["nonfinite"].any()
     assert evals.groupby("trial_id")["step"].apply(list).map(lambda s: s == GRID).all()
 
 

@@ -159,3 +159,47 @@ def test_each_malformed_shape_is_rejected(tmp_path, bad):
     f.write_text(bad + "\n")
     with pytest.raises(UserError, match="line 1: "):
         parse_file(f)
+
+
+def test_every_finite_measurement_is_stored(db_url, tmp_path, capsys):
+    """A point with a finite accuracy and a NaN/inf loss keeps its row (loss NULL, the point
+    marked non-finite); a non-finite metric is stored as null and named (PostgreSQL's json
+    refuses the NaN token); a completed trace has no marks."""
+    nan, inf = float("nan"), float("inf")
+    diverging = _line(0)
+    for p, loss in zip(diverging["trace"][2:], (nan, inf, nan)):
+        p["loss"] = loss
+    diverging["trace"][3]["c_erank"] = nan
+    diverging["trace"][4]["train_loss"] = -inf
+    f = _write(tmp_path / "nan.jsonl", [diverging, _line(1)])
+    code, out, err = _run(capsys, "import", str(f), "--sweep", "nan", "--db", db_url, "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert (res["trials"], res["evals"], res["diverged"]) == (2, 10, 1)
+    engine, _ = open_store_engine(db_url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT t.seed, t.status, e.step, e.acc, e.loss, e.train_loss, e.metrics, e.nonfinite "
+                "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.seed, e.step"
+            )
+        ).all()
+    got = [
+        (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if isinstance(r[6], dict) else json.loads(r[6]), r[7]) for r in rows
+    ]
+    assert got[:5] == [
+        (0, "diverged", 1, 0.02, 1.5, 1.4, {"c_erank": 3.5}, None),
+        (0, "diverged", 200, 0.02, 1.5, 1.4, {"c_erank": 3.5}, None),
+        (0, "diverged", 400, 0.02, None, 1.4, {"c_erank": 3.5}, "loss=nan"),
+        (0, "diverged", 600, 0.95, None, 1.4, {"c_erank": None}, "loss=inf,metrics.c_erank=nan"),
+        (0, "diverged", 800, 0.95, None, None, {"c_erank": 3.5}, "loss=nan,train_loss=-inf"),
+    ]
+    assert all(r[1] == "completed" and r[4] == 1.5 and r[7] is None for r in got[5:]) and len(got) == 10
+    # The trace view shows the mark; the analysis reads every point with its accuracy.
+    with engine.connect() as conn:
+        view = conn.execute(
+            sa.text("SELECT step, acc, loss, nonfinite FROM trial_trace WHERE seed = 0 AND step = 600")
+        ).one()
+    assert tuple(view) == (600, 0.95, None, "loss=inf,metrics.c_erank=nan")
+    _, evals = oa.load(db_url, "nan", statuses=["completed", "diverged"])
+    assert evals["acc"].notna().all() and evals["nonfinite"].sum() == 3

@@ -24,6 +24,7 @@ from .api import (
 )
 from .config import AnalysisConfig, HeatmapConfig, parse_config
 from .data import SweepData, load, load_sweep
+from .diverged import analysed_evals
 from .events import trace_events, trial_events, with_events
 from .hazard import HazardResult, fit_hazard
 from .person_period import expand, expand_reference, person_period
@@ -38,6 +39,7 @@ __all__ = [
     "Prepared",
     "SweepData",
     "TestResult",
+    "analysed_evals",
     "config",
     "expand",
     "expand_reference",

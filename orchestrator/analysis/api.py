@@ -13,7 +13,7 @@ overrides of its fields::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -24,6 +24,7 @@ from orchestrator.errors import UserError
 from .analyses import ANALYSES, KINDS, hazard_rhs
 from .config import AnalysisConfig
 from .data import SweepData, load_sweep
+from .diverged import analysed_evals
 from .events import with_events
 from .groups import check_params
 from .hazard import HazardResult, fit_hazard
@@ -35,7 +36,8 @@ Db = str | Engine | None
 
 @dataclass
 class Prepared:
-    """A sweep read with a config: the raw data and the trials carrying their events."""
+    """A sweep read with a config: the data (its eval rows those the analysis reads under
+    ``cfg.diverged``, see :mod:`.diverged`) and the trials carrying their events."""
 
     data: SweepData
     trials: pd.DataFrame
@@ -60,6 +62,7 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
             data.params,
             "heatmap",
         )
+    data = replace(data, evals=analysed_evals(data.evals, cfg.diverged))
     trials = with_events(data.trials, data.evals, cfg)
     if cfg.stopped_as == "solved" and "stopped_at" in trials:
         # The stated imputation rule: a trial stopped after a sustained escape counts as solved.

@@ -13,7 +13,11 @@ Conventions (the defaults reproduce the scaffold study's released analysis scrip
 - lock-in: accuracy >= ``lockin`` on the final eval (``metric="final"``) or on the best
   eval (``metric="best"``);
 - ``horizon``: when set, every trace is cut at that step first (the evals after it are
-  ignored), so "solved at step 2,000" of a 4,000-step run is one option away.
+  ignored), so "solved at step 2,000" of a 4,000-step run is one option away;
+- ``diverged``: how a trial whose trace went non-finite counts (see :mod:`.diverged`):
+  ``at-risk`` (default, as published survival analyses of such traces count it) keeps it at
+  risk until its last eval with a finite accuracy; ``censor`` censors it at divergence, its
+  first point with a non-finite loss (or without a finite accuracy).
 """
 
 from __future__ import annotations
@@ -125,6 +129,12 @@ class AnalysisConfig(BaseModel):
         "final accuracy; 'solved' imputes them as solved (locked in)",
     )
     scaling: ScalingConfig | None = None
+    diverged: Literal["at-risk", "censor"] = Field(
+        "at-risk",
+        description="a trial whose trace went non-finite: 'at-risk' until its last eval with a finite "
+        "accuracy (as published survival analyses count it), or 'censor' at divergence (its first "
+        "point with a non-finite loss)",
+    )
 
     _lists = field_validator("by", "cells", "statuses", "pair_on", mode="before")(_name_list)
 

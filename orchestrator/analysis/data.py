@@ -4,8 +4,11 @@
 resolved parameter as a column under its full dotted name, plus two aliases per dotted
 name where they do not clash: the short name (the part after the last dot) when no other
 parameter shares it, and the name with non-identifier characters as underscores (what a
-patsy formula can use). ``evals`` has ``trial_id, step, acc, loss``, sorted by trial and
-step. Both are read with plain SQL; nothing here writes.
+patsy formula can use). ``evals`` has ``trial_id, step, acc, loss, nonfinite``, sorted by
+trial and step: every stored point, a diverged trial's too (``nonfinite`` is True where
+the point had a non-finite value, stored as NULL: a NaN loss beside a finite accuracy);
+how the analyses count those is :mod:`.diverged`. Both are read with plain SQL; nothing
+here writes.
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ def load_sweep(
         eval_rows = _fetch_raw(
             conn,
             (
-                sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss)
+                sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.nonfinite.is_not(None))
                 .join(Trial, Trial.id == Eval.trial_id)
                 .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
                 .order_by(Eval.trial_id, Eval.step)
@@ -220,8 +223,8 @@ def load_sweep(
     )
     # stop: the step a trial was stopped at by the spec's stop rule (NaN: ran its budget).
     trials["stopped_at"] = [float(stops[t]) if t in stops else np.nan for t in trials["trial_id"]]
-    evals = pd.DataFrame.from_records(eval_rows, columns=["trial_id", "step", "acc", "loss"])
-    evals = evals.astype({"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float})
+    evals = pd.DataFrame.from_records(eval_rows, columns=["trial_id", "step", "acc", "loss", "nonfinite"])
+    evals = evals.astype({"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float, "nonfinite": bool})
     if where and where.strip():
         keep = filter_trial_ids(trials, where)
         trials = trials[trials["trial_id"].isin(keep)].reset_index(drop=True)

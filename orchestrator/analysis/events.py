@@ -8,8 +8,12 @@ or 1, only starts the clock and is never an event):
   last has ``acc < collapse_below`` (a missing accuracy counts as below: a diverged
   trial's NaN accuracy is a dead trial);
 - ``time``: the escape step, else the collapse step (censored: a competing risk), else the
-  last eval step (censored at the trial's own budget); ``event`` is 1 for an escape;
-  ``end`` names which of ``escape``/``collapse``/``budget`` ended the clock;
+  divergence step when the trace carries a censoring divergence point (``censor``, see
+  :mod:`.diverged`), else the last eval step (censored at the trial's own budget);
+  ``event`` is 1 for an escape; ``end`` names which of
+  ``escape``/``collapse``/``diverged``/``budget`` ended the clock;
+- ``diverge_step``: the step at which the trial diverged (its first non-finite point),
+  when the rows carry it (``diverge_step``, see :mod:`.diverged`) and it is within the trace;
 - ``outcome`` from the final eval's accuracy, in this order: ``solved`` (>= lockin),
   ``dead`` (collapsed), ``mid`` (>= mid_at), else ``flat``;
 - ``locked``: ``final_acc`` (or ``best_acc`` with ``metric="best"``) >= lockin.
@@ -35,6 +39,7 @@ EVENT_COLUMNS = (
     "best_acc",
     "escape_step",
     "collapse_step",
+    "diverge_step",
     "time",
     "event",
     "end",
@@ -45,20 +50,30 @@ EVENT_COLUMNS = (
 OUTCOMES = ("solved", "mid", "flat", "dead")
 
 
-def trace_events(trace: Sequence[tuple[int, float | None]], cfg: AnalysisConfig) -> dict:
-    """Reference: the events of one trace, a list of ``(step, acc)`` in step order."""
+def trace_events(
+    trace: Sequence[tuple[int, float | None]],
+    cfg: AnalysisConfig,
+    diverge_step: int | None = None,
+    censor: bool = False,
+) -> dict:
+    """Reference: the events of one trace, a list of ``(step, acc)`` in step order.
+    ``diverge_step``: the trial's divergence step; with ``censor`` the trace's last point is
+    that divergence point, which censors the trial and whose accuracy is not read."""
     steps = [int(s) for s, _ in trace]
     accs = [float("nan") if a is None else float(a) for _, a in trace]
     n = len(steps)
     if n == 0:
         return {}
+    if censor:
+        assert diverge_step is not None and steps[-1] == diverge_step
+        accs[-1] = float("nan")
     escape = None
     for i in range(1, n):
         if accs[i] >= cfg.escape_at:  # NaN compares False
             escape = steps[i]
             break
     collapse = None
-    for i in range(1, n):
+    for i in range(1, n - int(censor)):
         if all(not (a >= cfg.collapse_below) for a in accs[i:]):
             collapse = steps[i]
             break
@@ -66,9 +81,11 @@ def trace_events(trace: Sequence[tuple[int, float | None]], cfg: AnalysisConfig)
         time, end = escape, "escape"
     elif collapse is not None:
         time, end = collapse, "collapse"
+    elif censor:
+        time, end = steps[-1], "diverged"
     else:
         time, end = steps[-1], "budget"
-    final = accs[-1]
+    final = accs[-2] if censor and n > 1 else accs[-1]
     finite = [a for a in accs if a == a]
     best = max(finite) if finite else float("nan")
     if final >= cfg.lockin:
@@ -88,6 +105,7 @@ def trace_events(trace: Sequence[tuple[int, float | None]], cfg: AnalysisConfig)
         "best_acc": best,
         "escape_step": escape,
         "collapse_step": collapse,
+        "diverge_step": diverge_step if diverge_step is not None and diverge_step <= steps[-1] else None,
         "time": time,
         "event": int(escape is not None),
         "end": end,
@@ -99,13 +117,18 @@ def trace_events(trace: Sequence[tuple[int, float | None]], cfg: AnalysisConfig)
 
 def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
     """Events of every trial in ``evals`` (columns ``trial_id, step, acc``, sorted by trial
-    then step), one row per trial indexed by ``trial_id``; columns :data:`EVENT_COLUMNS`.
-    ``escape_step``/``collapse_step`` are NaN where there is none."""
+    then step, optionally ``diverge_step`` and ``censor`` from :func:`.diverged.analysed_evals`),
+    one row per trial indexed by ``trial_id``; columns :data:`EVENT_COLUMNS`.
+    ``escape_step``/``collapse_step``/``diverge_step`` are NaN where there is none."""
     if evals.empty:
         return pd.DataFrame(columns=list(EVENT_COLUMNS), index=pd.Index([], name="trial_id"))
     tid = evals["trial_id"].to_numpy()
     step = evals["step"].to_numpy()
     acc = evals["acc"].to_numpy(dtype=float)
+    # A censoring divergence point (the last of its trace) ends the clock; its accuracy is
+    # not read: no escape there, and it neither starts nor breaks a collapse.
+    censor = evals["censor"].to_numpy(dtype=bool) if "censor" in evals else np.zeros(len(tid), dtype=bool)
+    acc = np.where(censor, np.nan, acc)
     # Group boundaries of the sorted trace table.
     start = np.r_[True, tid[1:] != tid[:-1]]
     gstart = np.flatnonzero(start)
@@ -134,15 +157,25 @@ def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
     rev_cum = np.cumsum(notlow[::-1])[::-1]  # not-low evals from i to the end of the table
     after = np.r_[rev_cum[1:], 0]
     low_suffix = (rev_cum - after[gend[gid]]) == 0
-    collapse = first_step_where(low_suffix & (k >= 1))
+    collapse = first_step_where(low_suffix & (k >= 1) & ~censor)
+    censored_at = first_step_where(censor)
 
     last = step[gend].astype(float)
-    final = acc[gend]
+    # The final accuracy is the last one read: before a censoring divergence point.
+    prev = np.maximum(gend - 1, gstart)
+    final = np.where(censor[gend], np.where(gend > gstart, acc[prev], np.nan), acc[gend])
     best = pd.Series(acc).groupby(gid).max().to_numpy()  # skips NaN
+    if "diverge_step" in evals:
+        div = evals["diverge_step"].to_numpy(dtype=float)[gstart]
+        with np.errstate(invalid="ignore"):
+            div = np.where(div <= last, div, np.nan)  # a horizon may cut the trace before it
+    else:
+        div = np.full(ng, np.nan)
     has_esc = ~np.isnan(escape)
     has_col = ~np.isnan(collapse)
-    time = np.where(has_esc, escape, np.where(has_col, collapse, last))
-    end = np.where(has_esc, "escape", np.where(has_col, "collapse", "budget"))
+    has_cen = ~np.isnan(censored_at)
+    time = np.where(has_esc, escape, np.where(has_col, collapse, np.where(has_cen, censored_at, last)))
+    end = np.where(has_esc, "escape", np.where(has_col, "collapse", np.where(has_cen, "diverged", "budget")))
     with np.errstate(invalid="ignore"):
         outcome = np.select([final >= cfg.lockin, has_col, final >= cfg.mid_at], ["solved", "dead", "mid"], "flat")
         metric = final if cfg.metric == "final" else best
@@ -156,6 +189,7 @@ def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
             "best_acc": best,
             "escape_step": escape,
             "collapse_step": collapse,
+            "diverge_step": div,
             "time": time.astype(np.int64),
             "event": has_esc.astype(np.int64),
             "end": end,

@@ -6,7 +6,10 @@ escape, collapse or last eval; see :mod:`.events`). One row per (trial, interval
 ``trial_id``, ``k`` (1 for the interval closed by the second eval), ``t`` (the step of
 the closing eval: ``k * eval_every`` on the usual 1, 200, 400, ... grid) and ``event``
 (1 only in the escape interval). A collapsed trial contributes its intervals up to the
-collapse eval with ``event = 0``: collapse censors, as a competing risk.
+collapse eval with ``event = 0``: collapse censors, as a competing risk. A diverged trial
+contributes its intervals up to its last eval with a finite accuracy, or, censored at
+divergence (``diverged: censor``), up to its divergence point with ``event = 0`` (see
+:mod:`.diverged`: the rule decides which rows ``evals`` holds).
 
 :func:`expand` is the vectorised path; :func:`expand_reference` the per-trial loop it is
 tested against.

@@ -35,6 +35,8 @@ from . import survival, tables
 from .analyses import ANALYSES
 from .api import Prepared, fit, run
 from .config import AnalysisConfig, HeatmapConfig, parse_config
+from .diverged import describe as describe_diverged
+from .diverged import n_diverged
 from .events import with_events
 from .groups import cell_iter, format_value, labels, ordered
 from .hazard import HazardResult
@@ -301,6 +303,7 @@ class Report:
     # Designs: sequential looks (format_looks text), stop-rule handling, compute saved.
     design: list[str] = field(default_factory=list)
     unfinished: str | None = None  # the warning line of a sweep still running (or stopped)
+    diverged: str = ""  # how diverged trials were counted (diverged.describe)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(
@@ -323,21 +326,26 @@ class Report:
                 "html": self.html_path,
                 "design": self.design,
                 "unfinished": self.unfinished,
+                "diverged": self.diverged,
             }
         )
 
     def text(self) -> str:
         """The tables as plain text (what ``orchestrator report`` prints)."""
         c = self.cfg
-        out = ([f"WARNING: {self.unfinished}"] if self.unfinished else []) + [
-            f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
-            + (f", where {c.where}" if c.where else "")
-            + (f", traces cut at step {c.horizon}" if c.horizon else ""),
-            f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
-            f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
-            f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}",
-            "",
-        ]
+        out = (
+            ([f"WARNING: {self.unfinished}"] if self.unfinished else [])
+            + [
+                f"sweep {self.sweep}: {self.n_trials} trials ({', '.join(c.statuses)})"
+                + (f", where {c.where}" if c.where else "")
+                + (f", traces cut at step {c.horizon}" if c.horizon else ""),
+                f"escape: first eval after the first with acc >= {c.escape_at:g}; collapse: acc "
+                f"< {c.collapse_below:g} from some eval to the end; solved/lock-in: {c.metric} "
+                f"acc >= {c.lockin:g}; mid: final acc >= {c.mid_at:g}",
+            ]
+            + ([self.diverged] if self.diverged else [])
+            + [""]
+        )
         out.append("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
         out.append(_indent(self.layout.to_string()) if not self.layout.empty else "  (none)")
         out.append("")
@@ -507,6 +515,7 @@ def build_report(
     rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.cells)
     rep.contrasts = contrast_tests(budget.trials, cfg)
     rep.design = design
+    rep.diverged = describe_diverged(cfg.diverged, n_diverged(trials), len(trials))
     if db is not _NO_DB:
         from .data import open_engine
         from .stored import progress
@@ -568,7 +577,9 @@ def render_html(rep: Report) -> str:
         + f". Escape: first eval after the first with accuracy &ge; {c.escape_at:g}. "
         f"Collapse: accuracy &lt; {c.collapse_below:g} from some eval to the end "
         f"(censors escape, a competing risk). Solved / lock-in: {e(c.metric)} accuracy "
-        f"&ge; {c.lockin:g}; mid: final accuracy &ge; {c.mid_at:g}.</p>",
+        f"&ge; {c.lockin:g}; mid: final accuracy &ge; {c.mid_at:g}."
+        + (f" {e(rep.diverged[:1].upper() + rep.diverged[1:])}." if rep.diverged else "")
+        + "</p>",
     ]
     parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @KM median escape step</h2>")
     parts.append(_table(rep.layout) if not rep.layout.empty else "<p>(none)</p>")

@@ -1,8 +1,9 @@
 """Kaplan-Meier curves and log-rank tests on escape times (lifelines).
 
 Durations are the trials' ``time`` in training steps (escape step, else the collapse
-step, else the last eval step) and the event is the escape; collapse censors and is
-reported separately per group as the competing risk it is (count and median step).
+step, else the divergence step under ``diverged: censor``, else the last eval step) and the
+event is the escape; collapse censors and is reported separately per group as the
+competing risk it is (count and median step), as are the trials censored at divergence.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def _group_figures(part: pd.DataFrame) -> dict[str, Any]:
         "escapes": int(part["event"].sum()),
         "collapses": int((part["end"] == "collapse").sum()),
         "censored_at_budget": int((part["end"] == "budget").sum()),
+        "censored_at_divergence": int((part["end"] == "diverged").sum()),
         "median_collapse_step": float(col.median()) if len(col) else None,
     }
 
@@ -34,7 +36,7 @@ def _group_figures(part: pd.DataFrame) -> dict[str, Any]:
 @dataclass
 class KMResult:
     """Kaplan-Meier fit per group. ``groups[g]`` has n, escapes, collapses,
-    censored_at_budget, ``median`` (KM median escape step, None when not reached) and
+    censored_at_budget, censored_at_divergence, ``median`` (KM median escape step, None when not reached) and
     ``survival`` ([step, S(step)] pairs, S = fraction not yet escaped)."""
 
     groups: dict[str, dict[str, Any]]

@@ -41,7 +41,17 @@ SEED = typer.Option(None, "--seed", help="random seed of Monte Carlo permutation
 HORIZON = typer.Option(
     None, "--horizon", help="cut every trace at this step first (e.g. 'solved at step 2000' of longer runs)"
 )
+DIVERGED = typer.Option(
+    None,
+    "--diverged",
+    help="a trial whose trace went non-finite: 'at-risk' until its last eval with a finite accuracy "
+    "(default, as published survival analyses count it) or 'censor' at divergence (its first "
+    "non-finite point)",
+)
 JSON = typer.Option(False, "--json", help="print JSON")
+# The time-to-event analyses, whose at-risk intervals the --diverged rule defines: they always
+# say which rule they used; the others do when a diverged trial is among theirs.
+_SURVIVAL = ("km", "logrank", "hazard")
 STOPPED_AS = typer.Option(
     None,
     "--stopped-as",
@@ -98,6 +108,7 @@ def analyze(
     n_resamples: Optional[int] = RESAMPLES,
     seed: Optional[int] = SEED,
     horizon: Optional[int] = HORIZON,
+    diverged: Optional[str] = DIVERGED,
     json_out: bool = JSON,
     stopped_as: Optional[str] = STOPPED_AS,
 ) -> None:
@@ -109,6 +120,7 @@ def analyze(
     """
     from orchestrator.analysis import api
     from orchestrator.analysis.analyses import ANALYSES, format_result, to_json
+    from orchestrator.analysis.diverged import describe, n_diverged
     from orchestrator.analysis.report import apply_horizon
     from orchestrator.analysis.survival import logrank_cells
 
@@ -134,23 +146,29 @@ def analyze(
         random_seed=seed,
         horizon=horizon,
         stopped_as=stopped_as,
+        diverged=diverged,
     )
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
     note = prep.data.unfinished_note()
     if note is not None:
         print(f"note: {note}", file=sys.stderr)
+    n_div = n_diverged(prep.trials)
+    rule = describe(prep.cfg.diverged, n_div, len(prep.trials)) if kind in _SURVIVAL or n_div else None
     if kind == "logrank" and _strata(strata, cells, warn=False):
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
-            _print_json({"cells": res})
+            _print_json({"cells": res, "diverged": {"rule": prep.cfg.diverged, "trials": n_div}})
         else:
-            print(format_result(kind, res))
+            print(f"{rule}\n{format_result(kind, res)}")
         return
     res = api.run(prep, kind)
     if json_out:
-        _print_json(to_json(res))
+        out = to_json(res)
+        if isinstance(out, dict) and rule:
+            out = {**out, "diverged": {"rule": prep.cfg.diverged, "trials": n_div}}
+        _print_json(out)
     else:
-        print(format_result(kind, res))
+        print((f"{rule}\n" if rule else "") + format_result(kind, res))
 
 
 @app.command("report")
@@ -173,6 +191,7 @@ def report_cmd(
     link: Optional[str] = LINK,
     status: Optional[str] = STATUS,
     horizon: Optional[int] = HORIZON,
+    diverged: Optional[str] = DIVERGED,
     json_out: bool = JSON,
     stopped_as: Optional[str] = STOPPED_AS,
 ) -> None:
@@ -200,6 +219,7 @@ def report_cmd(
         statuses=status,
         horizon=horizon,
         stopped_as=stopped_as,
+        diverged=diverged,
     )
     prep = api.prepare(db or storage, name, cfg)
     rep = build_report(prep, out, fmt=fmt, db=db or storage)

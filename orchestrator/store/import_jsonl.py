@@ -10,14 +10,24 @@ One JSON object per line::
 ``status`` (completed, diverged or failed; default completed) and ``error`` (text) are
 optional. Each trace point needs an int ``step`` and an ``acc`` in [0, 1]; ``loss``,
 ``train_loss``, ``lr`` and ``elapsed_s`` fill their columns and any other key goes into
-the row's ``metrics``. Numbers are JSON numbers (a string is not one); ``NaN``,
+the row's ``metrics``. Numbers are JSON numbers (a string or a boolean is not one); ``NaN``,
 ``Infinity``, ``-Infinity`` (as Python's json writes them) and a literal that overflows
-(``1e400``, read as the infinity it is) are accepted in ``acc``/``loss``/``train_loss``, and
-``null`` in ``acc`` (no result) or a loss (not recorded): a run whose trace goes non-finite
-(a NaN/inf loss, a NaN/inf/null acc) is stored as ``diverged``, as the training loop stores
-its own, with the finite points as its evals. Integers beyond 64 bits are refused.
-Imports never write into a sweep that ``submit`` created (its trials are real runs); the
-sweep name follows the rule of spec names.
+(``1e400``, read as the infinity it is) are accepted in ``acc``/``loss``/``train_loss`` and
+in metrics, and ``null`` in ``acc`` (no result) or a loss (not recorded): a run whose trace
+goes non-finite (a NaN/inf loss, a NaN/inf/null acc) is stored as ``diverged``, as the
+training loop stores its own. Every point is stored: a non-finite value is stored as NULL
+and named in the row's ``nonfinite`` column (see ``repo.upsert_evals``), so a point with a
+finite accuracy and a NaN loss keeps its accuracy. Integers beyond 64 bits are refused.
+
+Refused, each in one line, before anything is written: a source that is not a regular file
+or is larger than :data:`MAX_IMPORT_BYTES`; text that is not UTF-8, a string (key or value)
+with a lone surrogate escape (``"\\udc80"``) or a NUL (``"\\u0000"``, which PostgreSQL
+text cannot hold); a JSON object with the same key twice; parameter names that are empty or
+have an empty dotted part (``""``, ``"task."``, ``".K"``), that hold control characters, or
+that collide once nested objects are flattened (``{"task.K": 8, "task": {"K": 16}}``);
+values of the store's typed parameter columns (``seed``, ``lr``, ``arm``, ...) that are not
+of the column's type (``"seed": true``). Imports never write into a sweep that ``submit``
+created (its trials are real runs); the sweep name follows the rule of spec names.
 Every line is validated before anything is written, and the whole file is written in one
 transaction: a malformed file imports nothing. Re-importing a file is idempotent (trial
 keys come from the parameters, eval rows are upserts).
@@ -25,10 +35,14 @@ keys come from the parameters, eval rows are upserts).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import os
 import re
+import stat
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -50,8 +64,12 @@ from orchestrator.keys import record_key
 
 EVAL_FIELDS = ("loss", "train_loss", "elapsed_s")
 MAX_REPORTED = 5
-# The same rule as spec names: a sweep name becomes a folder name (reports, checkpoints).
-SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+# The same rule as spec names (spec.py's ``name`` pattern, which pydantic matches against the
+# whole string): a sweep name becomes a folder name (reports, checkpoints). Used with
+# ``fullmatch``: ``re.match`` with ``$`` also accepts the name followed by a newline.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
+# A published study's traces are a few MB; the whole file is parsed in memory.
+MAX_IMPORT_BYTES = 256 * 2**20
 IMPORTED_PREFIX = "# imported from "
 MAX_INT = 2**63 - 1
 MAX_STEP = 2**31 - 1  # evals.step is a 32-bit INTEGER on PostgreSQL
@@ -74,6 +92,13 @@ class TracePoint(BaseModel):
     def _integral(cls, v: Any) -> Any:
         if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()) or isinstance(v, str):
             raise ValueError("step must be an integer")
+        return v
+
+    @field_validator("acc", "loss", "train_loss", "lr", "elapsed_s", mode="before")
+    @classmethod
+    def _not_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number, got {_show(v)} (a boolean is not a number)")
         return v
 
     @field_validator("acc")
@@ -111,6 +136,126 @@ class TracePoint(BaseModel):
         }
 
 
+def _show(v: Any, limit: int = 40) -> str:
+    """A value as JSON would spell it (``true``, ``"x"``), escaped to ASCII, one line, short."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    """``params.task.K``, ``trace[3].acc``; a key that is not a plain name is quoted."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = part if re.fullmatch(r"[A-Za-z0-9_.\-]{1,60}", part) else _show(part)
+            out += f".{name}" if out else name
+    return out or "the record"
+
+
+def _check_string(s: str, path: tuple[Any, ...], what: str) -> None:
+    if "\x00" in s:
+        raise ValueError(f"{_where(path)}: {what} contains a NUL character (\\u0000), which the store cannot hold")
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = s[exc.start]
+            raise ValueError(
+                f"{_where(path)}: {what} is not valid Unicode (a lone surrogate \\u{ord(bad):04x})"
+            ) from None
+
+
+def check_text(obj: Any) -> None:
+    """Every string of a parsed record, key or value, is text the store can hold: valid
+    Unicode (JSON's ``\\udc80`` escapes a lone surrogate, which no UTF-8 encoder accepts)
+    without NUL (PostgreSQL text cannot hold one). Raises ValueError naming where."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(obj, ())]
+    while stack:
+        o, path = stack.pop()
+        if isinstance(o, str):
+            _check_string(o, path, "a string")
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                if isinstance(k, str):
+                    _check_string(k, path, f"the key {_show(k)}")
+                stack.append((v, path + (k,)))
+        elif isinstance(o, list):
+            stack.extend((v, path + (i,)) for i, v in enumerate(o))
+
+
+@functools.cache
+def _typed_columns() -> dict[str, Any]:
+    """The trial columns typed parameters are copied into, by name (``repo.TYPED_PARAMS``),
+    and the longest parameter name ``trial_params`` holds."""
+    from orchestrator.store.models import Trial, TrialParam
+    from orchestrator.store.repo import TYPED_PARAMS
+
+    cols = {c: Trial.__table__.c[c].type for c in TYPED_PARAMS}
+    return {"columns": cols, "name_length": TrialParam.__table__.c["name"].type.length}
+
+
+def _typed_value_error(v: Any, col_type: Any) -> str | None:
+    """Why ``v`` cannot go into the typed column (None: it can). A boolean is never a number."""
+    import sqlalchemy as sa
+
+    if isinstance(col_type, sa.Integer):
+        ok = (
+            not isinstance(v, bool)
+            and isinstance(v, (int, float))
+            and (isinstance(v, int) or v.is_integer())
+            and abs(v) <= MAX_STEP
+        )
+        return None if ok else f"an integer within 32 bits, got {_show(v)}"
+    if isinstance(col_type, sa.Float):  # Double
+        ok = not isinstance(v, bool) and isinstance(v, (int, float))
+        return None if ok else f"a number, got {_show(v)}"
+    if isinstance(col_type, sa.String):
+        if not isinstance(v, str):
+            return f"a string, got {_show(v)}"
+        if col_type.length is not None and len(v) > col_type.length:
+            return f"at most {col_type.length} characters, got {len(v)}"
+    return None
+
+
+def checked_flat_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` flattened to dotted names, refusing what flattening would silently resolve
+    or the store cannot hold: a name given twice (``{"task.K": 8, "task": {"K": 16}}``), an
+    empty name or dotted part (``""``, ``"task."``, ``".K"``), control characters in a name,
+    a name longer than ``trial_params.name``, and typed parameters of the wrong type."""
+    typed = _typed_columns()
+    out: dict[str, Any] = {}
+    stack: list[tuple[str, Any]] = [("", params)]
+    while stack:
+        prefix, obj = stack.pop()
+        for k, v in obj.items():
+            name = f"{prefix}{k}"
+            if isinstance(v, dict):
+                stack.append((f"{name}.", v))
+                continue
+            if any(not part.strip() for part in name.split(".")):
+                raise ValueError(f"parameter name {_show(name)}: an empty name or dotted part")
+            if any(unicodedata.category(c) == "Cc" for c in name):
+                raise ValueError(f"parameter name {_show(name)}: contains a control character")
+            if len(name) > typed["name_length"]:
+                raise ValueError(f"parameter name {_show(name)}: longer than {typed['name_length']} characters")
+            if name in out:
+                raise ValueError(
+                    f"parameter {_show(name)} is given twice (a dotted key and a nested object flatten to it)"
+                )
+            out[name] = v
+    for name, col_type in typed["columns"].items():
+        if name in out and out[name] is not None:
+            why = _typed_value_error(out[name], col_type)
+            if why:
+                raise ValueError(f"{name} must be {why} (the store keeps it in a typed column)")
+    return out
+
+
 class ImportRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -118,6 +263,12 @@ class ImportRecord(BaseModel):
     trace: list[TracePoint] = Field(min_length=1)
     status: Literal["completed", "diverged", "failed"] = "completed"
     error: StrictStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        check_text(data)
+        return data
 
     @field_validator("params")
     @classmethod
@@ -133,6 +284,7 @@ class ImportRecord(BaseModel):
                 stack.extend((x, depth + 1) for x in obj)
             elif isinstance(obj, float) and not math.isfinite(obj):
                 raise ValueError(f"a parameter value is {obj!r} (not a finite number)")
+        checked_flat_params(v)
         return v
 
     @model_validator(mode="after")
@@ -153,9 +305,19 @@ class ImportRecord(BaseModel):
         """A run whose trace went non-finite is diverged, as the training loop records it."""
         return "diverged" if self.status == "completed" and self.diverged else self.status
 
-    @property
-    def finite_points(self) -> list[TracePoint]:
-        return [p for p in self.trace if p.finite]
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json keeps the last of two equal keys; an import refuses to guess which was meant.
+    obj: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in obj:
+            raise DuplicateKey(k)
+        obj[k] = v
+    return obj
 
 
 def _constant(token: str) -> float:
@@ -171,7 +333,7 @@ def _int(token: str) -> int:
 
 
 def check_sweep_name(sweep: str) -> None:
-    if not isinstance(sweep, str) or not SWEEP_NAME.match(sweep):
+    if not isinstance(sweep, str) or not SWEEP_NAME.fullmatch(sweep):
         raise UserError(
             f"--sweep {sweep!r}: a sweep name is letters, digits, '_', '.', '-' "
             "(starting with a letter or digit, at most 200), as in specs"
@@ -186,23 +348,61 @@ def _describe(exc: ValidationError) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
+def read_source(path: Path) -> str:
+    """The text of ``path``: a regular file (a symlink to one is fine) of at most
+    :data:`MAX_IMPORT_BYTES`, checked on the open descriptor before anything is read, so a
+    device (``/dev/zero``), a FIFO or a folder is refused at once instead of read without
+    bound or waited on; UTF-8."""
+    try:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, not a file of JSON lines") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        # The descriptor's own type and size: a path checked before opening could be swapped.
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{path}: is a folder, not a file of JSON lines")
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path}: not a regular file (a device, FIFO or socket); import reads files only")
+        if st.st_size > MAX_IMPORT_BYTES:
+            raise UserError(f"{path}: {st.st_size:,} bytes, above the {MAX_IMPORT_BYTES:,}-byte limit of an import")
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            # Never more than the limit, even if the file grows after the check.
+            data = fh.read(MAX_IMPORT_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > MAX_IMPORT_BYTES:
+        raise UserError(f"{path}: grew past the {MAX_IMPORT_BYTES:,}-byte limit of an import while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
 def parse_file(path: Path) -> list[tuple[int, ImportRecord]]:
     """``(line number, record)`` of every non-blank line; every malformed line is reported
     (the first few by number) in one :class:`UserError`."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    text = read_source(path)
     records, errors = [], []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines would also split inside a JSON string holding a
+    # raw U+2028 or U+0085, which JSON allows unescaped.
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, parse_constant=_constant, parse_int=_int)
+            obj = json.loads(line, parse_constant=_constant, parse_int=_int, object_pairs_hook=_unique_keys)
         except RecursionError:
             errors.append(f"line {lineno}: nested too deeply")
+            continue
+        except DuplicateKey as exc:
+            errors.append(f"line {lineno}: the key {_show(exc.args[0])} appears twice in one object")
             continue
         except (json.JSONDecodeError, ValueError) as exc:
             errors.append(f"line {lineno}: invalid JSON ({getattr(exc, 'msg', exc)})")
@@ -251,7 +451,7 @@ def write_records(
             rec = raw if isinstance(raw, ImportRecord) else ImportRecord.model_validate(raw)
         except ValidationError as exc:
             raise UserError(f"{source}: record {lineno}: {_describe(exc)}") from None
-        params = repo.flatten_params(rec.params)
+        params = checked_flat_params(rec.params)
         key = record_key(params)
         if key in seen:
             raise UserError(
@@ -275,7 +475,9 @@ def write_records(
             sid = found[0]
         before = set(conn.execute(sa.select(Trial.key).where(Trial.sweep_id == sid)).scalars())
         ids = repo.add_trials(conn, sid, [(k, p) for k, p, _ in keyed])
-        rows = [pt.row(ids[k]) for k, _, rec in keyed for pt in rec.finite_points]
+        # Every point, finite or not: the store writes a non-finite value as NULL and names
+        # it in ``nonfinite``, so a finite accuracy beside a NaN loss is kept.
+        rows = [pt.row(ids[k]) for k, _, rec in keyed for pt in rec.trace]
         n_rows = repo.upsert_evals(conn, rows)
         for k, _, rec in keyed:
             repo.finish_trial(conn, ids[k], rec.stored_status, error=rec.error)
@@ -293,5 +495,13 @@ def import_jsonl(db: str | Engine | None, path: str | Path, sweep: str) -> dict[
     path = Path(path)
     check_sweep_name(sweep)
     parsed = parse_file(path)
-    res = write_records(db, sweep, [r for _, r in parsed], source=path.name, linenos=[n for n, _ in parsed])
-    return {**res, "file": str(path)}
+    source = text_of_path(path.name)
+    res = write_records(db, sweep, [r for _, r in parsed], source=source, linenos=[n for n, _ in parsed])
+    return {**res, "file": text_of_path(str(path))}
+
+
+def text_of_path(name: str) -> str:
+    """A file name as storable, printable text: a name that is not UTF-8 comes from the OS
+    with its bytes as lone surrogates, which no database (or UTF-8 terminal) accepts; they
+    are written as ``\\xff`` escapes."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -150,6 +150,11 @@ class Eval(Base):
     step_lr: Mapped[float | None] = mapped_column(sa.Double)
     elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
     metrics: Mapped[dict | None] = mapped_column(sa.JSON)
+    # The values of this point that were not finite, stored as NULL above (not every backend
+    # round-trips NaN/inf): "loss=nan", "loss=inf,metrics.rebind_loss=nan". NULL: all finite,
+    # so a NULL number there is one that was not recorded. A diverged trial's point with a
+    # finite accuracy and a NaN loss keeps its row and its accuracy (migration 0006).
+    nonfinite: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class SequentialLook(Base):

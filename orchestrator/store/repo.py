@@ -31,7 +31,9 @@ from orchestrator.store.models import (
     TrialStop,
 )
 
-EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics")
+EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics", "nonfinite")
+# The number columns of an eval row, in the order ``nonfinite`` names them.
+EVAL_NUMBERS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s")
 # Typed trial columns copied from the resolved parameters.
 TYPED_PARAMS = ("arm", "task", "seed", "lr", "batch_size", "steps", "eval_every")
 
@@ -294,17 +296,43 @@ _EVAL_FIELDS = ("trial_id", "step") + EVAL_COLUMNS
 _SET = ", ".join(f"{c} = excluded.{c}" for c in EVAL_COLUMNS)
 
 
+def _nonfinite_name(x: float) -> str:
+    return "nan" if x != x else ("inf" if x > 0 else "-inf")
+
+
+def _clean_json(value: Any, path: str, marks: list[str]) -> Any:
+    """``value`` with every non-finite number replaced by null (JSON has no NaN, and
+    PostgreSQL's json type refuses the ``NaN`` token), each one named in ``marks``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        marks.append(f"{path}={_nonfinite_name(value)}")
+        return None
+    if isinstance(value, Mapping):
+        return {k: _clean_json(v, f"{path}.{k}", marks) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean_json(v, f"{path}[{i}]", marks) for i, v in enumerate(value)]
+    return value
+
+
 def _eval_tuple(r: Mapping[str, Any]) -> tuple:
+    """One row's values. A non-finite number cannot round-trip through every backend: it is
+    stored as NULL and named in ``nonfinite`` (``loss=nan,metrics.rebind_loss=inf``), so the
+    row, and every finite value in it, is kept and the NULL is not mistaken for a value that
+    was never recorded."""
+    marks: list[str] = []
+    numbers = []
+    for c in EVAL_NUMBERS:
+        x = r.get(c)
+        if x is not None and not math.isfinite(float(x)):
+            marks.append(f"{c}={_nonfinite_name(float(x))}")
+        numbers.append(_clean_float(x))
     metrics = r.get("metrics")
+    metrics = _clean_json(metrics, "metrics", marks) if metrics else None
     return (
         int(r["trial_id"]),
         int(r["step"]),
-        _clean_float(r.get("acc")),
-        _clean_float(r.get("loss")),
-        _clean_float(r.get("train_loss")),
-        _clean_float(r.get("step_lr")),
-        _clean_float(r.get("elapsed_s")),
-        json.dumps(metrics, sort_keys=True) if metrics else None,
+        *numbers,
+        json.dumps(metrics, sort_keys=True, allow_nan=False) if metrics else None,
+        ",".join(marks) or None,
     )
 
 

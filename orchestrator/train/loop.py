@@ -101,7 +101,8 @@ def train_step(
 class Trainer:
     """Train one trial. ``run()`` yields an :class:`EvalPoint` at step 1, every
     ``eval_every`` steps and at the last step; afterwards ``status`` is ``completed`` or
-    ``diverged`` (non-finite loss: the trace so far is kept, ``error`` says where)."""
+    ``diverged`` (non-finite loss: the trace so far is kept, with the eval point that
+    went non-finite, and ``error`` says where)."""
 
     def __init__(
         self,
@@ -233,15 +234,19 @@ class Trainer:
         )
 
     def accept_eval(self, point: EvalPoint) -> bool:
-        """Append ``point`` to the trace; on a non-finite score mark the trial diverged
-        (the point is dropped) and return False."""
+        """Append ``point`` to the trace; return whether the trial goes on. On a non-finite
+        score the trial is diverged and ends here, but the point stays in the trace, to be
+        reported like any other: its finite values (a finite accuracy beside a NaN loss) are
+        measurements, and the store keeps them, writing the non-finite ones as NULL named
+        in ``evals.nonfinite``."""
         p = self.p
+        self.trace.append(point)
         if not (math.isfinite(point.loss) and math.isfinite(point.acc)):
-            self.status, self.error = Status.diverged, f"non-finite eval loss at step {point.step}"
+            what = "loss" if not math.isfinite(point.loss) else "accuracy"
+            self.status, self.error = Status.diverged, f"non-finite eval {what} at step {point.step}"
             return False
         if p.anneal == "escape" and self.anneal_start is None and point.acc >= p.anneal_escape_at:
             self.anneal_start = point.step
-        self.trace.append(point)
         self._check_stop()
         return True
 
@@ -288,9 +293,10 @@ class Trainer:
                 # generator is suspended (reporting, checkpointing) is not counted.
                 self.elapsed += time.perf_counter() - t_last
                 point.elapsed_s = self.elapsed
-                if not self.accept_eval(point):
+                goes_on = self.accept_eval(point)
+                yield point  # a diverged trial's last point too: its finite values are kept
+                if not goes_on:
                     return
-                yield point
                 t_last = time.perf_counter()
         self.finish()
 

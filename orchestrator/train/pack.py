@@ -220,8 +220,8 @@ class PackTrainer:
                     if m.status != Status.running:
                         continue
                     point.elapsed_s = elapsed
-                    if m.accept_eval(point):
-                        out.append((j, point))
+                    m.accept_eval(point)  # kept even when it ends the member (diverged)
+                    out.append((j, point))
                 if out:
                     yield out
                 t_last = time.perf_counter()

@@ -1,0 +1,102 @@
+"""The training loop keeps an eval point whose loss is non-finite but whose accuracy is
+finite (it used to drop it, finite accuracy and all), and the store keeps it: loss NULL,
+the point named non-finite in ``evals.nonfinite``; a non-finite metric is stored as null
+(PostgreSQL's json refuses the NaN token). Migration 0006 adds the column to a database
+that has rows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import sqlalchemy as sa
+import torch
+
+from orchestrator.runner.trainable import _row
+from orchestrator.store import repo
+from orchestrator.store.engine import open_store_engine
+from orchestrator.train import Trainer
+
+BASE = {
+    "arm": "armed_gdn",
+    "task": "mqar",
+    "task.K": 8,
+    "d_model": 16,
+    "n_layers": 1,
+    "batch_size": 16,
+    "steps": 30,
+    "eval_every": 10,
+    "lr": 3e-3,
+    "seed": 1,
+    "task.eval_size": 64,
+    "rebinding": True,
+}
+
+
+class EvalLossOverflows(Trainer):
+    """A real trial whose held-out loss overflows at step 10 while its accuracy, scored on
+    the same logits, stays a number (as when a few targets get probability 0)."""
+
+    def _evaluate(self, step, lr):
+        point = super()._evaluate(step, lr)
+        if step == 10:
+            point.loss = math.inf
+            point.metrics["rebind_loss"] = math.nan
+        return point
+
+
+def test_the_loop_keeps_the_point_that_went_non_finite(db_url, tmp_path):
+    tr = EvalLossOverflows(BASE)
+    trace = list(tr.run())
+    assert [p.step for p in trace] == [1, 10] and [p.step for p in tr.trace] == [1, 10]
+    assert tr.status == "diverged" and tr.error == "non-finite eval loss at step 10"
+    assert 0.0 <= trace[-1].acc <= 1.0 and trace[-1].loss == math.inf
+    # A checkpoint taken now holds the point, so a resumed trial re-reports it.
+    path = tmp_path / "ck.pt"
+    torch.save(tr.state_dict(), path)
+    again = Trainer(BASE)
+    again.load_state_dict(torch.load(path, weights_only=False))
+    assert [p.step for p in again.trace] == [1, 10] and again.status == "diverged"
+    assert list(again.run()) == []
+    # What the runner reports is what the store keeps.
+    engine, _ = open_store_engine(db_url)
+    with engine.begin() as conn:
+        sid = repo.upsert_sweep(conn, "s", "name: s\n", "h")
+        tid = repo.add_trials(conn, sid, [("k", BASE)])["k"]
+        assert repo.upsert_evals(conn, [_row(tid, p) for p in again.trace]) == 2
+        repo.finish_trial(conn, tid, tr.status.value, tr.error)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT step, acc, loss, metrics, nonfinite FROM evals ORDER BY step")).all()
+        final = conn.execute(sa.text("SELECT final_step, final_acc, final_loss, best_acc FROM trials")).one()
+    (s1, acc1, loss1, m1, nf1), (s10, acc10, loss10, m10, nf10) = rows
+    m10 = m10 if isinstance(m10, dict) else json.loads(m10)
+    assert (s1, nf1) == (1, None) and math.isfinite(loss1) and acc1 == trace[0].acc
+    assert (s10, acc10, loss10) == (10, trace[-1].acc, None)
+    assert nf10 == "loss=inf,metrics.rebind_loss=nan" and m10["rebind_loss"] is None
+    assert m10["rebind_acc"] == trace[-1].metrics["rebind_acc"]
+    assert tuple(final) == (10, trace[-1].acc, None, max(acc1, acc10))
+
+
+def test_upgrading_a_0005_database_adds_the_column_and_keeps_rows(db_url):
+    from alembic import command
+
+    from orchestrator.store.engine import _alembic_config, head_revision, current_revision, make_engine
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "0005_identity")
+        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 'x', 'h')"))
+        conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params) VALUES (1, 'k', '{}')"))
+        conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc, loss) VALUES (1, 1, 0.5, 2.0)"))
+    with engine.begin() as conn:
+        command.upgrade(_alembic_config(conn), "head")
+    assert current_revision(engine) == head_revision() == "0006_nonfinite"
+    with engine.connect() as conn:
+        got = conn.execute(sa.text("SELECT step, acc, loss, nonfinite FROM trial_trace")).all()
+    assert [tuple(r) for r in got] == [(1, 0.5, 2.0, None)]
+    with engine.begin() as conn:
+        command.downgrade(_alembic_config(conn), "0005_identity")
+    with engine.connect() as conn:
+        cols = [c["name"] for c in sa.inspect(conn).get_columns("evals")]
+        assert "nonfinite" not in cols
+        assert conn.execute(sa.text("SELECT step, acc FROM trial_trace")).all() == [(1, 0.5)]
