@@ -7,14 +7,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from conftest import POSTGRES_URL, make_pg_schema_url
-from ui_support import ROOT, get_json, ui_server
+from ui_support import ROOT, chromium, get_json, ui_server, wait_for as _wait
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,29 +39,6 @@ max_concurrent: 2
 """
 N_TRIALS = 4
 SHOT = Path("/tmp/orchestrator-ui-sweep.png")
-
-
-def _driver():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium")
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800"):
-        opts.add_argument(a)
-    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    return webdriver.Chrome(service=Service(driver_path), options=opts)
-
-
-def _wait(fn, timeout: float, what: str, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
 
 
 # Acc lines are the traces whose uid starts with "acc-"; their x arrays are the points.
@@ -116,7 +92,7 @@ def _watch(db_url: str, tmp_path: Path) -> None:
 
         _wait(has_sweep, 180, "the sweep to be recorded", every=0.5)  # Ray start under load
         with ui_server(db_url) as base:
-            driver = _driver()
+            driver = chromium()
             driver.get(base + "/")
             _wait(lambda: driver.find_elements("css selector", "a.sweep-link"), 20, "sweep list")
             driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-index.png")))

@@ -68,3 +68,164 @@ def ui_server(db_url: str):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def asgi_get(app, target: str) -> tuple[int, dict[str, str], bytes]:
+    """One GET through the ASGI app in this process (no socket): ``(status, headers, body)``.
+    Starlette's TestClient needs httpx, which the project does not install."""
+    import asyncio
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(target)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": parts.path,
+        "raw_path": parts.path.encode(),
+        "query_string": parts.query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict] = []
+
+    async def run() -> None:
+        done = asyncio.Event()
+        requested = False
+
+        async def receive() -> dict:
+            nonlocal requested
+            if not requested:
+                requested = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await done.wait()  # the client "disconnects" once the response is complete
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                done.set()
+
+        try:
+            await app(scope, receive, send)
+        except Exception:
+            # Starlette re-raises a handler's exception after sending its 500 page: the page
+            # is what a client gets, so return it; raise only when nothing was sent.
+            if not any(m["type"] == "http.response.start" for m in sent):
+                raise
+
+    asyncio.run(run())
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], headers, body
+
+
+# Stored strings that would run if a page parsed them as HTML. Each sets window.__pwned, so a
+# browser test can tell whether any ran; "%{x}" and "&amp;" check that Plotly shows text as
+# stored (no template filling, no entity decoding).
+IMG = '<img src=x onerror="window.__pwned=1">'
+SCRIPT = "<script>window.__pwned=2</script>"
+SVG = '"><svg onload=window.__pwned=3>'
+PLOT = "<b>%{x}</b> &amp; <i>"
+IMPORTED, SPECCED = "imported", "marked"
+ERROR = "Traceback (most recent call last):\n  ...\nValueError: " + IMG + " " + SCRIPT
+MARKUP_SPEC = f"""name: {SPECCED}
+description: {json.dumps(SVG + " " + IMG)}
+fixed: {{task: mqar, d_model: 16, n_layers: 1}}
+axes:
+  arm: [gated_deltanet]
+  seed: [0, 1]
+  {json.dumps("tag." + IMG)}: {json.dumps([SCRIPT, PLOT])}
+zip: [[seed, {json.dumps("tag." + IMG)}]]
+budget: {{steps: 20, eval_every: 10}}
+"""
+
+
+def make_markup_db(url: str, tmp: Path) -> dict[str, str]:
+    """Two sweeps whose stored strings carry markup: ``imported`` through `orchestrator import`
+    (parameter names and values, a trace metric's name, a failed trial's error) and
+    ``marked`` from a validated spec (description, a tag label and its values) with the rows
+    its runner writes (trials, evals, one failed with ``ERROR``). Returns the failed trials' keys."""
+    import sqlalchemy as sa
+
+    from orchestrator import spec
+    from orchestrator.cli import main
+    from orchestrator.store import repo
+    from orchestrator.store.engine import open_store_engine
+
+    def record(seed: int, value: str, **extra) -> dict:
+        trace = [{"step": s, "acc": 0.1 * s / 10, "loss": 1.0, SVG: 0.5} for s in (10, 20, 30)]
+        return {
+            "params": {"arm": "mlstm", "seed": seed, "task": "mqar", IMG: value, "tag." + SVG: value},
+            "trace": trace,
+            **extra,
+        }
+
+    src = tmp / "markup.jsonl"
+    src.write_text(
+        "\n".join(
+            json.dumps(r) for r in (record(0, SCRIPT), record(1, SVG), record(2, PLOT, status="failed", error=ERROR))
+        )
+        + "\n"
+    )
+    assert main(["import", str(src), "--sweep", IMPORTED, "--db", url]) == 0
+
+    sweep = spec.load(text=MARKUP_SPEC)
+    failed = sweep.trials[-1][0]
+    engine, _ = open_store_engine(url)
+    try:
+        with engine.begin() as conn:
+            sid = repo.upsert_sweep(conn, sweep.name, sweep.text, sweep.hash)
+            ids = repo.add_trials(conn, sid, sweep.trials)
+            for key, _ in sweep.trials:
+                repo.mark_running(conn, ids[key])
+            evals = [{"trial_id": i, "step": s, "acc": 0.2, "loss": 2.0} for i in ids.values() for s in (10, 20)]
+            repo.upsert_evals(conn, evals)
+            for key, _ in sweep.trials:
+                bad = key == failed
+                repo.finish_trial(conn, ids[key], "failed" if bad else "completed", error=ERROR if bad else None)
+            imported_failed = conn.execute(
+                sa.text(
+                    "SELECT t.key FROM trials t JOIN sweeps s ON s.id = t.sweep_id "
+                    "WHERE s.name = :n AND t.status = 'failed'"
+                ),
+                {"n": IMPORTED},
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return {IMPORTED: imported_failed, SPECCED: failed}
+
+
+def chromium(*, console_log: bool = False):
+    """Headless Debian Chromium through Selenium (``console_log``: keep the page's console
+    messages, CSP violations included, for ``driver.get_log("browser")``)."""
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800"):
+        opts.add_argument(a)
+    if console_log:
+        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+def wait_for(fn, timeout: float, what: str, every: float = 0.25):
+    """``fn()`` once it is truthy; an AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)

@@ -4,6 +4,11 @@ Pages are thin HTML shells rendered with Jinja2; the plots and tables are drawn 
 browser by Plotly.js (served from the ``plotly`` wheel, so no CDN) from the JSON endpoints,
 which the pages poll for what is new. Every handler is a plain function: Starlette runs
 them in its thread pool, so a slow query does not stall the event loop.
+
+Stored strings (sweep and parameter names, values, errors) are text on every page: the
+templates autoescape, the scripts build DOM with ``textContent`` and escape what they hand
+to Plotly, and every response carries a Content-Security-Policy that allows no inline
+script, so a string that slipped past all of that still could not run.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.errors import UserError
 
@@ -29,6 +36,49 @@ DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
 POLL_MS = 2000
 _HERE = Path(__file__).resolve().parent
 
+# Scripts and data only from this server; nothing inline but styles (Plotly.js sets style
+# attributes and adds <style> rules as it draws, and no stored string reaches a style);
+# images also from data:/blob: URLs (Plotly's "download plot as png" builds one).
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
+)
+SECURITY_HEADERS = {
+    "content-security-policy": CSP,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+
+class SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every response (pages, JSON, static files, errors)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.raw = [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in self.raw if k not in have]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class _Dashboard(Starlette):
+    """Starlette with :class:`SecurityHeaders` outside its whole stack: middleware added the
+    usual way sits inside the server-error handler, so a 500 page would go out without them."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack())
+
 
 def plotly_js() -> Path:
     import plotly
@@ -37,6 +87,11 @@ def plotly_js() -> Path:
     if not path.exists():
         raise UserError(f"plotly.js not found at {path}; reinstall the `plotly` package")
     return path
+
+
+def templates_env() -> jinja2.Environment:
+    """The pages' Jinja environment: autoescape on for every template, whatever its name."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(_HERE / "templates")), autoescape=True)
 
 
 def _clean(v: Any) -> Any:
@@ -60,7 +115,7 @@ def create_app(engine, url: str) -> Starlette:
     # rather than on the first page load.
     import lifelines  # noqa: F401
 
-    templates = Jinja2Templates(directory=str(_HERE / "templates"))
+    templates = Jinja2Templates(env=templates_env())
     plotly_path = plotly_js()
     from orchestrator.store.engine import describe
 
@@ -152,7 +207,7 @@ def create_app(engine, url: str) -> Starlette:
         Route("/static/plotly.min.js", plotly),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={404: missing})
+    return _Dashboard(routes=routes, exception_handlers={404: missing})
 
 
 def serve(db: str | None, host: str, port: int, *, announce=print) -> None:

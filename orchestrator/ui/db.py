@@ -272,13 +272,53 @@ def encode_cursor(t: dt.datetime, last: dict[int, int]) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
+# What a cursor may hold. The server gives out cursors of a few bytes per open trial, and a
+# request line beyond 16 KiB never reaches the app (uvicorn's h11 refuses it); the cap keeps
+# a crafted one from costing more than a moment either way.
+MAX_CURSOR_CHARS = 64 * 1024
+MAX_ID = 2**63 - 1  # the store's integers are 64-bit at most
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+CLOCK_SLACK = dt.timedelta(days=1)
+
+
+class BadCursor(UserError):
+    """A ``since=`` this server did not give out: the API answers 400."""
+
+    def __init__(self, cursor: str, why: str):
+        super().__init__(f"since={cursor[:40]!r}: not a cursor this server gave out ({why}); drop it to start over")
+
+
+def _int(v: Any, what: str, cursor: str, *, key: bool = False) -> int:
+    # JSON object keys are strings: a trial id comes as decimal digits, a step as a number.
+    if key and isinstance(v, str) and v.isascii() and v.isdigit() and len(v) <= 19:
+        v = int(v)
+    if type(v) is not int or not 0 <= v <= MAX_ID:  # bool is an int subclass: not a step
+        raise BadCursor(cursor, f"{what} is not an integer in 0..2^63-1")
+    return v
+
+
 def decode_cursor(cursor: str) -> tuple[dt.datetime, dict[int, int]]:
+    """``(clock, {trial_id: last step})`` of a cursor from :func:`encode_cursor`; anything
+    else, however crafted, is a :class:`BadCursor` (never another exception)."""
+    if len(cursor) > MAX_CURSOR_CHARS:
+        raise BadCursor(cursor, f"{len(cursor)} characters, more than {MAX_CURSOR_CHARS}")
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        data = json.loads(raw)
-        return (_aware(data["t"]), {int(k): int(v) for k, v in data["s"].items()})
-    except Exception:
-        raise UserError(f"since={cursor[:40]!r}: not a cursor this server gave out (drop it to start over)") from None
+        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeError, RecursionError):  # binascii.Error and JSONDecodeError are ValueErrors
+        raise BadCursor(cursor, "not base64 of JSON") from None
+    if not isinstance(data, dict) or set(data) != {"t", "s"}:
+        raise BadCursor(cursor, "not an object with keys t and s")
+    t, last = data["t"], data["s"]
+    if not isinstance(t, str) or len(t) > 40 or not isinstance(last, dict):
+        raise BadCursor(cursor, "its t is not a time or its s not an object")
+    try:
+        when = _aware(dt.datetime.fromisoformat(t))
+    except ValueError:
+        raise BadCursor(cursor, "its t is not an ISO time") from None
+    if when < EARLIEST:
+        raise BadCursor(cursor, "its t is before 1970")
+    return when, {_int(k, "a trial id", cursor, key=True): _int(v, "a step", cursor) for k, v in last.items()}
 
 
 def _touched(conn, name: str, th: Any) -> set[int]:
@@ -304,6 +344,8 @@ def traces(
     with engine.connect() as conn:
         sweep_id(conn, name)
         now = db_now(conn)
+        if prev_t is not None and prev_t > now + CLOCK_SLACK:
+            raise BadCursor(since or "", "its t is after the database clock")
         if prev_t is None:
             cand = None
         else:

@@ -1,6 +1,30 @@
-// Shared by the sweep and trial pages: fetch JSON, and merge incremental trace rows.
+// Shared by every page: the page's data attributes, DOM and Plotly text helpers, JSON fetch,
+// and the merge of incremental trace rows.
+//
+// Stored strings (names, values, errors) are text: DOM is built with textContent and never
+// parsed as HTML, and what goes to Plotly is escaped by plotText.
 const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+// The server puts the page's sweep, trial key and poll interval on <body> (no inline script:
+// the Content-Security-Policy allows none).
+const PAGE = document.body.dataset;
+const POLL_MS = Number(PAGE.pollMs) || 2000;
+
+// An element with the given class and text (the text is never parsed as HTML).
+function el(tag, text, className) {
+  const e = document.createElement(tag);
+  if (className) e.className = className;
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  return e;
+}
+
+// Plotly draws legend names, titles and hover text as its own small HTML and decodes
+// entities: escaping turns a stored "<b>" into the text "<b>". "%" is escaped too, so a
+// stored "%{x}" in a hovertemplate is shown, not filled in.
+function plotText(v) {
+  return String(v).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;")
+    .replace(/"/g, "&#34;").replace(/%/g, "&#37;");
+}
 
 async function getJSON(url) {
   const r = await fetch(url);
@@ -9,7 +33,7 @@ async function getJSON(url) {
   return body;
 }
 
-function apiBase() { return "/api/sweeps/" + encodeURIComponent(window.SWEEP); }
+function apiBase() { return "/api/sweeps/" + encodeURIComponent(PAGE.sweep); }
 
 // Append the rows of a traces answer to store[trial_id][column]; a step the store already
 // has (a resumed trial rewriting its rows) is skipped.

@@ -5,31 +5,26 @@ function hms(s) {
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), x = s % 60;
   return h + ":" + String(m).padStart(2, "0") + ":" + String(x).padStart(2, "0");
 }
+function row(s) {
+  const tr = document.createElement("tr");
+  tr.dataset.sweep = s.name;
+  const a = el("a", s.name, "sweep-link");
+  a.href = "/sweeps/" + encodeURIComponent(s.name);
+  const counts = el("td");
+  Object.entries(s.counts).filter(([k, v]) => v).forEach(([k, v]) => {
+    counts.append(el("span", k + " " + v, "st st-" + k), " ");
+  });
+  const cells = [el("td"), el("td", s.description), el("td", s.total), counts,
+                 el("td", s.progress === null ? "" : Math.round(100 * s.progress) + "%"),
+                 el("td", hms(s.eta_s)), el("td", s.started_at || ""), el("td", s.updated_at || "")];
+  cells[0].appendChild(a);
+  tr.append(...cells);
+  return tr;
+}
 async function refresh() {
   try {
-    const r = await fetch("/api/sweeps");
-    const data = await r.json();
-    const body = document.querySelector("#sweeps tbody");
-    body.innerHTML = "";
-    for (const s of data.sweeps) {
-      const tr = document.createElement("tr");
-      tr.dataset.sweep = s.name;
-      const counts = Object.entries(s.counts).filter(([k, v]) => v)
-        .map(([k, v]) => `<span class="st st-${k}">${k} ${v}</span>`).join(" ");
-      const cells = [null, s.description, s.total, counts,
-                     s.progress === null ? "" : Math.round(100 * s.progress) + "%",
-                     hms(s.eta_s), s.started_at || "", s.updated_at || ""];
-      const a = document.createElement("a");
-      a.className = "sweep-link"; a.href = "/sweeps/" + encodeURIComponent(s.name);
-      a.textContent = s.name;
-      const td0 = document.createElement("td"); td0.appendChild(a); tr.appendChild(td0);
-      cells.slice(1).forEach((v, i) => {
-        const td = document.createElement("td");
-        if (i === 2) td.innerHTML = v; else td.textContent = v;
-        tr.appendChild(td);
-      });
-      body.appendChild(tr);
-    }
+    const data = await getJSON("/api/sweeps");
+    document.querySelector("#sweeps tbody").replaceChildren(...data.sweeps.map(row));
   } catch (e) { /* keep the last table; the next poll tries again */ }
 }
-setInterval(refresh, window.POLL_MS);
+setInterval(refresh, POLL_MS);

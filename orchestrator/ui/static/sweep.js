@@ -5,7 +5,9 @@ const state = { trials: [], traces: {}, cursor: null, where: "", sort: ["key", 1
                 kmAt: 0, kmDirty: false, busy: false };
 const $ = id => document.getElementById(id);
 
-function param(t, name) { return name ? t.params[name] : null; }
+// Own properties only: a parameter named "constructor" is a parameter, not Object's.
+const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+function param(t, name) { return name && own(t.params, name) ? t.params[name] : null; }
 function label(v) { return v === null || v === undefined ? "(none)" : typeof v === "object" ? JSON.stringify(v) : String(v); }
 
 function groupsOf(name) {
@@ -34,18 +36,20 @@ function drawTraces() {
       if (f && label(param(t, f)) !== fv) continue;
       const tr = state.traces[t.trial_id] || { step: [], acc: [], loss: [] };
       const gv = label(param(t, g)), color = PALETTE[groups.indexOf(gv) % PALETTE.length];
+      // Names and hover text are Plotly's pseudo-HTML: stored strings go in through plotText.
+      const name = plotText(gv), who = plotText(t.key);
       data.push({ type: "scatter", mode: "lines", uid: "acc-" + t.trial_id, x: tr.step.slice(), y: tr.acc.slice(),
-                  xaxis: "x", yaxis: "y", name: gv, legendgroup: gv, showlegend: !shown.has(gv),
-                  line: { color: color, width: 1.2 }, hovertemplate: t.key + " " + g + "=" + gv + "<br>step %{x}: acc %{y:.3f}<extra></extra>" });
+                  xaxis: "x", yaxis: "y", name: name, legendgroup: gv, showlegend: !shown.has(gv),
+                  line: { color: color, width: 1.2 }, hovertemplate: who + " " + plotText(g) + "=" + name + "<br>step %{x}: acc %{y:.3f}<extra></extra>" });
       loss.push({ type: "scatter", mode: "lines", uid: "loss-" + t.trial_id, x: tr.step.slice(), y: tr.loss.slice(),
-                  xaxis: "x2", yaxis: "y2", name: gv, legendgroup: gv, showlegend: false,
-                  line: { color: color, width: 1.2 }, hovertemplate: t.key + "<br>step %{x}: loss %{y:.3f}<extra></extra>" });
+                  xaxis: "x2", yaxis: "y2", name: name, legendgroup: gv, showlegend: false,
+                  line: { color: color, width: 1.2 }, hovertemplate: who + "<br>step %{x}: loss %{y:.3f}<extra></extra>" });
       shown.add(gv);
     }
     const layout = {
-      title: { text: f ? f + " = " + fv : "accuracy and loss per trial", font: { size: 14 } },
+      title: { text: f ? plotText(f + " = " + fv) : "accuracy and loss per trial", font: { size: 14 } },
       grid: { rows: 2, columns: 1, pattern: "independent" }, height: 560, width: width,
-      margin: { t: 40, r: 10, b: 40, l: 50 }, legend: { title: { text: g } },
+      margin: { t: 40, r: 10, b: 40, l: 50 }, legend: { title: { text: plotText(g) } },
       yaxis: { title: { text: "acc" }, range: [0, 1.02] }, yaxis2: { title: { text: "loss" } },
       xaxis2: { title: { text: "step" } }, uirevision: g + "|" + f,
     };
@@ -56,12 +60,15 @@ function drawTraces() {
 function drawTable() {
   const varying = state.varying || [];
   const cols = ["key"].concat(varying, ["status", "step", "final_acc", "best_acc", "error"]);
-  const head = $("trials").tHead;
-  head.innerHTML = "<tr>" + cols.map(c => `<th data-col="${c}">${c}${state.sort[0] === c ? (state.sort[1] > 0 ? " ▲" : " ▼") : ""}</th>`).join("") + "</tr>";
-  [...head.querySelectorAll("th")].forEach(th => th.onclick = () => {
-    const c = th.dataset.col; state.sort = [c, state.sort[0] === c ? -state.sort[1] : 1]; drawTable();
+  const hr = document.createElement("tr");
+  cols.forEach(c => {
+    const th = el("th", c + (state.sort[0] === c ? (state.sort[1] > 0 ? " ▲" : " ▼") : ""));
+    th.dataset.col = c;
+    th.onclick = () => { state.sort = [c, state.sort[0] === c ? -state.sort[1] : 1]; drawTable(); };
+    hr.appendChild(th);
   });
-  const val = (t, c) => c === "step" ? t.step : (c in t && c !== "params") ? t[c] : t.params[c];
+  $("trials").tHead.replaceChildren(hr);
+  const val = (t, c) => c === "step" ? t.step : (own(t, c) && c !== "params") ? t[c] : param(t, c);
   const [sc, dir] = state.sort;
   const rows = state.trials.slice().sort((a, b) => {
     const x = val(a, sc), y = val(b, sc);
@@ -69,17 +76,17 @@ function drawTable() {
     return (x < y ? -1 : 1) * dir;
   });
   const body = $("trials").tBodies[0];
-  body.innerHTML = "";
+  body.replaceChildren();
   for (const t of rows) {
     const tr = document.createElement("tr");
     cols.forEach(c => {
       const td = document.createElement("td");
       if (c === "key") {
         const a = document.createElement("a");
-        a.href = "/sweeps/" + encodeURIComponent(window.SWEEP) + "/trials/" + encodeURIComponent(t.key);
+        a.href = "/sweeps/" + encodeURIComponent(PAGE.sweep) + "/trials/" + encodeURIComponent(t.key);
         a.textContent = t.key; a.className = "trial-link"; td.appendChild(a);
       } else if (c === "status") {
-        td.innerHTML = `<span class="st st-${t.status}">${t.status}</span>`;
+        td.appendChild(el("span", t.status, "st st-" + t.status));
       } else if (c === "step") {
         td.textContent = fmt(t.step) + " / " + fmt(t.steps);
       } else { td.textContent = fmt(val(t, c)); }
@@ -92,24 +99,28 @@ function drawTable() {
 
 async function drawKM() {
   state.kmAt = Date.now();
+  // Answers can come back out of order (a regroup while the last one is computed): draw
+  // only the newest request's.
+  const seq = state.kmSeq = (state.kmSeq || 0) + 1;
   const g = $("group").value;
   const q = new URLSearchParams({ by: g }); if (state.where) q.set("where", state.where);
   try {
     const km = await getJSON(apiBase() + "/km?" + q);
+    if (seq !== state.kmSeq) return;
     const groups = Object.keys(km.groups);
     const data = groups.map((name, i) => {
       const s = km.groups[name].survival;
       return { type: "scatter", mode: "lines", line: { shape: "hv", color: PALETTE[i % PALETTE.length] },
-               x: s.map(p => p[0]), y: s.map(p => p[1]), name: name + " (n " + km.groups[name].n + ", escapes " + km.groups[name].escapes + ")" };
+               x: s.map(p => p[0]), y: s.map(p => p[1]), name: plotText(name + " (n " + km.groups[name].n + ", escapes " + km.groups[name].escapes + ")") };
     });
     Plotly.react($("km"), data, {
-      height: 320, margin: { t: 20, r: 10, b: 40, l: 50 }, legend: { title: { text: g } },
-      xaxis: { title: { text: "step" } }, yaxis: { title: { text: "not yet escaped (acc < " + km.escape_at + ")" }, range: [0, 1.02] },
+      height: 320, margin: { t: 20, r: 10, b: 40, l: 50 }, legend: { title: { text: plotText(g) } },
+      xaxis: { title: { text: "step" } }, yaxis: { title: { text: plotText("not yet escaped (acc < " + km.escape_at + ")") }, range: [0, 1.02] },
     }, { displaylogo: false });
     $("logrank").textContent = km.logrank
       ? "log-rank (" + km.logrank.kind + ") p = " + km.logrank.p_value.toPrecision(3) + ", chi2 = " + km.logrank.test_statistic.toFixed(2)
       : "log-rank: needs two groups";
-  } catch (e) { $("logrank").textContent = e.message; Plotly.purge($("km")); }
+  } catch (e) { if (seq === state.kmSeq) { $("logrank").textContent = e.message; Plotly.purge($("km")); } }
 }
 
 // Colour-by lists the parameters that vary first, then the rest; facet-by the varying ones.
@@ -159,9 +170,12 @@ async function poll() {
   finally { state.busy = false; }
 }
 
+// The form never submits (the CSP's form-action 'none' would refuse it anyway): apply and
+// Enter reload in place.
+$("controls").addEventListener("submit", e => e.preventDefault());
 $("apply").onclick = reload;
 $("where").addEventListener("keydown", e => { if (e.key === "Enter") reload(); });
 $("group").onchange = () => { drawTraces(); drawKM(); };
 $("facet").onchange = drawTraces;
 reload();
-setInterval(poll, window.POLL_MS);
+setInterval(poll, POLL_MS);

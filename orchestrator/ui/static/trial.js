@@ -11,7 +11,8 @@ function numericMetrics(t) {
 function draw() {
   const ids = Object.keys(store);
   const t = ids.length ? store[ids[0]] : { step: [], acc: [], loss: [], train_loss: [], step_lr: [], metrics: [] };
-  const line = (y, name, ax) => ({ type: "scatter", mode: "lines+markers", x: t.step, y: y, name: name, xaxis: "x" + ax, yaxis: "y" + ax, marker: { size: 4 } });
+  // Metric names come from stored (imported) trace points: plotText keeps them text.
+  const line = (y, name, ax) => ({ type: "scatter", mode: "lines+markers", x: t.step, y: y, name: plotText(name), xaxis: "x" + ax, yaxis: "y" + ax, marker: { size: 4 } });
   const data = [line(t.acc, "acc", ""), line(t.loss, "loss", "2"), line(t.train_loss, "train_loss", "2"), line(t.step_lr, "lr", "3")];
   numericMetrics(t).forEach(k => data.push(line(t.metrics.map(m => m ? m[k] : null), k, "")));
   Plotly.react("trace", data, {
@@ -23,7 +24,7 @@ function draw() {
 }
 
 async function poll() {
-  const q = new URLSearchParams({ key: window.KEY, full: "1" });
+  const q = new URLSearchParams({ key: PAGE.key, full: "1" });
   if (cursor) q.set("since", cursor);
   try {
     const tr = await getJSON(apiBase() + "/traces?" + q);
@@ -32,4 +33,4 @@ async function poll() {
   } catch (e) { /* keep what is drawn */ }
 }
 poll();
-setInterval(poll, window.POLL_MS);
+setInterval(poll, POLL_MS);
