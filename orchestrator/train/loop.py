@@ -48,6 +48,13 @@ class EvalPoint:
         return asdict(self)
 
 
+def is_numeric_error(exc: BaseException) -> bool:
+    """An arithmetic failure that the same state repeats on every retry: Python's
+    ArithmeticError, or torch's scalar overflow (a RuntimeError "value cannot be converted
+    to type float without overflow", e.g. AdamW's step at a learning rate of 1e300)."""
+    return isinstance(exc, ArithmeticError) or (isinstance(exc, RuntimeError) and "overflow" in str(exc))
+
+
 def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
@@ -274,13 +281,13 @@ class Trainer:
 
     def step_raised(self, step: int, exc: BaseException, params_finite: bool) -> bool:
         """Book an exception out of training step ``step`` (or its eval). Parameters gone
-        non-finite: the trial ``diverged``, as the next loss would have said. An arithmetic
-        error (OverflowError, FloatingPointError, ZeroDivisionError) on finite parameters:
-        ``failed``, since the same state fails the same way on every retry. Either way the
+        non-finite: the trial ``diverged``, as the next loss would have said. A numeric error
+        (:func:`is_numeric_error`) on finite parameters: ``failed``, since the same state
+        fails the same way on every retry. Either way the
         trial ends here with its trace, ``error`` one line and ``error_detail`` the traceback,
         and this returns True; anything else (out of memory, a lost device) is left to the
         caller, which may retry it (False)."""
-        if params_finite and not isinstance(exc, ArithmeticError):
+        if params_finite and not is_numeric_error(exc):
             return False
         msg = str(exc).strip().splitlines()
         line = f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ")

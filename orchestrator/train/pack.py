@@ -23,7 +23,7 @@ from torch.func import functional_call, stack_module_state, vmap
 import tasks
 from orchestrator.status import Status
 from orchestrator.train import device as devices
-from orchestrator.train.loop import EvalPoint, Trainer, all_finite, is_eval_step
+from orchestrator.train.loop import EvalPoint, Trainer, all_finite, is_eval_step, is_numeric_error
 
 # Parameters that may differ inside a pack; everything else must match.
 PACKABLE_DIFFS = ("seed", "data_seed")
@@ -245,7 +245,7 @@ class PackTrainer:
         n = len(self.members)
         finite = [all_finite(p[j] for p in self.params.values()) for j in range(n)]
         running = [j for j, m in enumerate(self.members) if m.status == Status.running]
-        if not isinstance(exc, ArithmeticError) and any(finite[j] for j in running):
+        if not is_numeric_error(exc) and any(finite[j] for j in running):
             return False
         for j in running:
             self.members[j].step_raised(step, exc, finite[j])
