@@ -8,6 +8,7 @@ written."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -115,7 +116,7 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_pa
         assert proc.returncode == 130, err
         assert time.time() - t0 < 60
         last = [ln for ln in err.splitlines() if ln.strip()][-1]
-        assert "stopped" in last and f"orchestrator resume life --db {url}" in last
+        assert "stopped" in last and f"orchestrator resume life --db {shlex.quote(url)}`" in last  # pasteable
         by_status = dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
         assert "running" not in by_status and by_status.get("interrupted", 0) >= 1
         assert _q(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0

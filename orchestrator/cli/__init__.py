@@ -93,6 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     cut = args.index("--") if "--" in args else len(args)
     debug = "--debug" in args[:cut] or os.environ.get("ORCH_DEBUG", "") not in ("", "0")
     args = [a for i, a in enumerate(args) if not (a == "--debug" and i < cut)]
+    # The runner reads it too: with --debug, Ray Tune's tracebacks of failed trials show.
+    was = os.environ.get("ORCH_DEBUG")
+    if debug:
+        os.environ["ORCH_DEBUG"] = "1"
+    try:
+        return _run(args, debug)
+    finally:
+        if was is None:
+            os.environ.pop("ORCH_DEBUG", None)
+        else:
+            os.environ["ORCH_DEBUG"] = was
+
+
+def _run(args: list[str], debug: bool) -> int:
     try:
         rv = app(args=args, prog_name="orchestrator", standalone_mode=False)
     except UserError as exc:

@@ -6,7 +6,36 @@ file that everybody edits. Examples shown under each command's help live in
 :mod:`orchestrator.cli.help`.
 """
 
+from typing import Any
+
 import typer
+from rich.console import Console, ConsoleDimensions
+
+# Rendering width off a terminal: wide enough that rich never wraps or crops a line.
+UNWRAPPED = 1_000_000
+
+
+class CliConsole(Console):
+    """rich's Console, except that off a terminal (piped, redirected, captured) nothing is
+    wrapped: rich would fold every line at 80 columns (or $COLUMNS), so a long hint, path or
+    table row piped into a file or another program would arrive in pieces. On a terminal it
+    is rich's own width (or the ``width`` given)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        got = super().size
+        return got if self.is_terminal else ConsoleDimensions(UNWRAPPED, got.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+def console(*, stderr: bool = False, **kwargs: Any) -> Console:
+    """The console every command prints through (stdout, or stderr with ``stderr=True``)."""
+    kwargs.setdefault("highlight", False)
+    return CliConsole(stderr=stderr, **kwargs)
+
 
 # The one sentence every --db option shows (the lookup order is resolve_url's).
 DB_HELP = (

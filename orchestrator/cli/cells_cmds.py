@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 import yaml
 
-from orchestrator.cli.app import app, bench_app
+from orchestrator.cli.app import app, bench_app, console
 from orchestrator.errors import UserError
 
 MAMBA2_ARMS = ("mamba2_ref", "mamba2_ref_noconv")
@@ -98,7 +98,6 @@ def cells_cmd(
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"arms at d_model={d_model}, n_layers={n_layers}, vocab_size={vocab_size}")
@@ -107,7 +106,7 @@ def cells_cmd(
     for row in rows:
         state = f"{row['state_elements']:,}" + (" /token" if row["state_scaling"] == "per_token" else "")
         table.add_row(row["arm"], f"{row['params']:,}", state, _format_knobs(row["knobs"]))
-    Console(width=200).print(table)
+    console(width=200, highlight=True).print(table)
 
 
 def _spec_rows(path: str, json_out: bool) -> None:
@@ -131,7 +130,6 @@ def _spec_rows(path: str, json_out: bool) -> None:
     if json_out:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"arms of {path}")
@@ -146,7 +144,7 @@ def _spec_rows(path: str, json_out: bool) -> None:
             "-" if r["mlp_hidden"] is None else str(r["mlp_hidden"]),
             _format_knobs(r["knobs"]),
         )
-    Console(width=200).print(table)
+    console(width=200, highlight=True).print(table)
 
 
 @bench_app.command("cells")
@@ -212,7 +210,6 @@ def bench_cells_cmd(
             )
         )
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -230,7 +227,7 @@ def bench_cells_cmd(
             f"{r['harness_tok_s']:,.0f}",
             f"{r['ceiling_vs_naive']:.1f}x",
         )
-    Console(width=200).print(table)
+    console(width=200, highlight=True).print(table)
     typer.echo(
         "harness: the model with every mixer replaced by the identity; ceiling: the speedup a free mixer would give"
     )

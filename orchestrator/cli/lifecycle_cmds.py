@@ -7,12 +7,10 @@ import sys
 from typing import Optional
 
 import typer
-from rich.console import Console
-
-from orchestrator.cli.app import app
+from orchestrator.cli.app import app, console
 from orchestrator.errors import UserError
 
-err = Console(stderr=True, highlight=False)
+err = console(stderr=True)
 DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
 
 

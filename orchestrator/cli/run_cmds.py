@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import sys
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from orchestrator.cli.app import DB_HELP, app
+from orchestrator.cli.app import DB_HELP, app, console
 from orchestrator.errors import UserError
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+err = console(stderr=True)
+out = console()
 
 
 class _Progress:
@@ -34,7 +34,7 @@ class _Progress:
 
             err.print(f"database: {escape(db)}")
             err.print(f"trials: {total} in sweep, {total - todo} already finished, {todo} to run")
-            err.print(f"watch it live: {ui_command(db)}", soft_wrap=True)  # copy-pasteable
+            err.print(escape(f"watch it live: {ui_command(db)}"), soft_wrap=True)  # copy-pasteable
         if self.quiet or todo == 0:
             return
         from orchestrator.ui.live import BoardProgress, TrialBoard
@@ -42,6 +42,18 @@ class _Progress:
         self.board = TrialBoard(total_steps=steps or 0)
         self.bar = BoardProgress(self.board, console=err, transient=False)
         self.bar.start()
+
+    @classmethod
+    def _label(cls, trial, tid) -> str:
+        """A trial's key and the parameters that tell trials apart at a glance."""
+        from orchestrator.ui.live import LABEL_PARAMS
+
+        for m in cls._members(trial):
+            if tid is None or m.get("trial_id") == tid:
+                p = m.get("params") or {}
+                bits = ", ".join(f"{n} {p[n]}" for n in LABEL_PARAMS if p.get(n) is not None)
+                return f"{m['key']}" + (f" ({bits})" if bits else "")
+        return f"#{tid}"
 
     @staticmethod
     def _members(trial) -> list[dict]:
@@ -51,6 +63,12 @@ class _Progress:
             return []
 
     def event(self, kind: str, trial, **info) -> None:
+        if info.get("error") is not None:
+            # A failed trial, or one an exception ended: one line saying which and why, even
+            # with --quiet (its traceback is in trial_errors; Ray's own log of it is silenced).
+            err.print(
+                escape(f"trial {self._label(trial, info.get('trial_id'))} {kind}: {info['error']}"), soft_wrap=True
+            )
         if kind == "packing":
             if not self.quiet:
                 err.print(
@@ -78,8 +96,10 @@ class _Progress:
                 if key is not None:
                     self.board.result(key, row["step"], row.get("acc"))
         elif kind in ("completed", "diverged", "failed"):
+            tid = info.get("trial_id")
             for m in members:
-                self.board.finish(m["key"])
+                if tid is None or m.get("trial_id") == tid:
+                    self.board.finish(m["key"])
         c = self.counts
         detail = f"run {c['running']} ok {c['completed']} div {c['diverged']} fail {c['failed']}" + (
             f" retry {c['retry']}" if c["retry"] else ""
@@ -108,15 +128,39 @@ def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     except KeyboardInterrupt:
         # A second Ctrl-C while the trials were stopping.
         progress.stop()
-        err.print(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}", soft_wrap=True)
+        err.print(escape(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}"), soft_wrap=True)
         return EXIT_INTERRUPTED
     finally:
         progress.stop()
     return _finish(summary, quiet)
 
 
+def _db_flag(db: str | None) -> str:
+    """`` --db ARG`` that reaches the same database again when pasted into a shell (nothing
+    when none was named: the same lookup finds it). A password in a URL is shown as ***."""
+    if not db:
+        return ""
+    if "://" in db:
+        import sqlalchemy as sa
+
+        try:
+            if sa.engine.make_url(db).password is not None:
+                from orchestrator.store.engine import describe
+
+                db = describe(db)
+        except Exception:  # not a URL SQLAlchemy parses: shown as given
+            pass
+    return f" --db {shlex.quote(db)}"
+
+
 def _resume_hint(name: str, db: str | None) -> str:
-    return f"continue with `orchestrator resume {name}" + (f" --db {db}`" if db else "`")
+    return f"continue with `orchestrator resume {name}{_db_flag(db)}`"
+
+
+def query_hint(name: str, db: str | None) -> str:
+    """The command that queries the sweep's final results in the database it ran in
+    (sweep names are ``[A-Za-z0-9_.-]``, safe inside the quotes)."""
+    return f"orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{name}'\"{_db_flag(db)}"
 
 
 def _finish(summary, quiet: bool) -> int:
@@ -125,16 +169,19 @@ def _finish(summary, quiet: bool) -> int:
 
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
         err.print(
-            f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
-            f"{_resume_hint(summary.sweep, summary.db_arg)}",
+            escape(
+                f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "
+                f"{_resume_hint(summary.sweep, summary.db_arg)}"
+            ),
             soft_wrap=True,
         )
         return EXIT_INTERRUPTED
     if not quiet:
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
-        err.print(
-            f"sweep {summary.sweep}: {parts}; query it with "
-            f"`orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{summary.sweep}'\"`"
+        # The result, on stdout: one line however long, the command inside it copy-pasteable.
+        out.print(
+            escape(f"sweep {summary.sweep}: {parts}; query it with `{query_hint(summary.sweep, summary.db_arg)}`"),
+            soft_wrap=True,
         )
         for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
             st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())

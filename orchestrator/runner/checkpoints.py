@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.errors import UserError
 from orchestrator.store.engine import sqlite_path
 
 
@@ -27,6 +28,35 @@ def default_root(db_url: str) -> Path:
         return (path.parent / "checkpoints").resolve()
     tag = hashlib.sha256(db_url.encode()).hexdigest()[:12]
     return (Path("runs") / "checkpoints" / tag).resolve()
+
+
+def check_writable(folder: Path) -> None:
+    """Refuse (UserError) a checkpoint folder that cannot be written: a file, a path under a
+    file, a read-only or otherwise refusing directory. Checked by writing a probe file before
+    any trial starts, since every trial would otherwise train to its first checkpoint and
+    fail there; folders made for the probe are removed again."""
+    folder = Path(folder)
+    made: list[Path] = []
+    cur = folder
+    while not cur.exists() and not cur.is_symlink() and cur != cur.parent:
+        made.append(cur)
+        cur = cur.parent
+    hint = "choose another with --checkpoint-dir DIR or checkpoint_dir: in the spec; nothing was written"
+    if not cur.is_dir():
+        raise UserError(f"checkpoint folder {folder}: {cur} is not a folder ({hint})")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"checkpoint folder {folder} is not writable: {exc.strerror or exc} ({hint})") from None
+    finally:
+        for d in made:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def trial_path(root: Path, sweep: str, key: str) -> Path:

@@ -1,7 +1,9 @@
 """A driver's hold on a sweep while it runs: the lease (claimed, renewed on the database
 clock by a thread, released at exit), heartbeats of the trials it runs, and the ways a run
 is asked to stop: SIGINT/SIGTERM, ``orchestrator cancel`` (a flag in the database the
-renewal thread reads), a lost lease, or a database that stays unreachable.
+renewal thread reads), a lost lease, a database that stays unreachable, or one that is gone
+(its SQLite file deleted or replaced, its tables dropped: ``fatal``, after which nothing is
+written).
 
 The training loop knows nothing of this: heartbeats are written here, on the driver, for
 the trials the writer callback has seen start and not yet end.
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.store import lease
+from orchestrator.store.outage import DatabaseGone, StorePin, gone_error, is_gone
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from sqlalchemy.engine import Engine
@@ -53,6 +56,9 @@ class DriverSession:
         self.handle_signals = handle_signals
         self.running: set[int] = set()
         self.stop_reason: str | None = None
+        # The database is gone: the run ends with this error and never writes again.
+        self.fatal: DatabaseGone | None = None
+        self.pin = StorePin(engine)
         self.stop_event = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,6 +69,12 @@ class DriverSession:
         if self.stop_reason is None:
             self.stop_reason = reason
         self.stop_event.set()
+
+    def fail(self, exc: DatabaseGone) -> None:
+        """The database is gone: stop every trial now; the run raises ``exc``."""
+        if self.fatal is None:
+            self.fatal = exc
+        self.stop("database gone")
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
@@ -97,11 +109,19 @@ class DriverSession:
 
     def _renew_loop(self) -> None:
         period = self.ttl / 4
-        while not self._done.wait(period):
+        while not self._done.wait(period) and self.fatal is None:
             try:
+                # Also the check that stops trials which report rarely, when no write would.
+                self.pin.check()
                 with self.engine.begin() as conn:
                     held, cancel = lease.renew(conn, self.sid, self.owner, ttl=self.ttl, running=sorted(self.running))
-            except Exception:  # the writer owns outage handling; try again next period
+            except DatabaseGone as exc:
+                self.fail(exc)
+                return
+            except Exception as exc:  # the writer owns outage handling; try again next period
+                if is_gone(exc):
+                    self.fail(gone_error(self.engine, exc))
+                    return
                 continue
             if not held:
                 self.stop("lease lost (another driver took the sweep over)")
@@ -121,11 +141,21 @@ class DriverSession:
             self._thread.join(timeout=5)
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
+        if self.fatal is None:
+            try:
+                self.pin.check()
+            except DatabaseGone as gone:  # went at the very end: the run did not land
+                self.fatal = gone
+        if self.fatal is not None:
+            # Nothing is written to a database that is not the sweep's any more.
+            if exc[0] is None:
+                raise self.fatal
+            return
         try:
             with self.engine.begin() as conn:
                 if self.stop_reason is not None or exc[0] is not None:
                     self.interrupt_running(conn)
                 lease.release(conn, self.sid, self.owner)
         except Exception:
-            # Database gone: the lease expires by itself, the trials show as stale.
+            # Database unreachable: the lease expires by itself, the trials show as stale.
             pass

@@ -21,8 +21,8 @@ from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
 from orchestrator.store import repo
-from orchestrator.store.engine import describe, open_store_engine
-from orchestrator.store.outage import DatabaseUnavailable
+from orchestrator.store.engine import describe, open_store_engine, resolve_url
+from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
 
 
 @dataclass
@@ -87,11 +87,11 @@ def _check_design(diff: repo.DesignDiff, name: str, amend: bool, looked: bool = 
         )
 
 
-def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | None:
+def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | DatabaseGone | None:
     seen = 0
     cur: BaseException | None = exc
     while cur is not None and seen < 10:
-        if isinstance(cur, DatabaseUnavailable):
+        if isinstance(cur, (DatabaseUnavailable, DatabaseGone)):
             return cur
         cur = cur.__cause__ or cur.__context__
         seen += 1
@@ -121,6 +121,10 @@ def submit(
     from orchestrator.runner.tune_runner import check_resources, cluster_limits, init_ray
 
     spec = sweep.spec
+    # Before Ray starts or the database is made: every trial would fail at its first checkpoint.
+    checkpoints.check_writable(_checkpoint_root(resolve_url(db, spec.storage), spec, checkpoint_dir) / spec.name)
+    # What `--db` reaches this database again (the spec's storage: is not read by `sql`/`resume`).
+    db = db or spec.storage or None
     started = init_ray(address)
     try:
         check_resources(spec.resources.cpu, spec.resources.gpu)
@@ -207,6 +211,7 @@ def resume(
     # The design was accepted (and its size cap chosen) at submit: resume does not re-cap it.
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
+    checkpoints.check_writable(_checkpoint_root(url, spec, checkpoint_dir) / spec.name)
     started = init_ray(address)
     try:
         check_resources(spec.resources.cpu, spec.resources.gpu)
@@ -239,11 +244,12 @@ def _run_batch(
     session: DriverSession,
 ) -> dict[int, str]:
     """Run trials on Ray Tune under the driver session; a database outage that outlasted
-    the writer's retries stops the session and surfaces as DatabaseUnavailable."""
+    the writer's retries stops the session and surfaces as DatabaseUnavailable, a database
+    that is gone (file deleted or replaced, tables dropped) as DatabaseGone."""
     from orchestrator.runner.tune_runner import run_trials
 
     try:
-        return run_trials(
+        outcomes = run_trials(
             spec.name,
             batch,
             engine=engine,
@@ -258,11 +264,19 @@ def _run_batch(
             session=session,
         )
     except Exception as exc:
+        if session.fatal is not None:
+            raise session.fatal from None
         outage = _unwrap_outage(exc)
         if outage is None:
             raise
-        session.stop("database unreachable")
+        if isinstance(outage, DatabaseGone):
+            session.fail(outage)
+        else:
+            session.stop("database unreachable")
         raise outage from None
+    if session.fatal is not None:  # found by the lease thread: Tune stopped the trials
+        raise session.fatal from None
+    return outcomes
 
 
 def _run(

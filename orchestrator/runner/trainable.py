@@ -19,6 +19,7 @@ import torch
 from ray import tune
 
 from orchestrator.runner import checkpoints
+from orchestrator.status import Status
 from orchestrator.train import Trainer
 from orchestrator.train.device import describe
 
@@ -64,8 +65,16 @@ def _report_config_error(tids: list[int], exc: ConfigError) -> None:
             "evals": [],
             "final": {t: ["failed", f"config error: {line}"[:300]] for t in tids},
             "tracebacks": {t: tb for t in tids},
+            "error_kinds": {t: "config" for t in tids},
         }
     )
+
+
+def _raised(pairs) -> dict[str, Any]:
+    """The tracebacks of members that an exception in their step ended (Trainer.step_raised),
+    for the writer's trial_errors; the console shows only their one-line error."""
+    tbs = {tid: t.error_detail for tid, t in pairs if t.error_detail}
+    return {"tracebacks": tbs, "error_kinds": {tid: "runtime" for tid in tbs}} if tbs else {}
 
 
 def run_unit(config: dict[str, Any]) -> None:
@@ -105,14 +114,16 @@ def _run_lone(member: dict[str, Any]) -> None:
             last_save = time.monotonic()
         tune.report({"evals": [_row(tid, point)]})
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
-    # before recording the outcome does not make the trial train again.
-    checkpoints.save(ckpt, trainer.state_dict())
+    # before recording the outcome does not make the trial train again. A failed one keeps
+    # its last good checkpoint: resume tries it again from there.
+    if trainer.status != Status.failed:
+        checkpoints.save(ckpt, trainer.state_dict())
     stop = (
         {"step": trainer.stopped_at, "budget": trainer.p.steps, "reason": trainer.stop_reason}
         if trainer.stopped_at is not None
         else None
     )
-    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error, stop]}})
+    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error, stop]}, **_raised([(tid, trainer)])})
 
 
 def _run_pack(members: list[dict[str, Any]]) -> None:
@@ -142,7 +153,8 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
     def save_all() -> None:
         pack.sync_members()
         for m, path in zip(pack.members, paths):
-            checkpoints.save(path, m.state_dict())
+            if m.status != Status.failed:  # as for a lone trial: resume retries from the last good one
+                checkpoints.save(path, m.state_dict())
 
     for group in pack.run():
         if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every:
@@ -150,4 +162,10 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
             last_save = time.monotonic()
         tune.report({"evals": [_row(tids[j], point) for j, point in group]})
     save_all()
-    tune.report({"evals": [], "final": {t: [m.status.value, m.error] for t, m in zip(tids, pack.members)}})
+    tune.report(
+        {
+            "evals": [],
+            "final": {t: [m.status.value, m.error] for t, m in zip(tids, pack.members)},
+            **_raised(zip(tids, pack.members)),
+        }
+    )

@@ -13,7 +13,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -35,6 +36,31 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # SIGINT is ours (runner/lifecycle.py): it stops the trials, marks them interrupted and
 # exits 130; Tune's own handler would end fit() without telling us which trials stopped.
 os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+
+
+def debug() -> bool:
+    """``orchestrator --debug`` (or ORCH_DEBUG=1): Ray Tune's own error logs reach the console."""
+    return os.environ.get("ORCH_DEBUG", "") not in ("", "0")
+
+
+@contextmanager
+def _tune_logs_quiet() -> Iterator[None]:
+    """Silence Ray Tune's loggers while it runs. A failed trial is one line on the console
+    (the writer's ``on_event``) with its traceback stored in ``trial_errors``; Tune would also
+    log every failed attempt's traceback and "Trials did not complete" at ERROR."""
+    if debug():
+        yield
+        return
+    saved = {}
+    for name in ("ray.tune", "ray.train", "ray.air"):
+        lg = logging.getLogger(name)
+        saved[name] = lg.level
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
@@ -298,8 +324,10 @@ def run_trials(
                 log_to_file=False,
             ),
         )
-        tuner.fit()
+        with _tune_logs_quiet():
+            tuner.fit()
     finally:
-        writer.flush()
+        if writer.gone is None and (session is None or session.fatal is None):
+            writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
     return writer.outcomes

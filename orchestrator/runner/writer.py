@@ -4,10 +4,14 @@ Eval rows are buffered and flushed as batched upserts (every ``flush_rows`` rows
 ``flush_s`` seconds, and whenever a trial starts, ends or fails). A row lost in the buffer
 when the driver dies is not lost for good: the trial's checkpoint holds its trace and the
 resumed trial re-reports it. Every write is retried through a database outage
-(store.outage): pending rows stay in the buffer until they land.
+(store.outage): pending rows stay in the buffer until they land. A database that is gone
+(file deleted or replaced, tables dropped) is not an outage: the first write that finds it
+raises DatabaseGone, the driver session stops every trial, and nothing is written again.
 
 Errors: ``trials.error`` holds one line (exception type and message); each failed
-attempt's full traceback goes to ``trial_errors``. A trial that fails before its first step
+attempt's full traceback goes to ``trial_errors``, and so does that of an exception that
+ended a trial in its step (``diverged`` or ``failed`` without a retry, Trainer.step_raised).
+The console gets one line per such trial (``on_event``), never the traceback. A trial that fails before its first step
 (a configuration error: bad device, a model that cannot be built) reports itself failed
 without raising, so Tune does not retry what would fail the same way every time.
 """
@@ -21,7 +25,7 @@ from ray import tune
 
 from orchestrator.status import Status
 from orchestrator.store import repo
-from orchestrator.store.outage import write_with_retry
+from orchestrator.store.outage import DatabaseGone, write_with_retry
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from sqlalchemy.engine import Engine
@@ -52,6 +56,11 @@ def one_line(text: str) -> str:
     return lines[-1][:300]
 
 
+def _of(by_tid: dict, tid: int) -> Any:
+    """A per-trial entry of a reported result (its keys may have become strings on the way)."""
+    return by_tid.get(tid, by_tid.get(str(tid)))
+
+
 class StoreWriter(tune.Callback):
     def __init__(self, engine: Engine, *, flush_rows: int = 2000, flush_s: float = 0.5, on_event=None, session=None):
         self.engine = engine
@@ -64,6 +73,7 @@ class StoreWriter(tune.Callback):
         self._last_flush = time.monotonic()
         self.rows_written = 0
         self.outcomes: dict[int, str] = {}
+        self.gone: DatabaseGone | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its run config (callbacks included) for its own experiment restore,
@@ -78,7 +88,16 @@ class StoreWriter(tune.Callback):
         return [int(m["trial_id"]) for m in trial.config["unit"]["members"]]
 
     def _write(self, fn) -> Any:
-        return write_with_retry(self.engine, fn)
+        gone = self.gone or (self.session.fatal if self.session is not None else None)
+        if gone is not None:
+            raise gone  # never write to what is at the database's place now
+        try:
+            return write_with_retry(self.engine, fn, pin=self.session.pin if self.session is not None else None)
+        except DatabaseGone as exc:
+            self.gone = exc
+            if self.session is not None:
+                self.session.fail(exc)
+            raise
 
     def _running(self, tids: list[int], alive: bool) -> None:
         if self.session is not None:
@@ -99,6 +118,12 @@ class StoreWriter(tune.Callback):
         del self._rows[: len(rows)]
         self._touched -= touched
         self._last_flush = time.monotonic()
+
+    def on_step_begin(self, iteration, trials, **info):
+        # The lease thread found the database gone: end Tune's loop now rather than let
+        # each trial run on to its next report.
+        if self.session is not None and self.session.fatal is not None:
+            raise self.session.fatal
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.flush()
@@ -138,6 +163,7 @@ class StoreWriter(tune.Callback):
         last = trial.last_result or {}
         final = last.get("final") or {}
         tracebacks = last.get("tracebacks") or {}
+        kinds = last.get("error_kinds") or {}
         tids = self._tids(trial)
         results: dict[int, tuple[str, str | None, Any]] = {}
         for tid in tids:
@@ -153,18 +179,20 @@ class StoreWriter(tune.Callback):
                 if status == Status.interrupted.value:
                     repo.interrupt_trial(conn, tid)
                     continue
-                tb = tracebacks.get(tid) or tracebacks.get(str(tid))
-                if status == Status.failed.value and error:
-                    repo.add_trial_error(conn, tid, "config", error, tb)
+                tb = _of(tracebacks, tid)
+                if error and (tb is not None or status == Status.failed.value):
+                    repo.add_trial_error(conn, tid, _of(kinds, tid) or "runtime", error, tb)
                 repo.finish_trial(conn, tid, status, error)
                 if stopped:
                     repo.record_stop(conn, tid, **stopped)
 
         self._write(write)
         self._running(tids, False)
-        for tid, (status, _, _) in results.items():
+        for tid, (status, error, _) in results.items():
             self.outcomes[tid] = status
-            self.on_event(status, trial)
+            # An error worth a line of its own: a failure, or an exception that ended the trial.
+            raised = status == Status.failed.value or _of(tracebacks, tid) is not None
+            self.on_event(status, trial, trial_id=tid, error=error if raised else None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self.flush()
@@ -193,7 +221,7 @@ class StoreWriter(tune.Callback):
         self._running(tids, False)
         for tid in tids:
             self.outcomes[tid] = Status.failed.value
-            self.on_event(Status.failed.value, trial)
+            self.on_event(Status.failed.value, trial, trial_id=tid, error=one_line(text))
 
     def on_experiment_end(self, trials, **info):
         self.flush()

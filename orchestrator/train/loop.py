@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +46,17 @@ class EvalPoint:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def is_numeric_error(exc: BaseException) -> bool:
+    """An arithmetic failure that the same state repeats on every retry: Python's
+    ArithmeticError, or torch's scalar overflow (a RuntimeError "value cannot be converted
+    to type float without overflow", e.g. AdamW's step at a learning rate of 1e300)."""
+    return isinstance(exc, ArithmeticError) or (isinstance(exc, RuntimeError) and "overflow" in str(exc))
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def is_eval_step(step: int, p: TrialParams) -> bool:
@@ -147,6 +159,8 @@ class Trainer:
         self._loss_n = 0
         self.status = Status.running
         self.error: str | None = None
+        # The traceback of an exception that ended the trial (step_raised); not checkpointed.
+        self.error_detail: str | None = None
         # The spec's stop rule ({after_escape_evals, escape_at}): end the trial once its own
         # trace shows an escape sustained for that many evals. Not a trial parameter: the
         # same trial stopped or not is the same run up to the stop (identical trace prefix).
@@ -270,6 +284,25 @@ class Trainer:
                 f"escape at step {since} sustained {self.stop_after} evals (acc >= {self.stop_escape_at:g})"
             )
 
+    def step_raised(self, step: int, exc: BaseException, params_finite: bool) -> bool:
+        """Book an exception out of training step ``step`` (or its eval). Parameters gone
+        non-finite: the trial ``diverged``, as the next loss would have said. A numeric error
+        (:func:`is_numeric_error`) on finite parameters: ``failed``, since the same state
+        fails the same way on every retry. Either way the
+        trial ends here with its trace, ``error`` one line and ``error_detail`` the traceback,
+        and this returns True; anything else (out of memory, a lost device) is left to the
+        caller, which may retry it (False)."""
+        if params_finite and not is_numeric_error(exc):
+            return False
+        msg = str(exc).strip().splitlines()
+        line = f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+        if params_finite:
+            self.status, self.error = Status.failed, f"{line} (at step {step})"
+        else:
+            self.status, self.error = Status.diverged, f"non-finite parameters at step {step} ({line})"
+        self.error_detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return True
+
     def finish(self) -> None:
         if self.status == Status.running:
             self.status = Status.completed
@@ -284,11 +317,21 @@ class Trainer:
             blend = self.read_blend_at(step)
             if blend is not None:
                 self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
-            loss, probe = self._train_step(step)
+            try:
+                loss, probe = self._train_step(step)
+            except Exception as exc:
+                if self.step_raised(step, exc, all_finite(self.model.parameters())):
+                    return
+                raise
             if not self.record_train_step(step, loss, probe):
                 return
             if is_eval_step(step, p):
-                point = self._evaluate(step, self.lr_at(step))
+                try:
+                    point = self._evaluate(step, self.lr_at(step))
+                except Exception as exc:
+                    if self.step_raised(step, exc, all_finite(self.model.parameters())):
+                        return
+                    raise
                 # Wall time of training and eval only: time the consumer spends while the
                 # generator is suspended (reporting, checkpointing) is not counted.
                 self.elapsed += time.perf_counter() - t_last

@@ -23,7 +23,7 @@ from torch.func import functional_call, stack_module_state, vmap
 import tasks
 from orchestrator.status import Status
 from orchestrator.train import device as devices
-from orchestrator.train.loop import EvalPoint, Trainer, is_eval_step
+from orchestrator.train.loop import EvalPoint, Trainer, all_finite, is_eval_step, is_numeric_error
 
 # Parameters that may differ inside a pack; everything else must match.
 PACKABLE_DIFFS = ("seed", "data_seed")
@@ -206,13 +206,23 @@ class PackTrainer:
             blend = self.members[0].read_blend_at(step)
             if blend is not None:
                 self._base.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
-            losses, probes = self._train_step(step)
+            try:
+                losses, probes = self._train_step(step)
+            except Exception as exc:
+                if self._step_raised(step, exc):
+                    return
+                raise
             self.step = step
             for j, m in enumerate(self.members):
                 if m.status == Status.running:
                     m.record_train_step(step, losses[j], probes[j])
             if is_eval_step(step, p):
-                points = self._evaluate(step, self.members[0].lr_at(step))
+                try:
+                    points = self._evaluate(step, self.members[0].lr_at(step))
+                except Exception as exc:
+                    if self._step_raised(step, exc):
+                        return
+                    raise
                 elapsed += time.perf_counter() - t_last
                 out = []
                 for j, (m, point) in enumerate(zip(self.members, points)):
@@ -227,6 +237,19 @@ class PackTrainer:
                 t_last = time.perf_counter()
         for m in self.members:
             m.finish()
+
+    def _step_raised(self, step: int, exc: BaseException) -> bool:
+        """An exception out of the vectorized step ends every running member by the lone
+        trial's rule (:meth:`Trainer.step_raised`), each judged by its own parameters; one
+        that a member with finite parameters could retry is left to the caller (False)."""
+        n = len(self.members)
+        finite = [all_finite(p[j] for p in self.params.values()) for j in range(n)]
+        running = [j for j, m in enumerate(self.members) if m.status == Status.running]
+        if not is_numeric_error(exc) and any(finite[j] for j in running):
+            return False
+        for j in running:
+            self.members[j].step_raised(step, exc, finite[j])
+        return True
 
     def load_member_states(self, states: Sequence[Mapping[str, Any] | None]) -> None:
         """Resume: each member from its own lone-format checkpoint (None = from scratch).
