@@ -72,12 +72,24 @@ def test_checkpoint_of_another_config_is_refused():
         other.load_state_dict(state)
 
 
+class PoisonedAtStep5(Trainer):
+    """A real trial whose weights go NaN before step 5 (the spec refuses learning rates
+    large enough to get there honestly: lr <= 10)."""
+
+    def _train_step(self, step):
+        if step == 5:
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.fill_(float("nan"))
+        return super()._train_step(step)
+
+
 def test_nan_loss_ends_as_diverged_with_trace_kept():
-    tr = Trainer({**BASE, "lr": 1e12, "grad_clip": None, "steps": 200, "eval_every": 1, "weight_decay": 0.0})
+    tr = PoisonedAtStep5({**BASE, "grad_clip": None, "steps": 200, "eval_every": 1, "weight_decay": 0.0})
     trace = list(tr.run())
     assert tr.status == "diverged"
     assert "non-finite" in tr.error
-    assert tr.step < 200 and len(trace) >= 1
+    assert tr.step == 5 and [p.step for p in trace] == [1, 2, 3, 4]
 
 
 def test_schedules():
