@@ -1,16 +1,11 @@
 """Initial schema: sweeps, trials, trial_params, evals and the trace/final views.
 
-Revision ID: 0001_initial
-Revises:
-Create Date: 2026-11-29
+(Alembic revision 0001_initial, 2026-11-29.)
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0001_initial"
-down_revision = None
-branch_labels = None
-depends_on = None
+revision, down_revision = "0001_initial", None
 
 # Frozen copies of the view SQL as of this revision: later revisions that change a view
 # drop and recreate it with their own copy, never by importing the live models.

@@ -1,18 +1,13 @@
 """evals.lr becomes evals.step_lr (the step's learning rate, apart from the trial's base lr
 in trials.lr); the views keep their column names.
 
-Revision ID: 0002_step_lr
-Revises: 0001_initial
-Create Date: 2026-11-30
+(Alembic revision 0002_step_lr, 2026-11-30.)
 """
 import importlib
 
 from alembic import op
 
-revision = "0002_step_lr"
-down_revision = "0001_initial"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0002_step_lr", "0001_initial"
 
 # The trace view as 0001 froze it, and this revision's copy: the same SQL reading the renamed
 # column under the view's old name.

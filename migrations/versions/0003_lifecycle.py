@@ -7,17 +7,12 @@ Existing rows keep their values: every new column is nullable, widening the chec
 every status that was valid before, and each existing sweep's stored spec becomes its
 version 1, which is recorded as the creator of its existing trials.
 
-Revision ID: 0003_lifecycle
-Revises: 0002_step_lr
-Create Date: 2026-11-30
+(Alembic revision 0003_lifecycle, 2026-11-30.)
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_lifecycle"
-down_revision = "0002_step_lr"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0003_lifecycle", "0002_step_lr"
 
 OLD_CHECK = "status IN ('pending', 'running', 'completed', 'failed', 'diverged')"
 NEW_CHECK = ("status IN ('pending', 'running', 'completed', 'failed', 'diverged', "

@@ -4,19 +4,14 @@ the ``skipped`` trial status (a seed a decided contrast never ran).
 The status check is widened from whatever set it holds now (read from the database), so this
 revision applies on top of any revision that widened it before.
 
-Revision ID: 0004_designs
-Revises: 0002_step_lr
-Create Date: 2026-11-30
+(Alembic revision 0004_designs, 2026-11-30.)
 """
 import re
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_designs"
-down_revision = "0003_lifecycle"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0004_designs", "0003_lifecycle"
 
 ADDED = "skipped"
 

@@ -16,9 +16,7 @@ SQLite file, ``--checkpoint-dir``, the spec's ``checkpoint_dir``), so this revis
 rename them: it records each re-keying in ``key_renames`` and the runner renames a trial's
 checkpoint file, when it finds it under the old name, before it runs the sweep.
 
-Revision ID: 0005_identity
-Revises: 0004_designs
-Create Date: 2026-11-30
+(Alembic revision 0005_identity, 2026-11-30.)
 """
 
 import hashlib
@@ -27,10 +25,7 @@ import json
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005_identity"
-down_revision = "0004_designs"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0005_identity", "0004_designs"
 
 
 IMPORTED_PREFIX = "# imported from "  # frozen: orchestrator.store.import_jsonl.IMPORTED_PREFIX

@@ -7,9 +7,7 @@ column.
 
 Existing rows keep their values: the column is nullable, and no stored point was non-finite.
 
-Revision ID: 0006_nonfinite
-Revises: 0005_identity
-Create Date: 2026-12-01
+(Alembic revision 0006_nonfinite, 2026-12-01.)
 """
 
 import importlib
@@ -17,10 +15,7 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006_nonfinite"
-down_revision = "0005_identity"
-branch_labels = None
-depends_on = None
+revision, down_revision = "0006_nonfinite", "0005_identity"
 
 # The trace view as 0002 froze it, and this revision's copy: the same SQL with the new column
 # last, so queries written against the old view keep their column positions.
