@@ -79,7 +79,9 @@ def _log_traceback(exc: BaseException, argv: list[str]) -> Path | None:
         d = error_log_dir()
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        path.write_text("orchestrator " + " ".join(argv) + "\n\n" + "".join(traceback.format_exception(exc)))
+        text = "orchestrator " + " ".join(argv) + "\n\n" + "".join(traceback.format_exception(exc))
+        # an argument may be a file name that is not UTF-8 (held as surrogate escapes)
+        path.write_text(text, encoding="utf-8", errors="backslashreplace")
         return path
     except OSError:
         return None
