@@ -17,7 +17,6 @@ The recurrence is ``kernels.delta_rule`` (``impl`` picks its form). State per he
 
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 import kernels
 from cells.conv import make_conv
-from cells.family import Family, Knobs, MixerFactory, check_heads
+from cells.family import Family, check_heads, knob_mixer
 
 DECAY_BIAS_INIT = 3.0
 
@@ -76,8 +75,4 @@ class DeltaMixer(nn.Module):
         return self.heads * dk * dk
 
 
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(DeltaMixer, d, heads=k["heads"], conv=k["conv"], decay=k["decay"], impl=k["impl"])
-
-
-FAMILY = Family("delta", _mixer, check_heads)
+FAMILY = Family("delta", knob_mixer(DeltaMixer, "heads", "conv", "decay", "impl"), check_heads)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 import kernels
 from cells.conv import make_conv
 from cells.delta import merge_heads, split_heads
-from cells.family import Family, Knobs, MixerFactory, check_heads
+from cells.family import Family, check_heads, knob_mixer
 
 DECAY_SCALE = 0.606531  # exp(-0.606531) = 0.545: RWKV-7's lower bound on the per-step decay
 INIT_DECAY = 0.95
@@ -86,8 +85,4 @@ class DPLRMixer(nn.Module):
         return self.heads * dk * dk
 
 
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(DPLRMixer, d, heads=k["heads"], conv=k["conv"], rank1=k["rank1"], impl=k["impl"])
-
-
-FAMILY = Family("dplr", _mixer, check_heads)
+FAMILY = Family("dplr", knob_mixer(DPLRMixer, "heads", "conv", "rank1", "impl"), check_heads)

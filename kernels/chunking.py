@@ -10,6 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# The delta rule's and the DPLR scan's chunk length. Measured on 2-core CPUs (T = 64..512,
+# D = 16..64, fwd+bwd): 16 ties 32 at batch 8 and is ~25% faster at batch 64, where the
+# (C, C) intermediates' memory traffic dominates.
+DEFAULT_CHUNK_SIZE = 16
+
 
 def pad_time(x: torch.Tensor, length: int, value: float, time_dim: int) -> torch.Tensor:
     """Right-pad ``x`` along ``time_dim`` to ``length`` steps with the constant ``value``.

@@ -1,0 +1,26 @@
+"""The SSD scan's naive form: one step of the recurrence per loop iteration (the reference)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.loop import scan_loop
+
+
+def ssd_scan_naive(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    *,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: one step of the recurrence per loop iteration (see :mod:`kernels.ssd`)."""
+    bsz, h, _, p = x.shape
+    n = b.shape[-1]
+    state = x.new_zeros(bsz, h, p, n) if initial_state is None else initial_state
+
+    def update(state: torch.Tensor, t: int) -> torch.Tensor:
+        return a[:, :, t, None, None] * state + x[:, :, t].unsqueeze(-1) * b[:, :, t].unsqueeze(-2)
+
+    return scan_loop(state, c, update)
