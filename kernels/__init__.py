@@ -29,7 +29,8 @@ Conventions, stated once for every operator here:
   switched off inside) and return the output in the input dtype and the state in fp32.
 
 Operators, one package each: ``reference.py`` (the naive form), ``chunk.py`` (the chunk form),
-``triton.py`` (the Triton form, where there is one) and the entry point in ``__init__.py``:
+``triton.py`` (the Triton form, where there is one) and the entry point in ``__init__.py``
+(the forms' signatures are formatted by hand: the inputs on one line, the options on the next):
     ``delta_rule(q, k, v, beta, alpha=None)``   DeltaNet / Gated DeltaNet   ``kernels/delta_rule/``
     ``dplr_scan(r, k, v, w, kappa, a)``         RWKV-7 style diag + rank-1  ``kernels/dplr/``
     ``ssd_scan(x, a, b, c)``                    Mamba-2 SSD scalar decay    ``kernels/ssd/``

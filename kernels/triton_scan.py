@@ -76,20 +76,10 @@ def _lanes(DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: t
 
 @triton.jit
 def _load_raw(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    tok,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, tok,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr,
+):  # fmt: skip
     """The inputs of step ``tok`` (= bh*T + t) as stored: (r, k, v, x1, x2, x3).
 
     Delta rule: x1 = beta, x2 = alpha (1 when absent), x3 = beta again (a placeholder that
@@ -136,6 +126,9 @@ def _advance(S, key, val, w, kappa, u):
     return S * w[None, :] - p[:, None] * kappa[None, :] + val[:, None] * key[None, :]
 
 
+# The kernels' parameters are grouped by role (inputs, outputs and scratch, sizes, variant
+# flags) by hand; the formatter would put each on its own line.
+
 # Every loop below loads step t+1's inputs (t-1's in reverse) before computing step t, so the
 # global-memory latency overlaps the arithmetic instead of stalling each step of the chain;
 # the index is clamped so the last prefetch re-reads an in-bounds step and is discarded.
@@ -143,24 +136,11 @@ def _advance(S, key, val, w, kappa, u):
 
 @triton.jit
 def _forward_kernel(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    s0_ptr,
-    o_ptr,
-    sT_ptr,
-    T,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-    HAS_S0: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,  # every step's inputs, as _load_raw reads them
+    s0_ptr, o_ptr, sT_ptr, T,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_S0: tl.constexpr,
+):  # fmt: skip
     """Grid (B*H, ceil(Dv/BLOCK_V)): S rows of one block in registers, one step per iteration."""
     bh = tl.program_id(0).to(tl.int64)
     offs_k, mask_k, offs_v, mask_v = _lanes(DK, DV, BLOCK_K, BLOCK_V)
@@ -188,26 +168,11 @@ def _forward_kernel(
 
 @triton.jit
 def _state_grad_kernel(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    do_ptr,
-    dsT_ptr,
-    gc_ptr,
-    ds0_ptr,
-    T,
-    CHUNK,
-    NC,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,  # every step's inputs, as _load_raw reads them
+    do_ptr, dsT_ptr, gc_ptr, ds0_ptr, T, CHUNK, NC,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr,
+):  # fmt: skip
     """Pass 1, reverse time. gc[(bh, vb), c] = dL/dS at chunk c's last step from later steps only."""
     bh = tl.program_id(0).to(tl.int64)
     vb = tl.program_id(1)
@@ -241,34 +206,13 @@ def _state_grad_kernel(
 
 @triton.jit
 def _input_grad_kernel(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    s0_ptr,
-    do_ptr,
-    gc_ptr,
-    scratch_ptr,
-    dr_ptr,
-    dk_ptr,
-    dv_ptr,
-    dx1_ptr,
-    dx2_ptr,
-    dx3_ptr,
-    T,
-    CHUNK,
-    NC,
-    BH,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-    HAS_S0: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,  # every step's inputs, as _load_raw reads them
+    s0_ptr, do_ptr, gc_ptr, scratch_ptr,
+    dr_ptr, dk_ptr, dv_ptr, dx1_ptr, dx2_ptr, dx3_ptr,
+    T, CHUNK, NC, BH,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_S0: tl.constexpr,
+):  # fmt: skip
     """Pass 2, forward over chunks: recompute a chunk's states, then walk it backwards.
 
     Row-summed gradients go to partial buffers indexed (vb, bh, t, :) (or (vb, bh, t) for the

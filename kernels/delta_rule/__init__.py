@@ -14,21 +14,17 @@ the cell's job.
 Shapes: ``q, k (B, H, T, Dk)``, ``v (B, H, T, Dv)``, ``beta, alpha (B, H, T)``,
 ``initial_state (B, H, Dv, Dk)``. Returns ``o (B, H, T, Dv)`` and the final state
 ``(B, H, Dv, Dk)``.
-
-Forms, side by side: ``reference.py`` (naive, a loop over time), ``chunk.py`` (chunkwise
-parallel) and ``triton.py`` (fused kernels, :mod:`kernels.triton_scan`); this module holds
-the entry point that checks the inputs and dispatches on ``impl``.
 """
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor
 
 from kernels.chunking import DEFAULT_CHUNK_SIZE
 from kernels.delta_rule.chunk import delta_rule_chunk
 from kernels.delta_rule.reference import delta_rule_naive
 from kernels.dispatch import check_chunk_size, is_transformed, resolve_impl, run_form
-from kernels.validation import expect_rank, expect_shape
+from kernels.validation import expect_shape, operator_dims
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "delta_rule", "delta_rule_chunk", "delta_rule_naive"]
 
@@ -36,16 +32,9 @@ FORMS = (delta_rule_naive, delta_rule_chunk)
 
 
 def delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    alpha: torch.Tensor | None = None,
-    *,
-    impl: str = "auto",
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, alpha: Tensor | None = None,
+    *, impl: str = "auto", initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Run the (gated) delta rule; returns ``(o (B,H,T,Dv), final_state (B,H,Dv,Dk))``.
 
     ``S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t q_t``
@@ -55,11 +44,7 @@ def delta_rule(
     compute in fp32 for 16-bit inputs, return ``o`` in the input dtype and the final state
     in the compute dtype; fp64 stays fp64.
     """
-    expect_rank("q", q, 4, "(B, H, T, Dk)")
-    b, h, t_len, dk = q.shape
-    expect_rank("v", v, 4, "(B, H, T, Dv)")
-    dv = v.shape[-1]
-    dev = q.device
+    b, h, t_len, dk, dv, dev = operator_dims("q", q, "(B, H, T, Dk)", "v", v, "(B, H, T, Dv)")
     expect_shape("k", k, (b, h, t_len, dk), "(B, H, T, Dk)", dev)
     expect_shape("v", v, (b, h, t_len, dv), "(B, H, T, Dv)", dev)
     expect_shape("beta", beta, (b, h, t_len), "(B, H, T)", dev)

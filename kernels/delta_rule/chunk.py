@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from kernels.chunking import (
-    DEFAULT_CHUNK_SIZE,
-    chunk_state_pass,
-    factorable,
-    from_chunks,
-    segment_products,
-    to_chunks,
-    unit_lower_solve,
-)
+from kernels.chunking import DEFAULT_CHUNK_SIZE
+from kernels.chunking import chunk_state_pass, factorable, from_chunks, segment_products, to_chunks, unit_lower_solve
 from kernels.dispatch import check_chunk_size
 
 
 def delta_rule_chunk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    alpha: torch.Tensor | None = None,
-    *,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, alpha: Tensor | None = None,
+    *, initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Chunkwise-parallel form (WY representation + UT transform), exact up to rounding.
 
     Within a chunk with entering state ``S0``, cumulative decay ``g_t = prod_{j<=t} alpha_j``
@@ -78,9 +66,7 @@ def delta_rule_chunk(
     return from_chunks(out, t_len), final
 
 
-def _pair_matrices(
-    left_k: torch.Tensor, left_q: torch.Tensor, right: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _pair_matrices(left_k: Tensor, left_q: Tensor, right: Tensor) -> tuple[Tensor, Tensor]:
     """``(left_k @ right^T, tril(left_q @ right^T))``, ``(..., C, C)`` each.
 
     The first is only read below its diagonal by the triangular solve, so it is not masked.

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernels.loop import scan_loop
 
 
 def delta_rule_naive(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    alpha: torch.Tensor | None = None,
-    *,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, alpha: Tensor | None = None, *, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Reference: one step of the recurrence per loop iteration (see :mod:`kernels.delta_rule`)."""
     b, h, _, dk = q.shape
     dv = v.shape[-1]

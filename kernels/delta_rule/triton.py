@@ -6,6 +6,7 @@ The kernels are :mod:`kernels.triton_scan`'s, shared with the DPLR scan's Triton
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernels.triton_scan import Scan, cast_grad, check_device, check_shapes, dtypes_of, state_dtype, to_f32
 
@@ -40,16 +41,9 @@ class DeltaRuleTriton(torch.autograd.Function):
 
 
 def delta_rule_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    alpha: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    *,
-    block_v: int | None = None,
-    chunk: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, alpha: Tensor | None = None, initial_state: Tensor | None = None,
+    *, block_v: int | None = None, chunk: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Delta rule with Triton forward and backward; returns ``(o, final_state)``.
 
     q, k: (B, H, T, Dk); v: (B, H, T, Dv); beta, alpha: (B, H, T) (alpha None means 1);

@@ -15,21 +15,17 @@ With ``a = 0`` this is a plain diagonal (vector-decay) scan, the ``dg_diag`` abl
 Shapes: ``r, k, w, kappa, a (B, H, T, Dk)``, ``v (B, H, T, Dv)``,
 ``initial_state (B, H, Dv, Dk)``. Returns ``o (B, H, T, Dv)`` and the final state
 ``(B, H, Dv, Dk)``.
-
-Forms, side by side: ``reference.py`` (naive, a loop over time), ``chunk.py`` (chunkwise
-parallel) and ``triton.py`` (fused kernels, :mod:`kernels.triton_scan`); this module holds
-the entry point that checks the inputs and dispatches on ``impl``.
 """
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor
 
 from kernels.chunking import DEFAULT_CHUNK_SIZE
 from kernels.dispatch import check_chunk_size, is_transformed, resolve_impl, run_form
 from kernels.dplr.chunk import dplr_scan_chunk
 from kernels.dplr.reference import dplr_scan_naive
-from kernels.validation import expect_rank, expect_shape
+from kernels.validation import expect_shape, operator_dims
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "dplr_scan", "dplr_scan_chunk", "dplr_scan_naive"]
 
@@ -37,17 +33,9 @@ FORMS = (dplr_scan_naive, dplr_scan_chunk)
 
 
 def dplr_scan(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    *,
-    impl: str = "auto",
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    r: Tensor, k: Tensor, v: Tensor, w: Tensor, kappa: Tensor, a: Tensor,
+    *, impl: str = "auto", initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Run the DPLR scan; returns ``(o (B,H,T,Dv), final_state (B,H,Dv,Dk))``.
 
     ``S_t = S_{t-1} (diag(w_t) - (a_t * kappa_t) kappa_t^T) + v_t k_t^T``, ``o_t = S_t r_t``,
@@ -56,11 +44,7 @@ def dplr_scan(
     forms compute in fp32 for 16-bit inputs, return ``o`` in the input dtype and the final
     state in the compute dtype; fp64 stays fp64.
     """
-    expect_rank("r", r, 4, "(B, H, T, Dk)")
-    b, h, t_len, dk = r.shape
-    expect_rank("v", v, 4, "(B, H, T, Dv)")
-    dv = v.shape[-1]
-    dev = r.device
+    b, h, t_len, dk, dv, dev = operator_dims("r", r, "(B, H, T, Dk)", "v", v, "(B, H, T, Dv)")
     for name, x in (("k", k), ("w", w), ("kappa", kappa), ("a", a)):
         expect_shape(name, x, (b, h, t_len, dk), "(B, H, T, Dk)", dev)
     expect_shape("v", v, (b, h, t_len, dv), "(B, H, T, Dv)", dev)

@@ -4,30 +4,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from kernels.chunking import (
-    DEFAULT_CHUNK_SIZE,
-    chunk_state_pass,
-    factorable,
-    from_chunks,
-    segment_products,
-    to_chunks,
-    unit_lower_solve,
-)
+from kernels.chunking import DEFAULT_CHUNK_SIZE
+from kernels.chunking import chunk_state_pass, factorable, from_chunks, segment_products, to_chunks, unit_lower_solve
 from kernels.dispatch import check_chunk_size
 
 
 def dplr_scan_chunk(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    r: Tensor, k: Tensor, v: Tensor, w: Tensor, kappa: Tensor, a: Tensor,
+    *, initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Chunkwise-parallel form, exact up to rounding.
 
     Within a chunk with entering state ``S0`` write ``A_t = diag(w_t) + x_t kappa_t^T`` with
@@ -81,9 +68,7 @@ def dplr_scan_chunk(
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _pairs_factored(
-    rc: torch.Tensor, remove_in: torch.Tensor, kc: torch.Tensor, kap: torch.Tensor, decay: torch.Tensor
-) -> Pairs:
+def _pairs_factored(rc: Tensor, remove_in: Tensor, kc: Tensor, kap: Tensor, decay: Tensor) -> Pairs:
     """Decay-weighted pair matrices with ``D[t, s] = D0[t] / D0[s]`` carried by the vectors.
 
     Only valid when :func:`kernels.chunking.factorable` holds for ``decay`` (``D0``); then
@@ -102,9 +87,7 @@ def _pairs_factored(
     return read_kap, read_k, rem_kap, rem_k, end * kap_in, end * k_in
 
 
-def _pairs_segmented(
-    rc: torch.Tensor, remove: torch.Tensor, kc: torch.Tensor, kap: torch.Tensor, wc: torch.Tensor
-) -> Pairs:
+def _pairs_segmented(rc: Tensor, remove: Tensor, kc: Tensor, kap: Tensor, wc: Tensor) -> Pairs:
     """Same as :func:`_pairs_factored` from explicit segment products ``D[t, s, i]``.
 
     Exact for any decays (including 0) at ``O(C^2 Dk)`` elementwise cost per chunk.

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernels.loop import scan_loop
 
 
 def dplr_scan_naive(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    r: Tensor, k: Tensor, v: Tensor, w: Tensor, kappa: Tensor, a: Tensor, *, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Reference: one step of the recurrence per loop iteration (see :mod:`kernels.dplr`)."""
     b, h, _, dk = r.shape
     dv = v.shape[-1]

@@ -6,6 +6,7 @@ The kernels are :mod:`kernels.triton_scan`'s, shared with the delta rule's Trito
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernels.triton_scan import Scan, cast_grad, check_device, check_shapes, dtypes_of, state_dtype, to_f32
 
@@ -35,17 +36,9 @@ class DplrScanTriton(torch.autograd.Function):
 
 
 def dplr_scan_triton(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    *,
-    block_v: int | None = None,
-    chunk: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    r: Tensor, k: Tensor, v: Tensor, w: Tensor, kappa: Tensor, a: Tensor, initial_state: Tensor | None = None,
+    *, block_v: int | None = None, chunk: int | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """DPLR scan with Triton forward and backward; returns ``(o, final_state)``.
 
     r, k, w, kappa, a: (B, H, T, Dk); v: (B, H, T, Dv); initial_state: (B, H, Dv, Dk) or

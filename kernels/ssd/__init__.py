@@ -12,20 +12,16 @@ and adds no ``D`` skip term: those are the cell's job.
 
 Shapes: ``x (B, H, T, P)``, ``a (B, H, T)``, ``b, c (B, H, T, N)``,
 ``initial_state (B, H, P, N)``. Returns ``y (B, H, T, P)`` and the final state ``(B, H, P, N)``.
-
-Forms, side by side: ``reference.py`` (naive, a loop over time) and ``chunk.py`` (the SSD
-block decomposition; no Triton form: it is already a handful of large matmuls); this module
-holds the entry point that checks the inputs and dispatches on ``impl``.
 """
 
 from __future__ import annotations
 
-import torch
+from torch import Tensor
 
 from kernels.dispatch import check_chunk_size, resolve_impl, run_form
 from kernels.ssd.chunk import DEFAULT_CHUNK_SIZE, ssd_scan_chunk
 from kernels.ssd.reference import ssd_scan_naive
-from kernels.validation import expect_rank, expect_shape
+from kernels.validation import expect_shape, operator_dims
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ssd_scan", "ssd_scan_chunk", "ssd_scan_naive"]
 
@@ -33,15 +29,9 @@ FORMS = (ssd_scan_naive, ssd_scan_chunk)
 
 
 def ssd_scan(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    *,
-    impl: str = "auto",
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: Tensor, a: Tensor, b: Tensor, c: Tensor,
+    *, impl: str = "auto", initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Run the SSD scan; returns ``(y (B,H,T,P), final_state (B,H,P,N))``.
 
     ``H_t = a_t H_{t-1} + x_t b_t^T``, ``y_t = H_t c_t``, inputs used as given. ``impl``:
@@ -49,11 +39,7 @@ def ssd_scan(
     compute in fp32 for 16-bit inputs, return ``y`` in the input dtype and the final state
     in the compute dtype; fp64 stays fp64.
     """
-    expect_rank("x", x, 4, "(B, H, T, P)")
-    bsz, h, t_len, p = x.shape
-    expect_rank("b", b, 4, "(B, H, T, N)")
-    n = b.shape[-1]
-    dev = x.device
+    bsz, h, t_len, p, n, dev = operator_dims("x", x, "(B, H, T, P)", "b", b, "(B, H, T, N)")
     expect_shape("a", a, (bsz, h, t_len), "(B, H, T)", dev)
     expect_shape("b", b, (bsz, h, t_len, n), "(B, H, T, N)", dev)
     expect_shape("c", c, (bsz, h, t_len, n), "(B, H, T, N)", dev)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernels.chunking import factorable, from_chunks, segment_products, to_chunks
 from kernels.dispatch import check_chunk_size
@@ -13,14 +14,9 @@ DEFAULT_CHUNK_SIZE = 32
 
 
 def ssd_scan_chunk(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: Tensor, a: Tensor, b: Tensor, c: Tensor,
+    *, initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Chunkwise-parallel form (the SSD block decomposition), exact up to rounding.
 
     With pairwise decays ``G[t, s] = prod_{s<j<=t} a_j`` inside a chunk and ``g_t =

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from kernels.loop import scan_loop
 
 
 def ssd_scan_naive(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: Tensor, a: Tensor, b: Tensor, c: Tensor, *, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Reference: one step of the recurrence per loop iteration (see :mod:`kernels.ssd`)."""
     bsz, h, _, p = x.shape
     n = b.shape[-1]
