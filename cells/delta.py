@@ -17,7 +17,6 @@ The recurrence is ``kernels.delta_rule`` (``impl`` picks its form). State per he
 
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 import kernels
 from cells.conv import make_conv
-from cells.family import Family, Knobs, MixerFactory, check_heads
+from cells.family import Family, check_heads, knob_mixer
 
 DECAY_BIAS_INIT = 3.0
 
@@ -42,16 +41,28 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, t, h * d)
 
 
-class DeltaMixer(nn.Module):
-    """DeltaNet (``decay=False``) or Gated DeltaNet (``decay=True``); armed when ``conv > 1``."""
+class RankOneMixer(nn.Module):
+    """What the rank-1 cells (delta rule, DPLR) share: ``heads`` split ``d_model`` into heads of
+    ``dk = dv = d/H``, each with a ``dv x dk`` state."""
 
     causal = True
 
-    def __init__(self, d_model: int, *, heads: int, conv: int, decay: bool, impl: str) -> None:
+    def __init__(self, d_model: int, heads: int, impl: str) -> None:
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
         self.d_model, self.heads, self.impl = d_model, heads, impl
+
+    def state_elements(self) -> int:
+        dk = self.d_model // self.heads
+        return self.heads * dk * dk
+
+
+class DeltaMixer(RankOneMixer):
+    """DeltaNet (``decay=False``) or Gated DeltaNet (``decay=True``); armed when ``conv > 1``."""
+
+    def __init__(self, d_model: int, *, heads: int, conv: int, decay: bool, impl: str) -> None:
+        super().__init__(d_model, heads, impl)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = make_conv(3 * d_model, conv, bias=False)
         self.beta = nn.Linear(d_model, heads)
@@ -71,13 +82,5 @@ class DeltaMixer(nn.Module):
         o, _ = kernels.delta_rule(q, k, v, beta, alpha, impl=self.impl)
         return self.out(merge_heads(o).to(x.dtype))
 
-    def state_elements(self) -> int:
-        dk = self.d_model // self.heads
-        return self.heads * dk * dk
 
-
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(DeltaMixer, d, heads=k["heads"], conv=k["conv"], decay=k["decay"], impl=k["impl"])
-
-
-FAMILY = Family("delta", _mixer, check_heads)
+FAMILY = Family("delta", knob_mixer(DeltaMixer, "heads", "conv", "decay", "impl"), check_heads)

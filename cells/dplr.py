@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -32,8 +31,8 @@ import torch.nn.functional as F
 
 import kernels
 from cells.conv import make_conv
-from cells.delta import merge_heads, split_heads
-from cells.family import Family, Knobs, MixerFactory, check_heads
+from cells.delta import RankOneMixer, merge_heads, split_heads
+from cells.family import Family, check_heads, knob_mixer
 
 DECAY_SCALE = 0.606531  # exp(-0.606531) = 0.545: RWKV-7's lower bound on the per-step decay
 INIT_DECAY = 0.95
@@ -45,16 +44,12 @@ def _decay_bias_init() -> float:
     return math.log(s / (1.0 - s))
 
 
-class DPLRMixer(nn.Module):
+class DPLRMixer(RankOneMixer):
     """dg_rank (``rank1=True``) or dg_diag (``rank1=False``); armed when ``conv > 1``."""
 
-    causal = True
-
     def __init__(self, d_model: int, *, heads: int, conv: int, rank1: bool, impl: str) -> None:
-        super().__init__()
-        if d_model % heads:
-            raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
-        self.d_model, self.heads, self.rank1, self.impl = d_model, heads, rank1, impl
+        super().__init__(d_model, heads, impl)
+        self.rank1 = rank1
         self.rkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.conv = make_conv(3 * d_model, conv, bias=False)
         self.k_k = nn.Parameter(torch.ones(d_model))
@@ -81,13 +76,5 @@ class DPLRMixer(nn.Module):
         o, _ = kernels.dplr_scan(r, k, v, w, kappa, a, impl=self.impl)
         return self.out(merge_heads(o).to(x.dtype))
 
-    def state_elements(self) -> int:
-        dk = self.d_model // self.heads
-        return self.heads * dk * dk
 
-
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(DPLRMixer, d, heads=k["heads"], conv=k["conv"], rank1=k["rank1"], impl=k["impl"])
-
-
-FAMILY = Family("dplr", _mixer, check_heads)
+FAMILY = Family("dplr", knob_mixer(DPLRMixer, "heads", "conv", "rank1", "impl"), check_heads)

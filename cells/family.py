@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch.nn as nn
@@ -57,3 +58,12 @@ def check_heads(arm: str, k: Knobs, d: int) -> None:
     """The check of families whose heads split d_model."""
     if d % k["heads"]:
         raise ValueError(f"{where(arm, d)}: d_model must be divisible by heads ({k['heads']})")
+
+
+def knob_mixer(layer: Callable[..., nn.Module], *names: str) -> Callable[[Knobs, int], MixerFactory]:
+    """The ``mixer`` of a family whose layer is ``layer(d, name=k[name], ...)`` for ``names``."""
+
+    def mixer(k: Knobs, d: int) -> MixerFactory:
+        return partial(layer, d, **{name: k[name] for name in names})
+
+    return mixer

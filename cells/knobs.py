@@ -36,14 +36,8 @@ class Knob:
 
     def expects(self) -> str:
         """Human wording of the accepted values, used in error messages."""
-        if self.kind == "int":
-            text = "int"
-            if self.minimum is not None and self.maximum is not None:
-                text += f" in [{self.minimum:g}, {self.maximum:g}]"
-            elif self.minimum is not None:
-                text += f" >= {self.minimum:g}"
-        elif self.kind == "float":
-            text = "number"
+        if self.kind in ("int", "float"):
+            text = "int" if self.kind == "int" else "number"
             if self.minimum is not None and self.maximum is not None:
                 text += f" in [{self.minimum:g}, {self.maximum:g}]"
             elif self.minimum is not None:

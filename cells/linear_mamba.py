@@ -23,7 +23,6 @@ Layers stack through the harness's residual stream; use ``norm: false`` and ``ml
 
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 
 import kernels
 from cells.conv import make_conv
-from cells.family import Family, Knobs, MixerFactory, check_heads
+from cells.family import Family, check_heads, knob_mixer
 
 PATTERNS = ("mha", "mva", "mqa", "mka")
 # Which streams a pattern shares across heads.
@@ -100,17 +99,6 @@ class LinearMambaMixer(nn.Module):
         return distinct * self.head_dim * self.d_state
 
 
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(
-        LinearMambaMixer,
-        d,
-        d_state=k["d_state"],
-        heads=k["heads"],
-        pattern=k["pattern"],
-        conv=k["conv"],
-        gate=k["gate"],
-        impl=k["impl"],
-    )
-
-
-FAMILY = Family("linear_mamba", _mixer, check_heads)
+FAMILY = Family(
+    "linear_mamba", knob_mixer(LinearMambaMixer, "d_state", "heads", "pattern", "conv", "gate", "impl"), check_heads
+)

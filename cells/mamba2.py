@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 
 import kernels
 from cells.conv import ShortConv
-from cells.family import Family, Knobs, MixerFactory, where
+from cells.family import Family, Knobs, knob_mixer, where
 
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 A_INIT_RANGE = (1.0, 16.0)
@@ -84,10 +83,4 @@ def _check(arm: str, k: Knobs, d: int) -> None:
         )
 
 
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(
-        Mamba2Mixer, d, d_state=k["d_state"], expand=k["expand"], heads=k["heads"], conv=k["conv"], impl=k["impl"]
-    )
-
-
-FAMILY = Family("mamba2", _mixer, _check)
+FAMILY = Family("mamba2", knob_mixer(Mamba2Mixer, "d_state", "expand", "heads", "conv", "impl"), _check)

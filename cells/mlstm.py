@@ -7,7 +7,7 @@ inner width as xLSTM rounds it, ``H`` heads of ``D = I/H``)::
     x_c    = silu(conv(x_m))                            causal depthwise conv, with bias
     q, k   = headwise(x_c);  v = headwise(x_m)          block-diagonal, blocks of qkv_blocksize
     i, f   = W_i [q;k;v] + b_i,  W_f [q;k;v] + b_f      per head (exp input, sigmoid forget)
-    h      = read(C_t, n_t, m_t; q_t)                   see cells.mlstm_cell
+    h      = read(C_t, n_t, m_t; q_t)                   see kernels.mlstm
     h      = GroupNorm_per_head(h) + skip * x_c
     y      = W_down (h * silu(z))                       no bias
 
@@ -19,15 +19,16 @@ Read variants (knob ``read``): ``raw`` (stock); ``ns<k>`` (Frobenius-normalise C
 Newton-Schulz iterations, gradients through them); ``polar`` (exact polar factor); ``rls``
 (least squares, ridge ``rls_lambda``; ``rls_form`` "relative": ridge relative to the
 strongest write, solved per step, or "recursive": Sherman-Morrison with a decaying prior,
-see cells.mlstm_cell); ``st_forward`` (value of the ns<st_steps> read,
+see kernels.mlstm); ``st_forward`` (value of the ns<st_steps> read,
 gradient of the raw read) and ``st_backward`` (value raw, gradient whitened). A whitened
 read is ``W(C~_t) q_t``: scale-free, so the normaliser is not applied. The output is the
 blend ``alpha * whitened + (1 - alpha) * raw`` with ``alpha = read_blend`` (1 by default),
 settable every step with ``set_read_blend`` for anneals.
 
-``impl="naive"`` computes every read with a loop over positions (the reference); any other
-impl uses the parallel raw read and the chunkwise whitened reads of ``cells.mlstm_chunk``
-(``rls_form="recursive"`` stays a loop: its Sherman-Morrison recursion is sequential).
+The recurrence and its reads are ``kernels.mlstm``: ``impl="naive"`` computes every read with
+a loop over positions (the reference); any other impl uses the parallel raw read and the
+chunkwise whitened reads (``rls_form="recursive"`` stays a loop: its Sherman-Morrison
+recursion is sequential).
 
 Other knobs: ``write="delta"`` replaces the additive write by erase-before-write,
 ``S_t = f_t S_{t-1}(I - beta_t k^_t k^_t^T) + beta_t v_t k^_t^T`` with ``f = sigmoid(f~)``,
@@ -41,8 +42,6 @@ the harness's ``param_groups``.
 from __future__ import annotations
 
 import math
-from functools import partial
-
 
 import torch
 import torch.nn as nn
@@ -51,11 +50,9 @@ import torch.nn.functional as F
 import kernels
 from cells.conv import make_conv
 from cells.delta import merge_heads, split_heads
-from cells.family import Family, Knobs, MixerFactory, where
+from cells.family import Family, Knobs, knob_mixer, where
 from cells.knobs import read_ns_steps
-from cells.mlstm_cell import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
-from cells.mlstm_chunk import apply_read, chunked_read, newton_schulz_fused, rls_read_chunked
-from cells.whitening import newton_schulz, polar
+from kernels.mlstm import raw_read, whitened_read
 
 ROUND_INNER_TO = 64
 
@@ -187,34 +184,17 @@ class MLSTMMixer(nn.Module):
         return self.proj_down((h * F.silu(z)).to(x_m.dtype))
 
     def _raw(self, q, k, v, i, f) -> torch.Tensor:
-        if self.impl == "naive":
-            return raw_read_loop(q, k, v, i, f)
-        return raw_read_parallel(q, k, v, i, f)
+        return raw_read(q, k, v, i, f, impl=self.impl)
 
     def _whitened(self, q, k, v, i, f) -> torch.Tensor:
-        # impl "naive" keeps the per-position loop (the reference); every other impl reads
-        # chunkwise (cells.mlstm_chunk), which equals it up to rounding.
-        naive = self.impl == "naive"
-        if self.read == "rls":
-            if self.rls_form == "relative":
-                return (
-                    rls_read(q, k, v, i, f, self.rls_lambda)
-                    if naive
-                    else rls_read_chunked(q, k, v, i, f, self.rls_lambda)
-                )
-            return rls_read_recursive(q, k, v, i, f, self.rls_lambda)
-        steps = read_ns_steps(self.read)
-        if self.read == "polar":
-            whiten = polar
-        else:
-            n_steps = steps if steps is not None else self.st_steps
-            whiten = partial(newton_schulz if naive else newton_schulz_fused, steps=n_steps)
-        if not naive:
-            return chunked_read(lambda states, qc: apply_read(whiten(states), qc), q, k, v, i, f)
-        with torch.autocast(device_type=q.device.type, enabled=False):
-            states = memory_states(k, v, i, f)  # (B, H, T, D, D)
-            mat = whiten(states)
-            return (mat @ q.to(mat.dtype).unsqueeze(-1)).squeeze(-1)
+        if self.read in ("rls", "polar"):
+            whiten, steps = self.read, 0
+        else:  # ns<k>, or the straight-through reads' ns<st_steps>
+            ns = read_ns_steps(self.read)
+            whiten, steps = "ns", ns if ns is not None else self.st_steps
+        return whitened_read(
+            q, k, v, i, f, whiten=whiten, steps=steps, lam=self.rls_lambda, rls_form=self.rls_form, impl=self.impl
+        )
 
     def _cell(self, q, k, v, i, f) -> torch.Tensor:
         if self.write == "delta":
@@ -253,24 +233,21 @@ def _check(arm: str, k: Knobs, d: int) -> None:
         )
 
 
-def _mixer(k: Knobs, d: int) -> MixerFactory:
-    return partial(
-        MLSTMMixer,
-        d,
-        heads=k["heads"],
-        proj_factor=k["proj_factor"],
-        conv=k["conv"],
-        read=k["read"],
-        read_blend=k["read_blend"],
-        rls_lambda=k["rls_lambda"],
-        rls_form=k["rls_form"],
-        st_steps=k["st_steps"],
-        write=k["write"],
-        frozen_keys=k["frozen_keys"],
-        read_lr_mult=k["read_lr_mult"],
-        qkv_blocksize=k["qkv_blocksize"],
-        impl=k["impl"],
-    )
-
-
-FAMILY = Family("mlstm", _mixer, _check, blendable=lambda k: k["read"] != "raw" and k["write"] == "add")
+_KNOBS = (
+    "heads",
+    "proj_factor",
+    "conv",
+    "read",
+    "read_blend",
+    "rls_lambda",
+    "rls_form",
+    "st_steps",
+    "write",
+    "frozen_keys",
+    "read_lr_mult",
+    "qkv_blocksize",
+    "impl",
+)
+FAMILY = Family(
+    "mlstm", knob_mixer(MLSTMMixer, *_KNOBS), _check, blendable=lambda k: k["read"] != "raw" and k["write"] == "add"
+)

@@ -18,7 +18,7 @@ Conventions, stated once for every operator here:
 * Every operator returns ``(output, final_state)`` and accepts ``initial_state`` (``None`` =
   zeros), so a sequence can be processed in pieces with the state carried between them.
 * ``impl``: ``"naive"`` (Python loop over time, the reference), ``"chunk"`` (chunkwise
-  parallel, exact up to float rounding), ``"triton"`` (``kernels/triton_ops.py``, when it
+  parallel, exact up to float rounding), ``"triton"`` (``kernels/<op>/triton.py``, when it
   imports) or ``"auto"`` (triton for CUDA tensors when available, chunk otherwise).
   ``IMPLS`` lists what each operator offers on this install.
 * Chunk forms apply within-chunk decay products either as ratios of cumulative decays
@@ -28,16 +28,24 @@ Conventions, stated once for every operator here:
 * Dtypes: fp64 and fp32 compute as given; 16-bit inputs compute in fp32 (autocast is
   switched off inside) and return the output in the input dtype and the state in fp32.
 
-Operators (each file holds the naive form, the chunk form and the dispatching entry point):
-    ``delta_rule(q, k, v, beta, alpha=None)``   DeltaNet / Gated DeltaNet   ``kernels/delta_rule.py``
-    ``dplr_scan(r, k, v, w, kappa, a)``         RWKV-7 style diag + rank-1  ``kernels/dplr.py``
-    ``ssd_scan(x, a, b, c)``                    Mamba-2 SSD scalar decay    ``kernels/ssd.py``
+Operators, one package each: ``reference.py`` (the naive form), ``chunk.py`` (the chunk form),
+``triton.py`` (the Triton form, where there is one) and the entry point in ``__init__.py``
+(the forms' signatures are formatted by hand: the inputs on one line, the options on the next):
+    ``delta_rule(q, k, v, beta, alpha=None)``   DeltaNet / Gated DeltaNet   ``kernels/delta_rule/``
+    ``dplr_scan(r, k, v, w, kappa, a)``         RWKV-7 style diag + rank-1  ``kernels/dplr/``
+    ``ssd_scan(x, a, b, c)``                    Mamba-2 SSD scalar decay    ``kernels/ssd/``
+The mLSTM's stabilised memory and its reads (raw, whitened, least squares) are
+``kernels/mlstm/`` (``kernels.mlstm.raw_read``, ``kernels.mlstm.whitened_read``; their own
+conventions, see that package).
 
-The package attribute ``kernels.delta_rule`` is the function; the module of the same name is
+The package attribute ``kernels.delta_rule`` is the function; the package of the same name is
 reached with ``from kernels.delta_rule import delta_rule_chunk`` (or ``sys.modules``).
-Also here: ``kernels.chunking`` (shared chunk machinery), ``kernels.dispatch`` (``impl``
-resolution), ``kernels.testing`` (realistic inputs, reference comparisons) and
-``python -m orchestrator.bench.chunk`` (naive vs chunk tokens/s, interleaved, side by side).
+Shared pieces: ``kernels.chunking`` (chunk machinery), ``kernels.loop`` (the naive forms'
+loop), ``kernels.dispatch`` (``impl`` resolution and running a form), ``kernels.validation``
+(shape checks), ``kernels.triton_scan`` (the Triton kernels both fused forms launch),
+``kernels.triton_aot`` (compiling them for sm_61 without a GPU), ``kernels.testing``
+(realistic inputs, reference comparisons) and ``python -m orchestrator.bench.chunk`` (naive
+vs chunk tokens/s, interleaved, side by side).
 """
 
 from __future__ import annotations

@@ -7,8 +7,15 @@ Inside a chunk, index ``t`` is the step (0-based) and ``s`` an earlier-or-equal 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+
+# The delta rule's and the DPLR scan's chunk length. Measured on 2-core CPUs (T = 64..512,
+# D = 16..64, fwd+bwd): 16 ties 32 at batch 8 and is ~25% faster at batch 64, where the
+# (C, C) intermediates' memory traffic dominates.
+DEFAULT_CHUNK_SIZE = 16
 
 
 def pad_time(x: torch.Tensor, length: int, value: float, time_dim: int) -> torch.Tensor:
@@ -161,12 +168,28 @@ def _state_pass_traced(
     b, h, n_chunks = u.shape[:3]
     flat = lambda x: x.flatten(0, 1)  # noqa: E731  (B*H batches for baddbmm)
     state = flat(initial)
-    befores, rows = [], []
     # unbind, not indexing: indexing's backward would zero-fill a full-size gradient per chunk.
     us, ws, ks = flat(u).unbind(1), flat(w).unbind(1), flat(k_end).unbind(1)
     decays = None if decay_end is None else flat(decay_end.expand(b, h, n_chunks, *decay_end.shape[3:])).unbind(1)
     injects = None if inject is None else flat(inject).unbind(1)
-    for i in range(n_chunks):
+    befores, rows, state = _carry(state, us, ws, ks, decays, injects, sign)
+    unflat = lambda x: x.unflatten(0, (b, h))  # noqa: E731
+    return unflat(torch.stack(befores, 1)), unflat(torch.stack(rows, 1)), unflat(state)
+
+
+def _carry(
+    state: torch.Tensor,
+    us: Sequence[torch.Tensor],
+    ws: Sequence[torch.Tensor],
+    ks: Sequence[torch.Tensor],
+    decays: Sequence[torch.Tensor] | None,
+    injects: Sequence[torch.Tensor] | None,
+    sign: float,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """The forward pass over the chunks' ``(B*H, ...)`` slices: the states entering each chunk,
+    the resolved rows ``P`` of each, and the final state."""
+    befores, rows = [], []
+    for i in range(len(us)):
         befores.append(state)
         p_i = torch.baddbmm(us[i], ws[i], state.transpose(-1, -2), alpha=sign)
         rows.append(p_i)
@@ -174,8 +197,7 @@ def _state_pass_traced(
         if injects is not None:
             kept = kept + injects[i]
         state = torch.baddbmm(kept, p_i.transpose(-1, -2), ks[i])
-    unflat = lambda x: x.unflatten(0, (b, h))  # noqa: E731
-    return unflat(torch.stack(befores, 1)), unflat(torch.stack(rows, 1)), unflat(state)
+    return befores, rows, state
 
 
 class _StatePass(torch.autograd.Function):
@@ -199,15 +221,7 @@ class _StatePass(torch.autograd.Function):
         us, ws, ks = u_f.unbind(1), w_f.unbind(1), k_f.unbind(1)
         ds = None if decays is None else decays.unbind(1)
         injs = None if inj is None else inj.unbind(1)
-        befores, ps = [], []
-        for i in range(n_chunks):
-            befores.append(state)
-            p_i = torch.baddbmm(us[i], ws[i], state.transpose(-1, -2), alpha=sign)
-            ps.append(p_i)
-            kept = state if ds is None else state * ds[i]
-            if injs is not None:
-                kept = kept + injs[i]
-            state = torch.baddbmm(kept, p_i.transpose(-1, -2), ks[i])
+        befores, ps, state = _carry(state, us, ws, ks, ds, injs, sign)
         before, rows = torch.stack(befores, 1), torch.stack(ps, 1)
         ctx.sign = sign
         ctx.decay_shape = None if decay_end is None else decay_end.shape

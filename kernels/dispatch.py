@@ -3,7 +3,7 @@
 Implementation names:
     ``"naive"``  step-by-step reference (Python loop over time);
     ``"chunk"``  chunkwise-parallel PyTorch form, exact up to float rounding;
-    ``"triton"`` the fused kernels in ``kernels/triton_ops.py`` (delta rule and DPLR only);
+    ``"triton"`` the fused kernels (``kernels/<op>/triton.py``; delta rule and DPLR only);
     ``"auto"``   triton when the tensors are on CUDA and the triton module imports, else chunk.
 """
 
@@ -18,34 +18,53 @@ import torch
 
 OPS: tuple[str, ...] = ("delta_rule", "dplr_scan", "ssd_scan")
 BASE_IMPLS: tuple[str, ...] = ("naive", "chunk")
-TRITON_MODULE = "kernels.triton_ops"
-# ssd_scan has no fused form: its chunk form is already a handful of large matmuls.
-TRITON_FUNCTIONS: dict[str, str] = {"delta_rule": "delta_rule_triton", "dplr_scan": "dplr_scan_triton"}
+# The kernels every Triton form launches: when this does not import, no operator has one.
+TRITON_MODULE = "kernels.triton_scan"
+# op -> (its Triton form's module, entry point). ssd_scan has no fused form: its chunk form
+# is already a handful of large matmuls.
+TRITON_FORMS: dict[str, tuple[str, str]] = {
+    "delta_rule": ("kernels.delta_rule.triton", "delta_rule_triton"),
+    "dplr_scan": ("kernels.dplr.triton", "dplr_scan_triton"),
+}
 
 
 @functools.cache
 def triton_module() -> tuple[ModuleType | None, str | None]:
-    """Import ``kernels.triton_ops`` once; return ``(module, None)`` or ``(None, why it failed)``.
+    """Import ``kernels.triton_scan`` once; return ``(module, None)`` or ``(None, why it failed)``.
 
     Cached so that ``impl="auto"`` on CUDA does not retry a failing import on every call;
     ``triton_module.cache_clear()`` forgets the outcome.
     """
+    return _import(TRITON_MODULE)
+
+
+def _import(name: str) -> tuple[ModuleType | None, str | None]:
     try:
-        return importlib.import_module(TRITON_MODULE), None
+        return importlib.import_module(name), None
     except Exception as exc:  # a broken Triton install raises more than ImportError
         return None, f"{type(exc).__name__}: {exc}"
 
 
+@functools.cache
+def _form_module(name: str) -> tuple[ModuleType | None, str | None]:
+    # Cached apart from triton_module, whose cache_clear() alone turns Triton off and on.
+    return _import(name)
+
+
 def triton_function(op: str) -> tuple[Callable | None, str | None]:
     """The Triton entry point for ``op``, or ``(None, reason)`` when there is none."""
-    if op not in TRITON_FUNCTIONS:
+    if op not in TRITON_FORMS:
         return None, f"{op} has no triton form"
-    module, error = triton_module()
-    if module is None:
+    scan, error = triton_module()
+    if scan is None:
         return None, f"{TRITON_MODULE} does not import ({error})"
-    fn = getattr(module, TRITON_FUNCTIONS[op], None)
+    name, attr = TRITON_FORMS[op]
+    module, error = _form_module(name)
+    if module is None:
+        return None, f"{name} does not import ({error})"
+    fn = getattr(module, attr, None)
     if fn is None:
-        return None, f"{TRITON_MODULE} has no {TRITON_FUNCTIONS[op]}"
+        return None, f"{name} has no {attr}"
     return fn, None
 
 
@@ -67,7 +86,7 @@ def resolve_impl(op: str, impl: str, device: torch.device, *, transformed: bool 
     autograd functions have no batching rule, so ``"auto"`` takes the chunk form there.
     Raises ValueError for an unknown name, or for ``"triton"`` when it is unavailable.
     """
-    allowed = BASE_IMPLS + ("triton", "auto") if op in TRITON_FUNCTIONS else BASE_IMPLS + ("auto",)
+    allowed = BASE_IMPLS + ("triton", "auto") if op in TRITON_FORMS else BASE_IMPLS + ("auto",)
     if impl not in allowed:
         raise ValueError(f"unknown impl {impl!r} for {op}; expected one of {', '.join(allowed)}")
     if impl == "auto":
@@ -125,6 +144,37 @@ def empty_result(
     work = compute_dtype(like.dtype)
     state = like.new_zeros(state_shape, dtype=work) if initial_state is None else initial_state.to(work)
     return like.new_zeros(out_shape), state
+
+
+Form = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def run_form(
+    op: str,
+    form: str,
+    forms: tuple[Form, Form],
+    inputs: Sequence[torch.Tensor | None],
+    initial_state: torch.Tensor | None,
+    chunk_size: int,
+    like: torch.Tensor,
+    state_shape: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``op`` in the ``form`` :func:`resolve_impl` chose: its Triton function, or one of its
+    PyTorch ``forms = (naive, chunk)`` through :func:`run_pytorch_form`.
+
+    ``like`` is the input shaped like the output, ``(B, H, T, D)``; for a zero-length sequence
+    (``T = 0``) the result is an empty output and the unchanged state of ``state_shape``.
+    """
+    if form == "triton":
+        fn, _ = triton_function(op)
+        assert fn is not None  # resolve_impl answers "triton" only when the function exists
+        return fn(*inputs, initial_state)
+    if like.shape[2] == 0:
+        return empty_result(like, tuple(like.shape), state_shape, initial_state)
+    naive, chunk = forms
+    if form == "naive":
+        return run_pytorch_form(naive, inputs, initial_state)
+    return run_pytorch_form(chunk, inputs, initial_state, chunk_size=chunk_size)
 
 
 def is_transformed(*tensors: torch.Tensor | None) -> bool:

@@ -21,7 +21,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_ops
+from kernels import triton_scan
 
 _PTR = "*fp32"
 _KERNEL_INTS = {
@@ -57,13 +57,13 @@ def compile_kernels(capability: int = 61, dk: int = 64, dv: int = 64, block_v: i
 
     Raises whatever ``triton.compile`` raises (ptxas errors included) if a kernel does not build.
     """
-    if triton_ops.INTERPRETED:
+    if triton_scan.INTERPRETED:
         raise RuntimeError("kernels were built by the interpreter; unset TRITON_INTERPRET and re-run")
-    block_k, bv, _ = triton_ops._blocks(dk, dv, block_v)
+    block_k, bv, _ = triton_scan._blocks(dk, dv, block_v)
     target = GPUTarget("cuda", capability, 32)
     variants = {"delta": (True, False), "delta_alpha": (True, True), "dplr": (False, False)}
     out = []
-    for kernel in (triton_ops._forward_kernel, triton_ops._state_grad_kernel, triton_ops._input_grad_kernel):
+    for kernel in (triton_scan._forward_kernel, triton_scan._state_grad_kernel, triton_scan._input_grad_kernel):
         sig, consts = _signature(kernel)
         for variant, (delta, has_alpha) in variants.items():
             values = dict(DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=bv, DELTA=delta, HAS_ALPHA=has_alpha, HAS_S0=True)
@@ -71,7 +71,7 @@ def compile_kernels(capability: int = 61, dk: int = 64, dv: int = 64, block_v: i
             compiled = triton.compile(
                 src,
                 target=target,
-                options={"num_warps": triton_ops._num_warps(bv, block_k), "enable_fp_fusion": triton_ops.FP_FUSION},
+                options={"num_warps": triton_scan._num_warps(bv, block_k), "enable_fp_fusion": triton_scan.FP_FUSION},
             )
             ptx = compiled.asm["ptx"]
             out.append(
@@ -101,7 +101,7 @@ def probe_atomic_kernel() -> dict:
     scan counts the atomic.
     """
     src = ASTSource(fn=_atomic_probe_kernel, signature={"x_ptr": _PTR})
-    opts = {"enable_fp_fusion": triton_ops.FP_FUSION}
+    opts = {"enable_fp_fusion": triton_scan.FP_FUSION}
     try:
         triton.compile(src, target=GPUTarget("cuda", 61, 32), options=opts)
         sm61_error = None

@@ -22,3 +22,14 @@ def expect_shape(name: str, x: torch.Tensor | None, shape: tuple[int, ...], layo
         raise ValueError(f"{name} must be {layout} = {tuple(shape)}, got {tuple(x.shape)}")
     if x.device != device:
         raise ValueError(f"{name} is on {x.device} but the other inputs are on {device}")
+
+
+def operator_dims(
+    first: str, x: torch.Tensor, x_layout: str, second: str, y: torch.Tensor, y_layout: str
+) -> tuple[int, int, int, int, int, torch.device]:
+    """Check that the inputs named ``first`` and ``second`` are ``(B, H, T, D)`` tensors; return
+    ``(B, H, T, D of x, D of y, device)`` read from them (the other inputs are checked against it)."""
+    expect_rank(first, x, 4, x_layout)
+    expect_rank(second, y, 4, y_layout)
+    b, h, t_len, dx = x.shape
+    return b, h, t_len, dx, y.shape[-1], x.device

@@ -15,6 +15,7 @@ Conventions (all tasks):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -29,16 +30,21 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 class Task:
     """Base class. Subclasses set ``name``, ``Config``, ``vocab_size``, ``seq_len`` and implement
-    ``_sample`` / ``_assemble`` (and ``_derange`` when the rebinding control applies).
+    ``_sample`` / ``_assemble`` (and ``_derange`` when the rebinding control applies), and the
+    reference decoder ``_decode`` (and ``_table_values`` with the rebinding control) that the
+    tests and ``orchestrator tasks selftest`` check the generator against.
 
     ``supervision``: which positions carry training loss; ``scoring``: which eval positions are
-    scored. Both are human-readable statements of the convention for this task.
+    scored. Both are human-readable statements of the convention for this task. ``small``: a
+    small, representative setting (``{}``: the defaults) at which the test suite checks every
+    registered task by decoding each sequence.
     """
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[TaskConfig]] = TaskConfig
     supervision: ClassVar[str] = "answer positions only"
     scoring: ClassVar[str] = "answer positions"
+    small: ClassVar[dict[str, Any]] = {}
 
     vocab_size: int
     seq_len: int
@@ -88,6 +94,23 @@ class Task:
         """A fresh curriculum state machine when the parameters ask for one, else None."""
         return None
 
+    # ---- slow reference decoding (tests, ``orchestrator tasks selftest``) -----------------------
+    def decode(self, seq: Sequence[int]) -> dict[int, int]:
+        """``{position: answer}`` at every position the task scores at evaluation, computed
+        from scratch from one token sequence (for MAD, training targets are the next token).
+
+        The decoder sees only the tokens of that sequence and the task's documented token
+        ranges and shares no code with the vectorised generator, so agreement between
+        ``decode`` and the generator's targets checks the generator (and the rebinding control:
+        a rebound sequence's answers must all differ from the original targets).
+        """
+        return self._decode(list(seq))
+
+    def table_values(self, seq: Sequence[int]) -> list[int]:
+        """The values of the table's bindings, in slot order (the rebinding control's multiset
+        check); MAD: the value bound to each distinct key, in order of the key's first use."""
+        return self._table_values(list(seq))
+
     # ---- subclass hooks ------------------------------------------------------------------------
     has_rebinding: ClassVar[bool] = True
 
@@ -109,6 +132,12 @@ class Task:
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator) -> tuple[dict[str, Any], torch.Tensor]:
         raise NotImplementedError
+
+    def _decode(self, seq: list[int]) -> dict[int, int]:
+        raise TypeError(f"no reference decoder for {type(self).__name__}")
+
+    def _table_values(self, seq: list[int]) -> list[int]:
+        raise TypeError(f"no table for {type(self).__name__}")
 
     # ---- shared machinery ----------------------------------------------------------------------
     def _eval_parts(self, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:

@@ -20,6 +20,8 @@ as infeasible (the caller leaves them unscored).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from tasks.sampling import rand, randint
@@ -70,6 +72,15 @@ def derange(
     sigma = torch.arange(k, device=dev).expand(bsz, k).clone()
     sigma.scatter_(1, order, order.gather(1, src_pos))
     return sigma, feasible
+
+
+def derange_component(
+    comp: dict[str, Any], key: str, gen: torch.Generator, n_symbols: int, valid: torch.Tensor | None = None
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """A task's components with the ``(B, K)`` values under ``key`` deranged along each row
+    (:func:`derange`), and the rows' ``feasible`` mask: what a task's ``_derange`` returns."""
+    sigma, feasible = derange(comp[key], gen, valid=valid, n_symbols=n_symbols)
+    return {**comp, key: comp[key].gather(1, sigma)}, feasible
 
 
 def check_derangement(

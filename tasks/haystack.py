@@ -33,7 +33,7 @@ from tasks import floors as fl
 from tasks.base import IGNORE, Task
 from tasks.config import TaskConfig
 from tasks.curriculum import Curriculum, GatedGap, RampGap, UniformGap
-from tasks.derangement import derange
+from tasks.derangement import derange_component
 from tasks.sampling import interleave, randint, random_permutation, sample_distinct
 
 
@@ -162,8 +162,7 @@ class GapTask(Task):
         return inputs, targets, targets
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator):
-        sigma, feasible = derange(comp["values"], gen, n_symbols=self.cfg.n_values)
-        return {**comp, "values": comp["values"].gather(1, sigma)}, feasible
+        return derange_component(comp, "values", gen, self.cfg.n_values)
 
     # ---- floors, curricula --------------------------------------------------------------------
     def floors(self) -> dict[str, float]:
@@ -190,6 +189,20 @@ class GapTask(Task):
             )
         return None
 
+    def _decode(self, seq: list[int]) -> dict[int, int]:
+        """The answer is the value after the key's FIRST occurrence (the table's binding)."""
+        out = {}
+        for t, tok in enumerate(seq):
+            if tok == self.mask_token:
+                key = seq[t - 1]
+                first = next(i for i in range(t - 1) if seq[i] == key)
+                out[t] = seq[first + 1]
+        return out
+
+    def _table_values(self, seq: list[int]) -> list[int]:
+        start = next(i for i, tok in enumerate(seq) if tok != self.pad_token)
+        return seq[start + 1 : start + 2 * self.P : 2]
+
 
 class Haystack(GapTask):
     """Haystack: 4 pairs, a haystack of lexically distinct distractor pairs, the query at the end."""
@@ -197,6 +210,7 @@ class Haystack(GapTask):
     name = "haystack"
     Config = HaystackConfig
     collision = False
+    small = {"L": 48, "dense": 2}
 
 
 class Collision(GapTask):
@@ -205,3 +219,4 @@ class Collision(GapTask):
     name = "collision"
     Config = CollisionConfig
     collision = True
+    small = {"L": 48}

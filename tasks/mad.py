@@ -25,7 +25,7 @@ from pydantic import Field
 from tasks import floors as fl
 from tasks.base import IGNORE, Task
 from tasks.config import TaskConfig
-from tasks.derangement import derange
+from tasks.derangement import derange_component
 from tasks.sampling import interleave, rand, randint
 
 
@@ -54,6 +54,7 @@ class MADRecall(Task):
     Config = MADConfig
     supervision = "every position (next-token)"
     scoring = "the final position only (the probe key's value)"
+    small = {"seq_len": 96}
 
     def __init__(self, cfg: MADConfig) -> None:
         super().__init__(cfg)
@@ -107,8 +108,7 @@ class MADRecall(Task):
         return inputs, train, scored
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator):
-        sigma, feasible = derange(comp["table"], gen, valid=comp["seen"], n_symbols=self.n_values)
-        return {**comp, "table": comp["table"].gather(1, sigma)}, feasible
+        return derange_component(comp, "table", gen, self.n_values, valid=comp["seen"])
 
     def _d_args(self) -> tuple[int, float, int]:
         return self.n_slots, 1.0 - self.cfg.frac_noise, self.n_keys
@@ -120,3 +120,19 @@ class MADRecall(Task):
             "no_binding": fl.expected_over_distinct_keys(*self._d_args(), lambda d: fl.random_table_value(d, nv)),
             "table": fl.expected_over_distinct_keys(*self._d_args(), fl.table),
         }
+
+    def _decode(self, seq: list[int]) -> dict[int, int]:
+        """The final input is the probe key; its answer is the value every earlier pair binds it to."""
+        probe = seq[-1]
+        assert seq[-2] == self.probe_token
+        seen = {seq[t + 1] for t in range(0, len(seq) - 2, 2) if seq[t] == probe}
+        if len(seen) != 1:
+            raise AssertionError(f"probe key {probe} bound to {sorted(seen)} in one sequence")
+        return {len(seq) - 1: seen.pop()}
+
+    def _table_values(self, seq: list[int]) -> list[int]:
+        first: dict[int, int] = {}
+        for t in range(0, len(seq) - 2, 2):
+            if seq[t] < self.n_keys:
+                first.setdefault(seq[t], seq[t + 1])
+        return list(first.values())

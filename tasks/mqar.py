@@ -15,6 +15,7 @@ Tokens: keys ``[0, n_keys)``, values ``[n_keys, n_keys + n_values)``, ``MASK`` l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from pydantic import Field
 from tasks import floors as fl
 from tasks.base import IGNORE, Task
 from tasks.config import TaskConfig
-from tasks.derangement import derange
+from tasks.derangement import derange_component
 from tasks.sampling import interleave, randint, random_permutation, sample_distinct
 
 
@@ -46,6 +47,7 @@ class MQAR(Task):
     Config = MQARConfig
     supervision = "MASK answer positions only"
     scoring = "every MASK answer position"
+    small = {"K": 8}
 
     def __init__(self, cfg: MQARConfig) -> None:
         super().__init__(cfg)
@@ -74,8 +76,7 @@ class MQAR(Task):
         return inputs, targets, targets
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator):
-        sigma, feasible = derange(comp["values"], gen, n_symbols=self.cfg.n_values)
-        return {**comp, "values": comp["values"].gather(1, sigma)}, feasible
+        return derange_component(comp, "values", gen, self.cfg.n_values)
 
     def floors(self) -> dict[str, float]:
         return {
@@ -83,3 +84,19 @@ class MQAR(Task):
             "no_binding": fl.random_table_value(self.K, self.cfg.n_values),
             "table": fl.table(self.K),
         }
+
+    def _decode(self, seq: list[int]) -> dict[int, int]:
+        table = first_binding(seq, 2 * self.K, lambda tok: tok < self.cfg.n_keys)
+        return {t: table[seq[t - 1]] for t in range(2 * self.K, len(seq)) if seq[t] == self.mask_token}
+
+    def _table_values(self, seq: list[int]) -> list[int]:
+        return seq[1 : 2 * self.K : 2]
+
+
+def first_binding(seq: list[int], end: int, is_key: Callable[[int], bool]) -> dict[int, int]:
+    """Map each key to the token after its first occurrence before ``end``."""
+    table: dict[int, int] = {}
+    for t in range(end - 1):
+        if is_key(seq[t]) and seq[t] not in table:
+            table[seq[t]] = seq[t + 1]
+    return table

@@ -67,6 +67,7 @@ class S5(Task):
     supervision = "every product slot (MASK positions)"
     scoring = "the final product slot ('final') or every slot of depth >= 2 ('all')"
     has_rebinding = False
+    small = {"depth": 6, "score": "all"}
 
     def __init__(self, cfg: S5Config) -> None:
         super().__init__(cfg)
@@ -105,3 +106,19 @@ class S5(Task):
 
     def floors(self) -> dict[str, float]:
         return {"value_marginal": fl.value_marginal(ORDER)}
+
+    def _decode(self, seq: list[int]) -> dict[int, int]:
+        els = elements()
+        index = {p: i for i, p in enumerate(els)}
+        prod = tuple(range(5))
+        answers = {}
+        depth = 0
+        for t, tok in enumerate(seq):
+            if tok == self.mask_token:
+                depth += 1
+                if self.cfg.score == "all" and depth >= 2 or t == len(seq) - 1:
+                    answers[t] = index[prod]
+            else:
+                g = els[tok]
+                prod = tuple(prod[g[i]] for i in range(5))  # prod * g: apply g first
+        return answers

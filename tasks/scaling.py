@@ -25,7 +25,7 @@ from pydantic import Field
 from tasks import floors as fl
 from tasks.base import IGNORE, Task
 from tasks.config import TaskConfig
-from tasks.derangement import derange
+from tasks.derangement import derange_component
 from tasks.sampling import interleave, randint, sample_distinct
 
 
@@ -104,8 +104,7 @@ class _Scaling(Task):
         return interleave(keys + self.key_offset, values + self.value_offset)
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator):
-        sigma, feasible = derange(comp["values"], gen, n_symbols=self.n_values)
-        return {**comp, "values": comp["values"].gather(1, sigma)}, feasible
+        return derange_component(comp, "values", gen, self.n_values)
 
     def floors(self) -> dict[str, float]:
         return {
@@ -114,12 +113,21 @@ class _Scaling(Task):
             "table": fl.table(self.Nf),
         }
 
+    def _decode(self, seq: list[int]) -> dict[int, int]:
+        n_ctx = 2 * self.Nf
+        table = {seq[t]: seq[t + 1] for t in range(0, n_ctx, 2)}
+        return {t: table[seq[t]] for t in range(n_ctx, len(seq)) if seq[t] != 0}
+
+    def _table_values(self, seq: list[int]) -> list[int]:
+        return seq[1 : 2 * self.Nf : 2]
+
 
 class ARScaling(_Scaling):
     """Scaling-law AR: Nf facts over vocabulary V, one query at the end of a length-L context."""
 
     name = "ar_scaling"
     Config = ARScalingConfig
+    small = {"vocab_size": 512, "n_facts": 16, "seq_len": 64}
 
     def _sample(self, batch: int, gen: torch.Generator, layout: Any) -> dict[str, Any]:
         keys, values = self._sample_table(batch, gen)
@@ -141,6 +149,7 @@ class MQARScaling(_Scaling):
 
     name = "mqar_scaling"
     Config = MQARScalingConfig
+    small = {"vocab_size": 512, "n_facts": 16, "seq_len": 96, "n_queries": 12}
 
     def _sample(self, batch: int, gen: torch.Generator, layout: Any) -> dict[str, Any]:
         keys, values = self._sample_table(batch, gen)

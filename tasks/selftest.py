@@ -6,7 +6,7 @@ Two layers, both checked by code independent of the construction:
    validity masks, rows where no value-changing derangement exists): a bijection on the valid
    slots, no fixed point, every value changed, infeasible rows flagged exactly.
 2. Every task with the control, at its published settings: decoding each rebound eval sequence
-   with the reference decoder (:mod:`tasks.reference`), the table's value multiset is unchanged
+   with the task's reference decoder (``Task.decode``), the table's value multiset is unchanged
    (a bijection), no table slot keeps its value (no fixed point), every scored answer differs
    from the original target (every answer changed), and nothing but table values moved.
 """
@@ -21,7 +21,6 @@ import torch
 from tasks.base import IGNORE, Task
 from tasks.derangement import check_derangement, derange, random_multiset_rows
 from tasks.published import PUBLISHED
-from tasks.reference import decode, table_values
 from tasks.registry import build
 from tasks.sampling import rand
 
@@ -65,12 +64,12 @@ def task_check(task: Task, label: str, seed: int = 0) -> Check:
             if not bool((y1[b] != IGNORE).any()):
                 unscored_rows += 1
                 continue
-            v0, v1 = table_values(task, s0), table_values(task, s1)
+            v0, v1 = task.table_values(s0), task.table_values(s1)
             if Counter(v0) != Counter(v1):
                 problems.append(f"row {b}: table values are not a permutation of the original")
             if any(a == c for a, c in zip(v0, v1)):
                 problems.append(f"row {b}: a table slot kept its value (fixed point)")
-            answers = decode(task, s1)
+            answers = task.decode(s1)
             for t in (y1[b] != IGNORE).nonzero().flatten().tolist():
                 scored += 1
                 if answers[t] == int(y1[b, t]):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import cells
-from cells.mlstm_cell import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
-from cells.whitening import frobenius_normalize, newton_schulz, polar
+from kernels.mlstm import memory_states, raw_read_loop, raw_read_parallel, rls_read, rls_read_recursive
+from kernels.mlstm.whitening import frobenius_normalize, newton_schulz, polar
 
 
 def _inputs(b=2, h=2, t=9, d=5, seed=0, gate_scale=1.0):

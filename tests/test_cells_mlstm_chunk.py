@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import cells
-from cells.mlstm_cell import _steps, memory_states, rls_read
-from cells.mlstm_chunk import apply_read, chunked_read, memory_states_chunked, newton_schulz_fused, rls_read_chunked
-from cells.whitening import newton_schulz, polar
+from kernels.mlstm import apply_read, chunked_read, memory_states, memory_states_chunked, rls_read, rls_read_chunked
+from kernels.mlstm.reference import _steps
+from kernels.mlstm.whitening import newton_schulz, newton_schulz_fused, polar
 
 T, D = 37, 5
 

@@ -189,8 +189,8 @@ def test_unknown_impl_names_the_allowed_values():
 
 
 def test_missing_triton_module_gives_a_clear_error_and_auto_falls_back(monkeypatch):
-    # A None entry in sys.modules makes ``import kernels.triton_ops`` raise ImportError.
-    monkeypatch.setitem(sys.modules, "kernels.triton_ops", None)
+    # A None entry in sys.modules makes ``import kernels.triton_scan`` raise ImportError.
+    monkeypatch.setitem(sys.modules, "kernels.triton_scan", None)
     dispatch.triton_module.cache_clear()
     try:
         assert kernels.IMPLS["delta_rule"] == ("naive", "chunk", "auto")

@@ -11,7 +11,6 @@ import torch
 import tasks
 from tasks.derangement import check_derangement, derange, random_multiset_rows
 from tasks.mqar import MQAR
-from tasks.reference import decode, table_values
 from tasks.selftest import derangement_check, run_selftest, task_check
 
 IGNORE = -100
@@ -99,7 +98,7 @@ def test_infeasible_rows_are_left_unscored():
     n_unscored = 0
     for (x0, y0), (x1, y1) in zip(task.eval_batches(0), task.rebinding_batches(0)):
         for b in range(x0.shape[0]):
-            vals = table_values(task, x0[b].tolist())
+            vals = task.table_values(x0[b].tolist())
             if vals[0] == vals[1]:  # no derangement can change both answers
                 assert (y1[b] == IGNORE).all()
                 n_unscored += 1
@@ -124,10 +123,10 @@ def test_control_separates_a_retriever_from_a_value_salience_heuristic():
         return hits / total
 
     def retriever(seq, t):
-        return decode(task, seq)[t]
+        return task.decode(seq)[t]
 
     def salience(seq, t):
-        counts = Counter(table_values(task, seq))
+        counts = Counter(task.table_values(seq))
         return max(sorted(counts), key=lambda v: counts[v])
 
     evals, rebound = task.eval_batches(0), task.rebinding_batches(0)

@@ -4,11 +4,12 @@ Without CUDA the kernels run under Triton's interpreter on CPU tensors. Triton r
 ``TRITON_INTERPRET`` when ``@triton.jit`` decorates a function (its own ``tl.*`` helpers are
 decorated when triton is first imported) and again at run time, so:
 
-* the variable is set only while this module imports triton and ``kernels.triton_ops``,
-  and again while each of its tests runs (``isolated``), never while other modules' tests
-  run, and never in the environment of processes they start;
-* at the end of the module ``kernels.triton_ops`` is reloaded without it, so later modules
-  see ordinary (uninterpreted) kernels, exactly as if this module had not run;
+* the variable is set only while this module imports triton and the kernels
+  (``kernels.triton_scan``, the operators' forms ``kernels.<op>.triton``), and again while
+  each of its tests runs (``isolated``), never while other modules' tests run, and never in
+  the environment of processes they start;
+* at the end of the module the kernels are reloaded without it, so later modules see
+  ordinary (uninterpreted) kernels, exactly as if this module had not run;
 * if triton was already imported uninterpreted by an earlier module, the interpreter cannot
   run in this process; each test then runs in a fresh ``python`` subprocess instead (this
   file doubles as that worker: ``python tests/test_triton_kernels.py TEST JSON_KWARGS``).
@@ -64,14 +65,24 @@ def _stdlib_interpreted() -> bool:
     return isinstance(tl.zeros, InterpretedFunction)
 
 
+def _reload_kernels() -> None:
+    """Re-decorate the kernels (under the current TRITON_INTERPRET), then the forms using them."""
+    global triton_scan, delta_form, dplr_form
+    triton_scan = importlib.reload(triton_scan)
+    delta_form = importlib.reload(delta_form)
+    dplr_form = importlib.reload(dplr_form)
+
+
 _ENV_GIVEN = os.environ.get("TRITON_INTERPRET") == "1"  # the caller asked for the interpreter
 with _interpret_env(not ON_CUDA):
     import triton  # noqa: F401  (the first import in a process fixes how tl.* helpers are built)
 
-    triton_ops = importlib.import_module("kernels.triton_ops")
-    if not ON_CUDA and _stdlib_interpreted() and not triton_ops.INTERPRETED:
-        triton_ops = importlib.reload(triton_ops)
-IN_PROCESS = ON_CUDA or (triton_ops.INTERPRETED and _stdlib_interpreted())
+    triton_scan = importlib.import_module("kernels.triton_scan")
+    delta_form = importlib.import_module("kernels.delta_rule.triton")
+    dplr_form = importlib.import_module("kernels.dplr.triton")
+    if not ON_CUDA and _stdlib_interpreted() and not triton_scan.INTERPRETED:
+        _reload_kernels()
+IN_PROCESS = ON_CUDA or (triton_scan.INTERPRETED and _stdlib_interpreted())
 
 # ---------------------------------------------------------------------------------------
 # Independent references (float64, one step per iteration, full matrices)
@@ -178,7 +189,7 @@ def make_inputs(case: dict, seed: int = 0, device: str = "cpu") -> list[torch.Te
 
 
 def _triton_fn(op: str):
-    return triton_ops.delta_rule_triton if op == "delta_rule" else triton_ops.dplr_scan_triton
+    return delta_form.delta_rule_triton if op == "delta_rule" else dplr_form.dplr_scan_triton
 
 
 def _run(fn, xs, go, gs, **kw):
@@ -259,9 +270,8 @@ def isolated(test):
 def _restore_uninterpreted_kernels():
     # Later modules must see ordinary kernels (a clear "needs CUDA" error on CPU tensors).
     yield
-    global triton_ops
-    if not ON_CUDA and not _ENV_GIVEN and triton_ops.INTERPRETED:
-        triton_ops = importlib.reload(triton_ops)
+    if not ON_CUDA and not _ENV_GIVEN and triton_scan.INTERPRETED:
+        _reload_kernels()
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -282,7 +292,7 @@ def test_triton_matches_references(name):
 
 @isolated
 def test_triton_kernels_were_interpreted_or_on_cuda():
-    assert ON_CUDA or triton_ops.INTERPRETED
+    assert ON_CUDA or triton_scan.INTERPRETED
 
 
 @isolated
@@ -294,8 +304,8 @@ def test_triton_is_deterministic():
     g = torch.Generator().manual_seed(3)
     go = torch.randn(case["B"], case["H"], case["T"], case["DV"], generator=g).to(DEVICE)
     gs = torch.randn(case["B"], case["H"], case["DV"], case["DK"], generator=g).to(DEVICE)
-    first = _run(triton_ops.delta_rule_triton, xs, go, gs, block_v=4)
-    second = _run(triton_ops.delta_rule_triton, xs, go, gs, block_v=4)
+    first = _run(delta_form.delta_rule_triton, xs, go, gs, block_v=4)
+    second = _run(delta_form.delta_rule_triton, xs, go, gs, block_v=4)
     for a, b in zip(first, second):
         if a is not None:
             assert torch.equal(a, b)
@@ -310,8 +320,8 @@ def test_triton_bf16_inputs_keep_dtypes_and_match_fp32():
     g = torch.Generator().manual_seed(4)
     go = torch.randn(case["B"], case["H"], case["T"], case["DV"], generator=g).to(DEVICE)
     gs = torch.randn(case["B"], case["H"], case["DV"], case["DK"], generator=g).to(DEVICE)
-    got = _run(triton_ops.dplr_scan_triton, xs16, go, gs)
-    want = _run(triton_ops.dplr_scan_triton, [x.to(torch.float32) for x in xs16], go, gs)
+    got = _run(dplr_form.dplr_scan_triton, xs16, go, gs)
+    want = _run(dplr_form.dplr_scan_triton, [x.to(torch.float32) for x in xs16], go, gs)
     assert got[0].dtype == torch.bfloat16 and got[1].dtype == torch.float32
     assert all(gr.dtype == torch.bfloat16 for gr in got[2:])
     for a, b in zip(got, want):
@@ -324,7 +334,7 @@ def test_triton_only_requested_gradients_and_unused_outputs():
     case = CASES["delta_alpha_s0"]
     xs = make_inputs(case, device=DEVICE)
     v = xs[2].clone().requires_grad_(True)
-    o, _ = triton_ops.delta_rule_triton(xs[0], xs[1], v, xs[3], xs[4], xs[5])
+    o, _ = delta_form.delta_rule_triton(xs[0], xs[1], v, xs[3], xs[4], xs[5])
     o.square().sum().backward()
     x64 = [x.double() for x in xs]
     v64 = x64[2].clone().requires_grad_(True)
@@ -353,7 +363,7 @@ def test_triton_rejects_mismatched_shapes():
     xs = make_inputs(case, device=DEVICE)
     xs[4] = xs[4][..., :-1]
     with pytest.raises(ValueError, match="kappa must have shape"):
-        triton_ops.dplr_scan_triton(*xs)
+        dplr_form.dplr_scan_triton(*xs)
 
 
 @isolated
@@ -363,8 +373,8 @@ def test_triton_dispatcher_routes_to_these_kernels():
     if delta_rule is None or dplr_scan is None:
         pytest.fail("operators of issue 3 (kernels.delta_rule / kernels.dplr_scan) missing")
     for op, fn, direct in (
-        ("delta_alpha_s0", delta_rule, triton_ops.delta_rule_triton),
-        ("dplr_s0", dplr_scan, triton_ops.dplr_scan_triton),
+        ("delta_alpha_s0", delta_rule, delta_form.delta_rule_triton),
+        ("dplr_s0", dplr_scan, dplr_form.dplr_scan_triton),
     ):
         xs = make_inputs(CASES[op], device=DEVICE)
         o1, s1 = fn(*xs[:-1], impl="triton", initial_state=xs[-1])
@@ -374,13 +384,14 @@ def test_triton_dispatcher_routes_to_these_kernels():
 
 _AOT_SCRIPT = """
 import json, torch
-from kernels import triton_aot, triton_ops
+from kernels import triton_aot
+from kernels.delta_rule.triton import delta_rule_triton
 out = {"kernels": [vars(c) for c in triton_aot.compile_kernels(61, 37, 6)]
                  + [vars(c) for c in triton_aot.compile_kernels(61, 128, 128)],
        "probe": triton_aot.probe_atomic_kernel()}
 try:
     z = torch.zeros(1, 1, 2, 3)
-    triton_ops.delta_rule_triton(z, z, z, torch.zeros(1, 1, 2))
+    delta_rule_triton(z, z, z, torch.zeros(1, 1, 2))
     out["cpu_error"] = None
 except RuntimeError as exc:
     out["cpu_error"] = str(exc)

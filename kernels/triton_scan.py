@@ -1,4 +1,5 @@
-"""Pascal-safe Triton kernels for the delta rule and the DPLR (RWKV-7 style) scan.
+"""Pascal-safe Triton kernels shared by the delta rule's and the DPLR (RWKV-7 style) scan's
+Triton forms (``kernels/delta_rule/triton.py``, ``kernels/dplr/triton.py``).
 
 Both operators are one recurrence over a state ``S`` in R^{Dv x Dk} per (batch, head):
 
@@ -66,28 +67,25 @@ FP_FUSION = True
 
 
 @triton.jit
+def _lanes(DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    """This program's key lanes and block of value rows (program axis 1), with their masks."""
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    return offs_k, offs_k < DK, offs_v, offs_v < DV
+
+
+@triton.jit
 def _load_raw(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    tok,
-    offs_k,
-    mask_k,
-    offs_v,
-    mask_v,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, tok,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr,
+):  # fmt: skip
     """The inputs of step ``tok`` (= bh*T + t) as stored: (r, k, v, x1, x2, x3).
 
     Delta rule: x1 = beta, x2 = alpha (1 when absent), x3 = beta again (a placeholder that
     keeps the tuple's types fixed). DPLR: x1 = w, x2 = kappa, x3 = a.
     """
+    offs_k, mask_k, offs_v, mask_v = _lanes(DK, DV, BLOCK_K, BLOCK_V)
     r = tl.load(r_ptr + tok * DK + offs_k, mask=mask_k, other=0.0)
     key = tl.load(k_ptr + tok * DK + offs_k, mask=mask_k, other=0.0)
     v = tl.load(v_ptr + tok * DV + offs_v, mask=mask_v, other=0.0)
@@ -121,6 +119,16 @@ def _transition(key, v, x1, x2, x3, BLOCK_K: tl.constexpr, DELTA: tl.constexpr):
     return val, w, kappa, u
 
 
+@triton.jit
+def _advance(S, key, val, w, kappa, u):
+    """One step forward: ``S diag(w) - (S u) kappa^T + val key^T``."""
+    p = tl.sum(S * u[None, :], axis=1)
+    return S * w[None, :] - p[:, None] * kappa[None, :] + val[:, None] * key[None, :]
+
+
+# The kernels' parameters are grouped by role (inputs, outputs and scratch, sizes, variant
+# flags) by hand; the formatter would put each on its own line.
+
 # Every loop below loads step t+1's inputs (t-1's in reverse) before computing step t, so the
 # global-memory latency overlaps the arithmetic instead of stalling each step of the chain;
 # the index is clamped so the last prefetch re-reads an in-bounds step and is discarded.
@@ -128,30 +136,14 @@ def _transition(key, v, x1, x2, x3, BLOCK_K: tl.constexpr, DELTA: tl.constexpr):
 
 @triton.jit
 def _forward_kernel(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    s0_ptr,
-    o_ptr,
-    sT_ptr,
-    T,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-    HAS_S0: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,  # every step's inputs, as _load_raw reads them
+    s0_ptr, o_ptr, sT_ptr, T,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_S0: tl.constexpr,
+):  # fmt: skip
     """Grid (B*H, ceil(Dv/BLOCK_V)): S rows of one block in registers, one step per iteration."""
     bh = tl.program_id(0).to(tl.int64)
-    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_v = offs_v < DV
-    mask_k = offs_k < DK
+    offs_k, mask_k, offs_v, mask_v = _lanes(DK, DV, BLOCK_K, BLOCK_V)
     mask_s = mask_v[:, None] & mask_k[None, :]
     s_offs = bh * DV * DK + offs_v[:, None] * DK + offs_k[None, :]
     if HAS_S0:
@@ -159,30 +151,16 @@ def _forward_kernel(
     else:
         S = tl.zeros([BLOCK_V, BLOCK_K], dtype=tl.float32)
     nr, nk, nv, n1, n2, n3 = _load_raw(
-        r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, bh * T, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+        r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, bh * T, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
     )
     for t in range(0, T):
         r, key, v, x1, x2, x3 = nr, nk, nv, n1, n2, n3
+        nxt = bh * T + tl.minimum(t + 1, T - 1)
         nr, nk, nv, n1, n2, n3 = _load_raw(
-            r_ptr,
-            k_ptr,
-            v_ptr,
-            x1_ptr,
-            x2_ptr,
-            x3_ptr,
-            bh * T + tl.minimum(t + 1, T - 1),
-            offs_k,
-            mask_k,
-            offs_v,
-            mask_v,
-            DK,
-            DV,
-            DELTA,
-            HAS_ALPHA,
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, nxt, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
         )
         val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
-        p = tl.sum(S * u[None, :], axis=1)
-        S = S * w[None, :] - p[:, None] * kappa[None, :] + val[:, None] * key[None, :]
+        S = _advance(S, key, val, w, kappa, u)
         o = tl.sum(S * r[None, :], axis=1)
         tl.store(o_ptr + (bh * T + t) * DV + offs_v, o, mask=mask_v)
     tl.store(sT_ptr + s_offs, S, mask=mask_s)
@@ -190,33 +168,15 @@ def _forward_kernel(
 
 @triton.jit
 def _state_grad_kernel(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    do_ptr,
-    dsT_ptr,
-    gc_ptr,
-    ds0_ptr,
-    T,
-    CHUNK,
-    NC,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,  # every step's inputs, as _load_raw reads them
+    do_ptr, dsT_ptr, gc_ptr, ds0_ptr, T, CHUNK, NC,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr,
+):  # fmt: skip
     """Pass 1, reverse time. gc[(bh, vb), c] = dL/dS at chunk c's last step from later steps only."""
     bh = tl.program_id(0).to(tl.int64)
     vb = tl.program_id(1)
-    offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_v = offs_v < DV
-    mask_k = offs_k < DK
+    offs_k, mask_k, offs_v, mask_v = _lanes(DK, DV, BLOCK_K, BLOCK_V)
     mask_s = mask_v[:, None] & mask_k[None, :]
     s_offs = bh * DV * DK + offs_v[:, None] * DK + offs_k[None, :]
     tile = tl.arange(0, BLOCK_V)[:, None] * BLOCK_K + offs_k[None, :]
@@ -224,7 +184,7 @@ def _state_grad_kernel(
     G = tl.load(dsT_ptr + s_offs, mask=mask_s, other=0.0)
     last = bh * T + T - 1
     nr, nk, nv, n1, n2, n3 = _load_raw(
-        r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+        r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
     )
     ndo = tl.load(do_ptr + last * DV + offs_v, mask=mask_v, other=0.0)
     for i in range(0, T):
@@ -234,7 +194,7 @@ def _state_grad_kernel(
         r, key, v, x1, x2, x3, do = nr, nk, nv, n1, n2, n3, ndo
         prev = bh * T + tl.maximum(t - 1, 0)
         nr, nk, nv, n1, n2, n3 = _load_raw(
-            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, prev, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, prev, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
         )
         ndo = tl.load(do_ptr + prev * DV + offs_v, mask=mask_v, other=0.0)
         val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
@@ -246,34 +206,13 @@ def _state_grad_kernel(
 
 @triton.jit
 def _input_grad_kernel(
-    r_ptr,
-    k_ptr,
-    v_ptr,
-    x1_ptr,
-    x2_ptr,
-    x3_ptr,
-    s0_ptr,
-    do_ptr,
-    gc_ptr,
-    scratch_ptr,
-    dr_ptr,
-    dk_ptr,
-    dv_ptr,
-    dx1_ptr,
-    dx2_ptr,
-    dx3_ptr,
-    T,
-    CHUNK,
-    NC,
-    BH,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    DELTA: tl.constexpr,
-    HAS_ALPHA: tl.constexpr,
-    HAS_S0: tl.constexpr,
-):
+    r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr,  # every step's inputs, as _load_raw reads them
+    s0_ptr, do_ptr, gc_ptr, scratch_ptr,
+    dr_ptr, dk_ptr, dv_ptr, dx1_ptr, dx2_ptr, dx3_ptr,
+    T, CHUNK, NC, BH,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    DELTA: tl.constexpr, HAS_ALPHA: tl.constexpr, HAS_S0: tl.constexpr,
+):  # fmt: skip
     """Pass 2, forward over chunks: recompute a chunk's states, then walk it backwards.
 
     Row-summed gradients go to partial buffers indexed (vb, bh, t, :) (or (vb, bh, t) for the
@@ -282,10 +221,7 @@ def _input_grad_kernel(
     """
     bh = tl.program_id(0).to(tl.int64)
     vb = tl.program_id(1)
-    offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_v = offs_v < DV
-    mask_k = offs_k < DK
+    offs_k, mask_k, offs_v, mask_v = _lanes(DK, DV, BLOCK_K, BLOCK_V)
     mask_s = mask_v[:, None] & mask_k[None, :]
     tile = tl.arange(0, BLOCK_V)[:, None] * BLOCK_K + offs_k[None, :]
     TILE: tl.constexpr = BLOCK_V * BLOCK_K
@@ -303,7 +239,7 @@ def _input_grad_kernel(
         # Forward through the chunk: keep S_{t-1} for the backward walk; dr needs only S_t.
         first = bh * T + t0
         nr, nk, nv, n1, n2, n3 = _load_raw(
-            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, first, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, first, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
         )
         ndo = tl.load(do_ptr + first * DV + offs_v, mask=mask_v, other=0.0)
         for t in range(t0, t1):
@@ -311,26 +247,11 @@ def _input_grad_kernel(
             r, key, v, x1, x2, x3, do = nr, nk, nv, n1, n2, n3, ndo
             nxt = bh * T + tl.minimum(t + 1, t1 - 1)
             nr, nk, nv, n1, n2, n3 = _load_raw(
-                r_ptr,
-                k_ptr,
-                v_ptr,
-                x1_ptr,
-                x2_ptr,
-                x3_ptr,
-                nxt,
-                offs_k,
-                mask_k,
-                offs_v,
-                mask_v,
-                DK,
-                DV,
-                DELTA,
-                HAS_ALPHA,
+                r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, nxt, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
             )
             ndo = tl.load(do_ptr + nxt * DV + offs_v, mask=mask_v, other=0.0)
             val, w, kappa, u = _transition(key, v, x1, x2, x3, BLOCK_K, DELTA)
-            p = tl.sum(S * u[None, :], axis=1)
-            S = S * w[None, :] - p[:, None] * kappa[None, :] + val[:, None] * key[None, :]
+            S = _advance(S, key, val, w, kappa, u)
             dr = tl.sum(S * do[:, None], axis=0)
             tl.store(dr_ptr + (part * T + t) * DK + offs_k, dr, mask=mask_k)
         # Scratch written by one thread may be read by another: fence the block.
@@ -338,7 +259,7 @@ def _input_grad_kernel(
         G = tl.load(gc_ptr + gc_base + c * TILE + tile)
         last = bh * T + t1 - 1
         nr, nk, nv, n1, n2, n3 = _load_raw(
-            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, offs_k, mask_k, offs_v, mask_v, DK, DV, DELTA, HAS_ALPHA
+            r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, last, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
         )
         ndo = tl.load(do_ptr + last * DV + offs_v, mask=mask_v, other=0.0)
         nSp = tl.load(scratch + (t1 - 1 - t0) * TILE)
@@ -348,21 +269,7 @@ def _input_grad_kernel(
             t_prev = tl.maximum(t - 1, t0)
             prev = bh * T + t_prev
             nr, nk, nv, n1, n2, n3 = _load_raw(
-                r_ptr,
-                k_ptr,
-                v_ptr,
-                x1_ptr,
-                x2_ptr,
-                x3_ptr,
-                prev,
-                offs_k,
-                mask_k,
-                offs_v,
-                mask_v,
-                DK,
-                DV,
-                DELTA,
-                HAS_ALPHA,
+                r_ptr, k_ptr, v_ptr, x1_ptr, x2_ptr, x3_ptr, prev, DK, DV, BLOCK_K, BLOCK_V, DELTA, HAS_ALPHA
             )
             ndo = tl.load(do_ptr + prev * DV + offs_v, mask=mask_v, other=0.0)
             nSp = tl.load(scratch + (t_prev - t0) * TILE)
@@ -421,7 +328,8 @@ def _num_warps(block_v: int, block_k: int) -> int:
     return max(1, min(8, block_v * block_k // 512))
 
 
-def _check_device(x: torch.Tensor) -> None:
+def check_device(x: torch.Tensor) -> None:
+    """Refuse a tensor the kernels cannot run on: off CUDA unless interpreted."""
     if x.device.type != "cuda" and not INTERPRETED:
         raise RuntimeError(
             f"triton kernels need CUDA tensors, got {x.device}; on CPU set TRITON_INTERPRET=1 "
@@ -429,17 +337,18 @@ def _check_device(x: torch.Tensor) -> None:
         )
 
 
-def _f32(x: torch.Tensor | None) -> torch.Tensor | None:
+def to_f32(x: torch.Tensor | None) -> torch.Tensor | None:
+    """What a kernel reads: a detached, contiguous float32 copy (None stays None)."""
     return None if x is None else x.detach().to(torch.float32).contiguous()
 
 
-def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
     # Same rule as kernels.dispatch.compute_dtype: a bf16/fp16 caller gets an fp32 state.
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
-class _Scan:
-    """Shapes, launch parameters and the three launches shared by both operators."""
+class Scan:
+    """Shapes, launch parameters and the three launches shared by both operators' forms."""
 
     def __init__(
         self, r: torch.Tensor, v: torch.Tensor, delta: bool, has_alpha: bool, block_v: int | None, chunk: int | None
@@ -524,71 +433,20 @@ class _Scan:
         return dr.sum(0), dk.sum(0), dv, dx1.sum(0), dx2, dx3, ds0
 
 
-def _dtypes(*xs: torch.Tensor | None) -> tuple[torch.dtype | None, ...]:
+def dtypes_of(*xs: torch.Tensor | None) -> tuple[torch.dtype | None, ...]:
     # dtypes only: holding the caller's tensors on ctx would keep them alive.
     return tuple(None if x is None else x.dtype for x in xs)
 
 
-def _grad(g: torch.Tensor | None, dtype: torch.dtype | None, needed: bool) -> torch.Tensor | None:
+def cast_grad(g: torch.Tensor | None, dtype: torch.dtype | None, needed: bool) -> torch.Tensor | None:
+    """An input's gradient in the input's dtype, or None where it was not given or not needed."""
     if dtype is None or not needed or g is None:
         return None
     return g.to(dtype)
 
 
-class DeltaRuleTriton(torch.autograd.Function):
-    """``S_t = a_t S_{t-1}(I - b_t k_t k_t^T) + b_t v_t k_t^T``, ``o_t = S_t q_t`` (see module doc)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, beta, alpha, initial_state, block_v=None, chunk=None):
-        _check_device(q)
-        beta32 = _f32(beta)
-        # Unused pointer slots get beta: the kernels never read them (HAS_ALPHA, DELTA).
-        alpha32 = beta32 if alpha is None else _f32(alpha)
-        xs = [_f32(q), _f32(k), _f32(v), beta32, alpha32, beta32]
-        s0 = _f32(initial_state)
-        scan = _Scan(xs[0], xs[2], delta=True, has_alpha=alpha is not None, block_v=block_v, chunk=chunk)
-        o, sT = scan.forward(xs, s0)
-        ctx.save_for_backward(*xs[:5], s0)
-        ctx.scan = scan
-        ctx.dtypes = _dtypes(q, k, v, beta, alpha, initial_state)
-        out_dtype = torch.promote_types(q.dtype, v.dtype)
-        return o.to(out_dtype), sT.to(_state_dtype(out_dtype))
-
-    @staticmethod
-    def backward(ctx, do, dsT):
-        q, k, v, beta, alpha, s0 = ctx.saved_tensors
-        xs = [q, k, v, beta, alpha, beta]
-        grads = ctx.scan.backward(xs, s0, _f32(do), _f32(dsT))
-        dq, dk, dv, dbeta, dalpha, _, ds0 = grads
-        grads = (dq, dk, dv, dbeta, dalpha, ds0)
-        return tuple(_grad(g, d, n) for g, d, n in zip(grads, ctx.dtypes, ctx.needs_input_grad)) + (None, None)
-
-
-class DplrScanTriton(torch.autograd.Function):
-    """``S_t = S_{t-1}(diag(w_t) - (a_t*kappa_t) kappa_t^T) + v_t k_t^T``, ``o_t = S_t r_t``."""
-
-    @staticmethod
-    def forward(ctx, r, k, v, w, kappa, a, initial_state, block_v=None, chunk=None):
-        _check_device(r)
-        xs = [_f32(x) for x in (r, k, v, w, kappa, a)]
-        s0 = _f32(initial_state)
-        scan = _Scan(xs[0], xs[2], delta=False, has_alpha=False, block_v=block_v, chunk=chunk)
-        o, sT = scan.forward(xs, s0)
-        ctx.save_for_backward(*xs, s0)
-        ctx.scan = scan
-        ctx.dtypes = _dtypes(r, k, v, w, kappa, a, initial_state)
-        out_dtype = torch.promote_types(r.dtype, v.dtype)
-        return o.to(out_dtype), sT.to(_state_dtype(out_dtype))
-
-    @staticmethod
-    def backward(ctx, do, dsT):
-        *xs, s0 = ctx.saved_tensors
-        dr, dk, dv, dw, dkappa, da, ds0 = ctx.scan.backward(list(xs), s0, _f32(do), _f32(dsT))
-        grads = (dr, dk, dv, dw, dkappa, da, ds0)
-        return tuple(_grad(g, x, n) for g, x, n in zip(grads, ctx.dtypes, ctx.needs_input_grad)) + (None, None)
-
-
-def _check_shapes(names: tuple[str, ...], xs: tuple, scalar: tuple[str, ...], state: torch.Tensor | None) -> None:
+def check_shapes(names: tuple[str, ...], xs: tuple, scalar: tuple[str, ...], state: torch.Tensor | None) -> None:
+    """Raise ValueError unless every input has its operator's shape and the first input's device."""
     B, H, T, DK = xs[0].shape
     DV = xs[2].shape[-1]
     for name, x in zip(names, xs):
@@ -601,47 +459,3 @@ def _check_shapes(names: tuple[str, ...], xs: tuple, scalar: tuple[str, ...], st
             raise ValueError(f"{name} is on {x.device} but {names[0]} is on {xs[0].device}")
     if state is not None and tuple(state.shape) != (B, H, DV, DK):
         raise ValueError(f"initial_state must have shape {(B, H, DV, DK)}, got {tuple(state.shape)}")
-
-
-def delta_rule_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    alpha: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    *,
-    block_v: int | None = None,
-    chunk: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Delta rule with Triton forward and backward; returns ``(o, final_state)``.
-
-    q, k: (B, H, T, Dk); v: (B, H, T, Dv); beta, alpha: (B, H, T) (alpha None means 1);
-    initial_state: (B, H, Dv, Dk) or None (zeros). ``o`` comes back in the inputs' dtype,
-    the final state in fp32 for 16-bit inputs. ``block_v`` (rows per program, a power of
-    two) and ``chunk`` (backward chunk length) are tuning/testing knobs.
-    """
-    _check_shapes(("q", "k", "v", "beta", "alpha"), (q, k, v, beta, alpha), ("beta", "alpha"), initial_state)
-    return DeltaRuleTriton.apply(q, k, v, beta, alpha, initial_state, block_v, chunk)
-
-
-def dplr_scan_triton(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    *,
-    block_v: int | None = None,
-    chunk: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """DPLR scan with Triton forward and backward; returns ``(o, final_state)``.
-
-    r, k, w, kappa, a: (B, H, T, Dk); v: (B, H, T, Dv); initial_state: (B, H, Dv, Dk) or
-    None. ``kappa`` enters as given (normalise it before calling). Knobs as in
-    :func:`delta_rule_triton`.
-    """
-    _check_shapes(("r", "k", "v", "w", "kappa", "a"), (r, k, v, w, kappa, a), (), initial_state)
-    return DplrScanTriton.apply(r, k, v, w, kappa, a, initial_state, block_v, chunk)

@@ -1,6 +1,6 @@
 """Chunkwise (loop-free over positions) stabilised mLSTM memory states and whitened reads.
 
-Same quantities as :mod:`cells.mlstm_cell` (``C~_t, n~_t, m_t`` of the stabilised
+Same quantities as :mod:`kernels.mlstm.reference` (``C~_t, n~_t, m_t`` of the stabilised
 recurrence, keys scaled by ``1/sqrt(D)``), computed a chunk of ``L`` positions at a time
 instead of one position at a time. Inside a chunk starting after a carried state
 ``(C~_0, n~_0, m_0)``, with ``b_t`` the chunk-local cumulative log forget gate::
@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from cells.mlstm_cell import _fp32
-from cells.whitening import frobenius_normalize
+from kernels.mlstm.reference import _fp32
 
 DEFAULT_CHUNK = 16
 # Checkpoint chunks once every position's states would exceed this many elements (256 MiB
@@ -86,7 +85,7 @@ def memory_states_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(C~ (B,H,T,Dv,Dk), n~ (B,H,T,Dk), m (B,H,T))`` for every step, chunk by chunk.
 
-    Equals :func:`cells.mlstm_cell.memory_states` (and the loop's ``n~, m``) up to rounding.
+    Equals :func:`kernels.mlstm.reference.memory_states` (and the loop's ``n~, m``) up to rounding.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -163,47 +162,6 @@ def chunked_read(
         return torch.cat(outs, dim=2)
 
 
-class _NewtonSchulz(torch.autograd.Function):
-    """``steps`` iterations ``X <- 1.5 X - 0.5 X (X^T X)`` with a hand-written backward.
-
-    Autograd through ``(X X^T) X`` spends 2 + 4 batched matmuls and several elementwise
-    passes per iteration; here the forward is 2 (``G = X^T X`` and one ``baddbmm``) and the
-    backward 3: for ``Y = 1.5 X - 0.5 X G``, ``dX = 1.5 dY - 0.5 dY G - 0.5 X (M + M^T)`` with
-    ``M = X^T dY`` (G symmetric). Saves every iterate and its Gram matrix.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, steps: int) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, *shape[-2:])
-        saved = []
-        for _ in range(steps):
-            g = torch.bmm(x.transpose(1, 2), x)
-            saved += [x, g]
-            x = torch.baddbmm(x, x, g, beta=1.5, alpha=-0.5)
-        ctx.save_for_backward(*saved)
-        ctx.shape = shape
-        return x.reshape(shape)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        saved = ctx.saved_tensors
-        gy = grad.reshape(-1, *ctx.shape[-2:])
-        for idx in range(len(saved) - 2, -1, -2):
-            x, g = saved[idx], saved[idx + 1]
-            m = torch.bmm(x.transpose(1, 2), gy)
-            gx = torch.baddbmm(gy, gy, g, beta=1.5, alpha=-0.5)
-            gy = torch.baddbmm(gx, x, m + m.transpose(1, 2), alpha=-0.5)
-        return gy.reshape(ctx.shape), None
-
-
-def newton_schulz_fused(c: torch.Tensor, steps: int) -> torch.Tensor:
-    """:func:`cells.whitening.newton_schulz` (Frobenius-normalise, ``steps`` iterations) with
-    the iterations fused into one autograd node; equal up to rounding."""
-    x = frobenius_normalize(c)
-    return _NewtonSchulz.apply(x, steps) if steps > 0 else x
-
-
 def apply_read(mat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``mat_t q_t`` for every position: ``(..., L, Do, Dk) x (..., L, Dk) -> (..., L, Do)``."""
     return (mat @ q.to(mat.dtype).unsqueeze(-1)).squeeze(-1)
@@ -241,7 +199,7 @@ def rls_read_chunked(
     chunk: int = DEFAULT_CHUNK,
     checkpoint: bool | None = None,
 ) -> torch.Tensor:
-    """:func:`cells.mlstm_cell.rls_read` (relative ridge) computed chunkwise.
+    """:func:`kernels.mlstm.reference.rls_read` (relative ridge) computed chunkwise.
 
     ``C~_t`` and the key Gram matrix ``K~_t`` share the memory's weights, so they are one
     chunked recurrence over the stacked values ``[v; k/sqrt(D)]``.

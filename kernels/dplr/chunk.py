@@ -1,86 +1,20 @@
-"""The diagonal-plus-low-rank (DPLR) scan: the RWKV-7 style transition.
-
-Convention (seed paper 001, eqs. 3-4), per batch ``b`` and head ``h``::
-
-    A_t = diag(w_t) - (a_t * kappa_t) kappa_t^T
-    S_t = S_{t-1} A_t + v_t k_t^T,        o_t = S_t r_t
-
-with state ``S_t`` of shape ``(Dv, Dk)`` (``S_0`` = initial state, zeros by default). The
-transition acts on the key side (right), so ``diag(w_t)`` scales column ``i`` of the state
-by ``w_t[i]``: decay and removal happen BEFORE the new write ``v_t k_t^T``, and ``o_t``
-reads the state AFTER it. ``kappa`` is the removal key kappa-hat exactly as given:
-normalising it, bounding ``w`` to (0, 1) and ``a`` to (0, 1) are the cell's job.
-With ``a = 0`` this is a plain diagonal (vector-decay) scan, the ``dg_diag`` ablation.
-
-Shapes: ``r, k, w, kappa, a (B, H, T, Dk)``, ``v (B, H, T, Dv)``,
-``initial_state (B, H, Dv, Dk)``. Returns ``o (B, H, T, Dv)`` and the final state
-``(B, H, Dv, Dk)``.
-"""
+"""The DPLR scan's chunkwise-parallel form (a unit lower-triangular solve per chunk)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from kernels.chunking import (
-    chunk_state_pass,
-    factorable,
-    from_chunks,
-    segment_products,
-    to_chunks,
-    unit_lower_solve,
-)
-from kernels.dispatch import (
-    check_chunk_size,
-    empty_result,
-    is_transformed,
-    resolve_impl,
-    run_pytorch_form,
-    triton_function,
-)
-from kernels.validation import expect_rank, expect_shape
-
-# Measured on 2-core CPUs (T = 64..512, D = 16..64, fwd+bwd): 16 ties 32 at batch 8 and is
-# ~25% faster at batch 64, where the (C, C) intermediates' memory traffic dominates.
-DEFAULT_CHUNK_SIZE = 16
-
-
-def dplr_scan_naive(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: one step of the recurrence per loop iteration (see module docstring)."""
-    b, h, t_len, dk = r.shape
-    dv = v.shape[-1]
-    state = r.new_zeros(b, h, dv, dk) if initial_state is None else initial_state
-    outs = []
-    for t in range(t_len):
-        kap = kappa[:, :, t]
-        # S A_t = S diag(w_t) - (S (a_t * kappa_t)) kappa_t^T, without forming the Dk x Dk matrix.
-        removed = state @ (a[:, :, t] * kap).unsqueeze(-1)
-        state = state * w[:, :, t].unsqueeze(-2) - removed * kap.unsqueeze(-2)
-        state = state + v[:, :, t].unsqueeze(-1) * k[:, :, t].unsqueeze(-2)
-        outs.append((state @ r[:, :, t].unsqueeze(-1)).squeeze(-1))
-    return torch.stack(outs, dim=2), state
+from kernels.chunking import DEFAULT_CHUNK_SIZE
+from kernels.chunking import chunk_state_pass, factorable, from_chunks, segment_products, to_chunks, unit_lower_solve
+from kernels.dispatch import check_chunk_size
 
 
 def dplr_scan_chunk(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    r: Tensor, k: Tensor, v: Tensor, w: Tensor, kappa: Tensor, a: Tensor,
+    *, initial_state: Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Chunkwise-parallel form, exact up to rounding.
 
     Within a chunk with entering state ``S0`` write ``A_t = diag(w_t) + x_t kappa_t^T`` with
@@ -134,9 +68,7 @@ def dplr_scan_chunk(
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _pairs_factored(
-    rc: torch.Tensor, remove_in: torch.Tensor, kc: torch.Tensor, kap: torch.Tensor, decay: torch.Tensor
-) -> Pairs:
+def _pairs_factored(rc: Tensor, remove_in: Tensor, kc: Tensor, kap: Tensor, decay: Tensor) -> Pairs:
     """Decay-weighted pair matrices with ``D[t, s] = D0[t] / D0[s]`` carried by the vectors.
 
     Only valid when :func:`kernels.chunking.factorable` holds for ``decay`` (``D0``); then
@@ -155,9 +87,7 @@ def _pairs_factored(
     return read_kap, read_k, rem_kap, rem_k, end * kap_in, end * k_in
 
 
-def _pairs_segmented(
-    rc: torch.Tensor, remove: torch.Tensor, kc: torch.Tensor, kap: torch.Tensor, wc: torch.Tensor
-) -> Pairs:
+def _pairs_segmented(rc: Tensor, remove: Tensor, kc: Tensor, kap: Tensor, wc: Tensor) -> Pairs:
     """Same as :func:`_pairs_factored` from explicit segment products ``D[t, s, i]``.
 
     Exact for any decays (including 0) at ``O(C^2 Dk)`` elementwise cost per chunk.
@@ -169,45 +99,3 @@ def _pairs_segmented(
     read_kap, read_k = torch.einsum("...tsi,...sij->...tsj", rc.unsqueeze(-2) * span, keys).unbind(-1)
     end = span[..., -1, :, :]
     return read_kap, read_k, rem_kap, rem_k, end * kap, end * kc
-
-
-def dplr_scan(
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    kappa: torch.Tensor,
-    a: torch.Tensor,
-    *,
-    impl: str = "auto",
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the DPLR scan; returns ``(o (B,H,T,Dv), final_state (B,H,Dv,Dk))``.
-
-    ``S_t = S_{t-1} (diag(w_t) - (a_t * kappa_t) kappa_t^T) + v_t k_t^T``, ``o_t = S_t r_t``,
-    inputs used as given. ``impl``: "naive", "chunk", "triton" or "auto" (triton on CUDA
-    when it imports, else chunk). ``chunk_size`` only affects the chunk form. The PyTorch
-    forms compute in fp32 for 16-bit inputs, return ``o`` in the input dtype and the final
-    state in the compute dtype; fp64 stays fp64.
-    """
-    expect_rank("r", r, 4, "(B, H, T, Dk)")
-    b, h, t_len, dk = r.shape
-    expect_rank("v", v, 4, "(B, H, T, Dv)")
-    dv = v.shape[-1]
-    dev = r.device
-    for name, x in (("k", k), ("w", w), ("kappa", kappa), ("a", a)):
-        expect_shape(name, x, (b, h, t_len, dk), "(B, H, T, Dk)", dev)
-    expect_shape("v", v, (b, h, t_len, dv), "(B, H, T, Dv)", dev)
-    expect_shape("initial_state", initial_state, (b, h, dv, dk), "(B, H, Dv, Dk)", dev)
-    check_chunk_size(chunk_size)
-    form = resolve_impl("dplr_scan", impl, dev, transformed=is_transformed(r, k, v, w))
-    if form == "triton":
-        fn, _ = triton_function("dplr_scan")
-        return fn(r, k, v, w, kappa, a, initial_state)
-    if t_len == 0:
-        return empty_result(v, (b, h, 0, dv), (b, h, dv, dk), initial_state)
-    inputs = (r, k, v, w, kappa, a)
-    if form == "naive":
-        return run_pytorch_form(dplr_scan_naive, inputs, initial_state)
-    return run_pytorch_form(dplr_scan_chunk, inputs, initial_state, chunk_size=chunk_size)

@@ -1,21 +1,9 @@
-"""The mLSTM memory recurrence (xLSTM's, stabilised) and its reads.
+"""The mLSTM's step-by-step forms (the references): one position per loop iteration.
 
-Inputs per batch and head: ``q, k, v (B, H, T, D)``, input-gate and forget-gate
-pre-activations ``i, f (B, H, T)``. Keys are scaled by ``1/sqrt(D)``. With
-``F_t = sum_{j<=t} log sigmoid(f_j)``, the memory is a gated sum of outer products::
-
-    C_t = sum_{s<=t} exp(F_t - F_s + i_s) v_s k_s^T     (exponential input gate)
-    n_t = sum_{s<=t} exp(F_t - F_s + i_s) k_s           (normaliser)
-    m_t = max_{s<=t} (F_t - F_s + i_s)                   (stabiliser)
-
-Everything is stored scaled by ``exp(-m_t)`` (``C~, n~``), which is what keeps the
-exponential gate finite. The raw (stock mLSTM) read is
-
-    h_t = C~_t q_t / (max(|n~_t . q_t|, exp(-m_t)) + eps).
-
-``raw_read_parallel`` computes it in the quadratic (attention-like) form, ``raw_read_loop``
-step by step (the reference), ``memory_states`` materialises ``C~_t`` for every t (for the
-whitened reads), ``rls_read`` / ``rls_read_recursive`` are the least-squares reads. All run in float32 with
+``raw_read_loop`` is the stock read, ``memory_states`` materialises ``C~_t`` for every t (for
+the whitened reads), ``rls_read`` / ``rls_read_recursive`` are the least-squares reads (the
+recursive one has no other form: its Sherman-Morrison recursion is sequential). The
+recurrence and its stabilisation are in :mod:`kernels.mlstm`. All run in float32 with
 autocast off and return float32 (float64 for float64 inputs).
 """
 
@@ -32,21 +20,6 @@ EPS = 1e-6
 def _fp32(*xs: torch.Tensor) -> list[torch.Tensor]:
     """16-bit inputs go up to float32; float32 and float64 stay as they are."""
     return [x.float() if x.dtype in (torch.float16, torch.bfloat16) else x for x in xs]
-
-
-def raw_read_parallel(q, k, v, i, f) -> torch.Tensor:
-    """Stock mLSTM read in the stabilised parallel form (xLSTM's ``parallel_stabilized``)."""
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v, i, f = _fp32(q, k, v, i, f)
-        t = q.shape[-2]
-        cum = F.logsigmoid(f).cumsum(-1)
-        log_d = cum.unsqueeze(-1) - cum.unsqueeze(-2) + i.unsqueeze(-2)  # (B, H, T_t, T_s)
-        past = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        log_d = log_d.masked_fill(~past, float("-inf"))
-        m = log_d.amax(dim=-1, keepdim=True)
-        scores = (q @ (k / math.sqrt(k.shape[-1])).transpose(-1, -2)) * torch.exp(log_d - m)
-        denom = torch.maximum(scores.sum(-1, keepdim=True).abs(), torch.exp(-m)) + EPS
-        return (scores / denom) @ v
 
 
 def _steps(k, v, i, f):
