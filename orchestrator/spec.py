@@ -855,14 +855,6 @@ def load(
     _check_stop(spec, fail)
     thresholds = _resolve_thresholds(spec)
     stored = _stored_text(text, expanded.warnings)
-    return Sweep(
-        spec=spec,
-        path=Path(path) if path is not None else None,
-        text=stored,
-        trials=expanded.trials,
-        axes=expanded.axes,
-        matched=expanded.matched,
-        sequential=sequential,
-        thresholds=thresholds,
-        warnings=expanded.warnings,
-    )
+    path = Path(path) if path is not None else None
+    # the expansion's trials, axes, matched models and warnings are the Sweep's fields of those names
+    return Sweep(spec=spec, path=path, text=stored, sequential=sequential, thresholds=thresholds, **vars(expanded))
