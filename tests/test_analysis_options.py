@@ -18,9 +18,7 @@ from orchestrator.analysis_config import AnalysisConfig, HeatmapConfig
 from orchestrator.cli import app, main
 from orchestrator.cli.analysis_options import OLD_FLAGS
 from orchestrator.errors import UserError
-from orchestrator.store.engine import open_store_engine
-from orchestrator.store.import_jsonl import write_records
-from test_analysis_cli import _records
+import test_analysis_cli
 
 FIELDS = set(AnalysisConfig.model_fields)
 # How the CLI prints; not an input of the analysis.
@@ -79,20 +77,14 @@ def test_old_spellings_are_hidden_aliases(command):
         assert new in FIELDS and hidden[old].help == "old name of --" + new.replace("_", "-"), old
 
 
-@pytest.fixture
-def url(db_url):
-    """The sweep "cli" of test_analysis_cli (2 variants x 2 learning rates x 6 seeds)."""
-    engine, _ = open_store_engine(db_url)
-    write_records(engine, "cli", _records())
-    engine.dispose()
-    return db_url
+# The fixture: sweep "cli" (2 variants x 2 learning rates x 6 seeds) in the test's database.
+url = test_analysis_cli.url
 
 
 def _run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    assert code == 0, cap.err
-    return cap.out, cap.err
+    code, out, err = test_analysis_cli.run(capsys, *argv)
+    assert code == 0, err
+    return out, err
 
 
 # Every field set to something other than its default, as the CLI spells it and as Python does.

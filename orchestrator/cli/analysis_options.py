@@ -6,8 +6,8 @@ default of its own (the field's default is shown in the help).
 
 The names the CLI used before the options were generated stay as hidden aliases:
 ``--groups`` (now ``--compare``), ``--status`` (``--statuses``), ``--seed``
-(``--random-seed``), and ``--cells`` (``--strata``), deprecated since before, with its note on
-stderr.
+(``--random-seed``), and ``--cells`` (``--strata``), which was deprecated already and says so
+on stderr.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ OLD_FLAGS = {"cells": "strata", "groups": "compare", "status": "statuses", "seed
 DEPRECATED = ("cells",)  # these say so on stderr when used
 
 
-def flag(name: str) -> str:
+def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
@@ -75,9 +75,9 @@ def _option(name: str, field: FieldInfo, *, old: str | None = None) -> inspect.P
     # A list of pairs is the option repeated, one A,B each.
     metavar = "A,B" if _cli_type(field) is list[str] else None
     if old is None:
-        info = typer.Option(None, flag(name), help=_help(field), metavar=metavar)
+        info = typer.Option(None, _flag(name), help=_help(field), metavar=metavar)
     else:
-        info = typer.Option(None, flag(old), hidden=True, help=f"old name of {flag(name)}", metavar=metavar)
+        info = typer.Option(None, _flag(old), hidden=True, help=f"old name of {_flag(name)}", metavar=metavar)
     return inspect.Parameter(
         old or name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=Optional[_cli_type(field)]
     )
@@ -89,9 +89,9 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
         if values.get(old) is None:
             continue
         if values.get(new) is not None:
-            raise UserError(f"{flag(old)} is the old name of {flag(new)}: give one of them")
+            raise UserError(f"{_flag(old)} is the old name of {_flag(new)}: give one of them")
         if old in DEPRECATED:
-            print(f"note: {flag(old)} is deprecated, use {flag(new)}", file=sys.stderr)
+            print(f"note: {_flag(old)} is deprecated, use {_flag(new)}", file=sys.stderr)
         values[new] = values[old]
     # A repeatable option left out arrives as an empty list or tuple: not given either.
     return {
