@@ -1,14 +1,14 @@
 """orchestrator: sweeps of tiny recurrent models on Ray Tune, traces in SQL, statistics off
 the database. The Python API (see :mod:`orchestrator.api` and the README)::
 
-    from orchestrator import submit, resume, load, analyze, connect
+    from orchestrator import submit, resume, load, analyze, report, connect
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["analyze", "connect", "load", "register_cell", "register_task", "resume", "submit"]
+__all__ = ["analyze", "connect", "load", "register_cell", "register_task", "report", "resume", "submit"]
 
 
 def __getattr__(name: str) -> Any:

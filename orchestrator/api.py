@@ -2,12 +2,14 @@
 
 ::
 
-    from orchestrator import submit, resume, load, analyze, connect
+    from orchestrator import submit, resume, load, analyze, report, connect
 
     run = submit("sweeps/quickstart.yaml", db="runs/demo.db")   # a path, YAML text or a dict
     run.name, run.db, run.outcomes                              # sweep name, DB URL, counts
     trials, evals = load(run.db, run.name)                      # SQL column names, one per param
     analyze(run.db, run.name, "fisher").p_value                 # the stored analysis: block applies
+    analyze(run.db, run.name, "lockin", by="arm", strata="lr")  # the options of `orchestrator analyze`
+    report(run.db, run.name, out="runs/reports/demo").text()    # `orchestrator report`, as a Report
     engine = connect(run.db)                                    # a SQLAlchemy engine, for SQL
 
 Everything is imported lazily (``import orchestrator`` stays light). Errors in what was
@@ -43,8 +45,8 @@ class SweepRun:
     def load(self):
         return load(self.db, self.name)
 
-    def analyze(self, kind: str, **overrides: Any) -> Any:
-        return analyze(self.db, self.name, kind, **overrides)
+    def analyze(self, kind: str, **options: Any) -> Any:
+        return analyze(self.db, self.name, kind, **options)
 
 
 def _spec(spec: str | Path | dict[str, Any]):
@@ -131,20 +133,44 @@ def load(db: str | Engine | None, sweep: str):
     return read_sweep(connect(db), sweep)
 
 
-def analyze(db: str | Engine | None, sweep: str, kind: str, **overrides: Any) -> Any:
-    """One analysis (``lockin``, ``outcomes``, ``fisher``, ``permutation``, ``mcnemar``,
-    ``km``, ``logrank``, ``hazard``, ``scaling``) with the sweep's stored ``analysis:``
-    block as the base config and ``overrides`` (AnalysisConfig fields) over it. The result
-    has ``.summary`` (a DataFrame) and ``.to_dict()``."""
+def analyze(db: str | Engine | None, sweep: str, kind: str, **options: Any) -> Any:
+    """One analysis of a sweep, as ``orchestrator analyze SWEEP KIND`` runs it: ``lockin``,
+    ``outcomes``, ``fisher``, ``permutation``, ``mcnemar``, ``km``, ``logrank``, ``hazard``,
+    ``sequential`` or ``scaling``. The sweep's stored ``analysis:`` block is the base;
+    ``options`` go over it under the names of the command's options (``by``, ``strata``,
+    ``compare``, ``statuses``, ``lockin``, ``random_seed``, ...: the fields of
+    :class:`orchestrator.analysis_config.AnalysisConfig`; an unknown name or a bad value is a
+    :class:`UserError`; ``cells`` is the old name of ``strata``). The result has ``.summary``
+    (a DataFrame) and ``.to_dict()``."""
     from orchestrator.analysis import api
-    from orchestrator.analysis.config import parse_config
-    from orchestrator.analysis.stored import stored_spec
+    from orchestrator.analysis.report import apply_horizon
 
     engine = connect(db)
+    prep = apply_horizon(api.prepare(engine, sweep, _stored_config(engine, sweep), **options))
+    return api.result(kind, api.run(prep, kind))
+
+
+def report(db: str | Engine | None, sweep: str, *, out: str | Path | None = None, format: str = "png", **options: Any):
+    """The tables and the HTML report with figures, as ``orchestrator report SWEEP`` makes
+    them: written under ``out`` (default ``runs/reports/SWEEP``) as ``format`` (``png`` or
+    ``svg``), ``options`` over the stored ``analysis:`` block as in :func:`analyze`. The
+    result has ``.text()`` (the printed tables), ``.to_dict()`` and ``.html_path``."""
+    from orchestrator.analysis import api
+    from orchestrator.analysis.report import build_report
+
+    engine = connect(db)
+    prep = api.prepare(engine, sweep, _stored_config(engine, sweep), **options)
+    return build_report(prep, out, fmt=format, db=engine)
+
+
+def _stored_config(engine: Engine, sweep: str):
+    """The ``analysis:`` block stored with the sweep's spec, validated (the defaults without one)."""
+    from orchestrator.analysis.stored import stored_spec
+    from orchestrator.analysis_config import parse_config
+
     spec = stored_spec(engine, sweep)
     block = spec.get("analysis") if spec else None
-    cfg = parse_config(block if isinstance(block, dict) else None, source=f"{sweep}: analysis")
-    return api.result(kind, api.run(api.prepare(engine, sweep, cfg, **overrides), kind))
+    return parse_config(block if isinstance(block, dict) else None, source=f"{sweep}: analysis")
 
 
 def register_cell(*args: Any, **kwargs: Any) -> Any:

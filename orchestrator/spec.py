@@ -14,10 +14,10 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import yaml
 from pydantic import (
@@ -562,22 +562,43 @@ def _match(
     return {**params, f"model.{LEVER}": row[LEVER]}
 
 
-def load(
-    path: str | Path | None = None,
-    *,
-    text: str | None = None,
-    max_trials: int = DEFAULT_MAX_TRIALS,
-    node_memory: int | None = None,
-) -> Sweep:
-    """Read, validate and expand a spec. Raises SpecError (a one-line UserError).
+# ---- loading, step by step ----------------------------------------------------------------
 
-    ``max_trials`` caps the design (counted from the axis sizes before anything is
-    expanded); ``node_memory`` (bytes, default this machine's) bounds a trial's model."""
-    label = str(path) if path is not None else "<spec>"
+Fail = Callable[[str, str], NoReturn]
 
-    def fail(where: str, msg: str):
+
+@dataclass
+class _Design:
+    """One design to expand: the spec's top level, or one of its blocks over it."""
+
+    pre: str  # the prefix of its error locations: "" or "blocks[i]."
+    fixed: dict[str, Any]
+    axes: dict[str, list[Any]]
+    zips: list[list[str]]
+    excludes: list[dict[str, Any]]
+
+
+@dataclass
+class _Trials:
+    """What expanding the designs gives: the trials in order and what was learnt on the way."""
+
+    trials: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    axes: dict[str, list[Any]] = field(default_factory=dict)  # every axis's values over all designs
+    matched: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _failer(label: str) -> Fail:
+    """The ``fail(where, msg)`` every check calls: a SpecError ``LABEL: WHERE: MSG``."""
+
+    def fail(where: str, msg: str) -> NoReturn:
         raise SpecError(f"{label}: {where}: {msg}")
 
+    return fail
+
+
+def _read_source(path: str | Path | None, text: str | None, label: str) -> str:
+    """The spec's text: as given, or read from ``path``; bounded in size, no NUL byte."""
     if text is None:
         if path is None:
             raise SpecError("<spec>: give a path or the spec's text")
@@ -591,6 +612,11 @@ def load(
         raise SpecError(f"{label}: above the {MAX_SPEC_BYTES:,}-byte (1 MiB) limit of a spec")
     if "\x00" in text:
         raise SpecError(f"{label}: contains a NUL byte (not a text file?)")
+    return text
+
+
+def _parse_yaml(text: str, label: str) -> Any:
+    """The YAML, strictly (no duplicate keys, no tags), bounded in depth and size."""
     try:
         raw = load_strict(text)
         _shape(raw)
@@ -612,17 +638,31 @@ def load(
         pos = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(f"{label}: malformed YAML at {pos}: {problem}") from None
+    return raw
+
+
+def _validate_shape(raw: Any, label: str, fail: Fail) -> SweepSpec:
+    """The top level: a mapping of the known keys with values of the right kinds."""
     if not isinstance(raw, dict):
         raise SpecError(f"{label}: (top level): expected a mapping with name, axes, fixed, ...")
     try:
-        spec = SweepSpec.model_validate(raw)
+        return SweepSpec.model_validate(raw)
     except ValidationError as exc:
         where, msg = _first_error(exc)
         fail(where, msg)
 
+
+def _import_plugins(spec: SweepSpec, label: str) -> None:
+    """The modules the spec's ``plugins:`` names, imported before its arms and tasks are checked."""
     from orchestrator import plugins
 
     plugins.ensure(spec.plugins, f"{label}: plugins")
+
+
+def _base_design(
+    spec: SweepSpec, raw: dict[str, Any], fail: Fail, max_trials: int
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The top level's fixed parameters (the budget's among them) and its axes, ranges expanded."""
     base_fixed = {k: v for k, v in spec.budget.model_dump().items() if v is not None}
     for name, value in raw.get("budget", {}).items() if isinstance(raw.get("budget"), dict) else ():
         # the budget model coerces (true -> 1): check what was written
@@ -636,10 +676,15 @@ def load(
         if name in spec.fixed:
             fail(f"axes.{name}", f"duplicate axis: {name!r} is also under fixed")
         base_axes[name] = _parse_axis(name, values, f"axes.{name}", fail, max_trials)
+    return base_fixed, base_axes
 
-    designs: list[tuple[str, dict, dict, list, list]] = []
+
+def _designs(spec: SweepSpec, raw: dict[str, Any], fail: Fail, max_trials: int) -> list[_Design]:
+    """The designs to expand: the top level alone, or each block over it."""
+    base_fixed, base_axes = _base_design(spec, raw, fail, max_trials)
     if not spec.blocks:
-        designs.append(("", base_fixed, base_axes, spec.zip, spec.exclude))
+        return [_Design("", base_fixed, base_axes, spec.zip, spec.exclude)]
+    designs = []
     for bi, block in enumerate(spec.blocks):
         pre = f"blocks[{bi}]."
         fixed = dict(base_fixed)
@@ -654,98 +699,162 @@ def load(
             _check_name(name, f"{pre}axes.{name}", fail)
             fixed.pop(name, None)
             axes[name] = _parse_axis(name, values, f"{pre}axes.{name}", fail, max_trials)
-        designs.append((pre, fixed, axes, spec.zip + block.zip, spec.exclude + block.exclude))
+        designs.append(_Design(pre, fixed, axes, spec.zip + block.zip, spec.exclude + block.exclude))
+    return designs
 
-    trials: list[tuple[str, dict[str, Any]]] = []
-    seen: dict[str, dict[str, Any]] = {}
-    axes_union: dict[str, list[Any]] = {}
-    built: set[str] = set()
-    matched: dict[tuple, dict[str, Any]] = {}
-    warnings: list[str] = []
-    memory = node_memory if node_memory is not None else _node_memory_bytes()
-    total = sum(_design_size(axes, zips) for _, _, axes, zips, _ in designs)
+
+def _check_design_size(spec: SweepSpec, designs: list[_Design], fail: Fail, max_trials: int) -> None:
+    """The combinations, counted from the axis sizes before any exists, within ``max_trials``."""
+    total = sum(_design_size(d.axes, d.zips) for d in designs)
     if total > max_trials:
         fail(
             "axes" if not spec.blocks else "blocks",
             f"the design has {total:,} combinations (before exclude), above the limit of "
             f"{max_trials:,} trials (--max-trials to raise it)",
         )
-    for pre, fixed, axes, zips, excludes in designs:
-        for name in ("arm", "task"):
-            if name not in fixed and name not in axes:
-                fail(f"{pre}fixed" if pre else "fixed", f"{name!r} is required (in fixed or axes)")
-        for name, values in axes.items():
-            union = axes_union.setdefault(name, [])
-            union.extend(v for v in values if v not in union)
-        for params in _expand_block(fixed, axes, zips, excludes, pre, fail, warnings):
-            where = f"{pre}axes ({', '.join(f'{k}={params[k]!r}' for k in axes)})" if axes else f"{pre}fixed"
-            if spec.match_params is not None:
-                params = _match(params, spec.match_params, where, fail, matched)
-            _memory_check(params, where, fail, memory)
-            resolved = _validate_trial(params, where, fail, built)
-            if resolved.get("eval_every", 0) > resolved.get("steps", 0):
-                fail(
-                    where,
-                    f"eval_every ({resolved['eval_every']}) is above steps "
-                    f"({resolved['steps']}): the trial would never be evaluated",
-                )
-            key = trial_key(resolved)
-            if key not in seen:
-                seen[key] = resolved
-                trials.append((key, resolved))
-            elif seen[key] != resolved:
-                other = seen[key]
-                fields = sorted(n for n in set(resolved) | set(other) if resolved.get(n) != other.get(n))
-                fail(
-                    where,
-                    f"this trial differs from another only in {', '.join(fields)}, which leave a trial's "
-                    "identity unchanged (budget, execution settings, tag.* labels): they are one trial; "
-                    "vary what it trains or keep one",
-                )
-    if not trials:
-        fail("exclude", "the design has no trials left (every combination is excluded)")
-    sequential = None
-    if spec.sequential is not None:
-        from orchestrator.design.sequential import validate_sequential
 
-        try:
-            sequential = validate_sequential(spec.sequential, axes_union)
-        except UserError as exc:
-            raise SpecError(f"{label}: {exc}") from None
+
+def _trial(
+    params: dict[str, Any],
+    spec: SweepSpec,
+    where: str,
+    fail: Fail,
+    memory: int,
+    built: set[str],
+    matched: dict[tuple, dict[str, Any]],
+) -> dict[str, Any]:
+    """One combination as a resolved trial: sized by ``match_params``, its memory bounded, its
+    model and task built once, evaluated at least once."""
+    if spec.match_params is not None:
+        params = _match(params, spec.match_params, where, fail, matched)
+    _memory_check(params, where, fail, memory)
+    resolved = _validate_trial(params, where, fail, built)
+    if resolved.get("eval_every", 0) > resolved.get("steps", 0):
+        fail(
+            where,
+            f"eval_every ({resolved['eval_every']}) is above steps "
+            f"({resolved['steps']}): the trial would never be evaluated",
+        )
+    return resolved
+
+
+def _add_once(
+    out: list[tuple[str, dict[str, Any]]],
+    seen: dict[str, dict[str, Any]],
+    resolved: dict[str, Any],
+    where: str,
+    fail: Fail,
+) -> None:
+    """Append the trial under its key unless the same trial is there; refuse two trials that
+    differ only in what leaves their identity unchanged."""
+    key = trial_key(resolved)
+    if key not in seen:
+        seen[key] = resolved
+        out.append((key, resolved))
+    elif seen[key] != resolved:
+        other = seen[key]
+        fields = sorted(n for n in set(resolved) | set(other) if resolved.get(n) != other.get(n))
+        fail(
+            where,
+            f"this trial differs from another only in {', '.join(fields)}, which leave a trial's "
+            "identity unchanged (budget, execution settings, tag.* labels): they are one trial; "
+            "vary what it trains or keep one",
+        )
+
+
+def _expand(spec: SweepSpec, designs: list[_Design], fail: Fail, memory: int) -> _Trials:
+    """Every design's combinations, exclude applied, as validated trials in a stable order."""
+    out = _Trials()
+    seen: dict[str, dict[str, Any]] = {}
+    built: set[str] = set()
+    matched: dict[tuple, dict[str, Any]] = {}
+    for d in designs:
+        for name in ("arm", "task"):
+            if name not in d.fixed and name not in d.axes:
+                fail(f"{d.pre}fixed" if d.pre else "fixed", f"{name!r} is required (in fixed or axes)")
+        for name, values in d.axes.items():
+            union = out.axes.setdefault(name, [])
+            union.extend(v for v in values if v not in union)
+        for params in _expand_block(d.fixed, d.axes, d.zips, d.excludes, d.pre, fail, out.warnings):
+            where = f"{d.pre}axes ({', '.join(f'{k}={params[k]!r}' for k in d.axes)})" if d.axes else f"{d.pre}fixed"
+            _add_once(out.trials, seen, _trial(params, spec, where, fail, memory, built, matched), where, fail)
+    if not out.trials:
+        fail("exclude", "the design has no trials left (every combination is excluded)")
+    out.matched = list(matched.values())
+    return out
+
+
+def _sequential(spec: SweepSpec, axes: dict[str, list[Any]], label: str) -> Any:
+    """The ``sequential:`` block checked against the axes (None without one)."""
+    if spec.sequential is None:
+        return None
+    from orchestrator.design.sequential import validate_sequential
+
+    try:
+        return validate_sequential(spec.sequential, axes)
+    except UserError as exc:
+        raise SpecError(f"{label}: {exc}") from None
+
+
+def _check_stop(spec: SweepSpec, fail: Fail) -> None:
+    """A stop rule needs lone trials (not seed packs)."""
     if spec.stop is not None and spec.pack_seeds != 1:
         fail(
             "stop", "needs pack_seeds: 1 (a seed pack trains its members in lockstep, so one member cannot stop alone)"
         )
-    thresholds: dict[str, Any] = {}
-    if spec.sequential is not None or spec.stop is not None:
-        # Imported only here: the analysis package loads pandas and the statistics.
-        from orchestrator.analysis.config import AnalysisConfig
 
-        acfg = AnalysisConfig.model_validate(spec.analysis or {})
-        thresholds = {
-            "lockin": acfg.lockin,
-            "escape_at": acfg.escape_at,
-            "metric": acfg.metric,
-            "horizon": acfg.horizon,
-        }
-        if spec.stop is not None and spec.stop.escape_at is None:
-            # The trial decides from its own trace, so the threshold travels with the spec.
-            spec.stop.escape_at = acfg.escape_at
-    # The spec text is stored with the sweep: a password in a URL never reaches the database.
+
+def _resolve_thresholds(spec: SweepSpec) -> dict[str, Any]:
+    """The analysis block's event thresholds for the looks and the stop rule (the stop rule's
+    ``escape_at`` defaults to the block's); empty when neither is there."""
+    if spec.sequential is None and spec.stop is None:
+        return {}
+    # Imported only here: the analysis package loads pandas and the statistics.
+    from orchestrator.analysis.config import AnalysisConfig
+
+    acfg = AnalysisConfig.model_validate(spec.analysis or {})
+    if spec.stop is not None and spec.stop.escape_at is None:
+        # The trial decides from its own trace, so the threshold travels with the spec.
+        spec.stop.escape_at = acfg.escape_at
+    return {"lockin": acfg.lockin, "escape_at": acfg.escape_at, "metric": acfg.metric, "horizon": acfg.horizon}
+
+
+def _stored_text(text: str, warnings: list[str]) -> str:
+    """The text stored with the sweep: a password in a URL never reaches the database."""
     stored = redact(text)
     if stored != text:
         warnings.append(
             "the spec holds a password in a URL; it is stored as *** — put it in "
             "PGPASSFILE (~/.pgpass) or the environment (PGPASSWORD, $ORCH_DB) instead"
         )
-    return Sweep(
-        spec=spec,
-        path=Path(path) if path is not None else None,
-        text=stored,
-        trials=trials,
-        axes=axes_union,
-        matched=list(matched.values()),
-        sequential=sequential,
-        thresholds=thresholds,
-        warnings=warnings,
-    )
+    return stored
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    text: str | None = None,
+    max_trials: int = DEFAULT_MAX_TRIALS,
+    node_memory: int | None = None,
+) -> Sweep:
+    """Read, validate and expand a spec. Raises SpecError (a one-line UserError).
+
+    ``max_trials`` caps the design (counted from the axis sizes before anything is
+    expanded); ``node_memory`` (bytes, default this machine's) bounds a trial's model."""
+    label = str(path) if path is not None else "<spec>"
+    fail = _failer(label)
+    text = _read_source(path, text, label)
+    raw = _parse_yaml(text, label)
+    spec = _validate_shape(raw, label, fail)
+    _import_plugins(spec, label)
+    designs = _designs(spec, raw, fail, max_trials)
+    _check_design_size(spec, designs, fail, max_trials)
+    memory = node_memory if node_memory is not None else _node_memory_bytes()
+    expanded = _expand(spec, designs, fail, memory)
+    sequential = _sequential(spec, expanded.axes, label)
+    _check_stop(spec, fail)
+    thresholds = _resolve_thresholds(spec)
+    stored = _stored_text(text, expanded.warnings)
+    path = Path(path) if path is not None else None
+    # the expansion's trials, axes, matched models and warnings are the Sweep's fields of those names
+    return Sweep(spec=spec, path=path, text=stored, sequential=sequential, thresholds=thresholds, **vars(expanded))

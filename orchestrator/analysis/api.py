@@ -6,7 +6,7 @@ overrides of its fields::
 
     from orchestrator import analysis as oa
     trials, evals = oa.load("runs/orchestrator.db", "basin_map")
-    oa.lockin(db, "basin_map", by="variant", cells="lr,vocab_size")
+    oa.lockin(db, "basin_map", by="variant", strata="lr,vocab_size")
     oa.fisher(db, "curriculum", by="curriculum", compare="dense,distance").p_value
     oa.hazard(db, "basin_map", formula="np.log(t) + C(lr) + C(vocab_size) + C(variant)").summary
 """
@@ -54,7 +54,7 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
     cfg = config(cfg, **overrides)
     data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses)
     check_params(data.trials, cfg.by, data.params, "--by")
-    check_params(data.trials, cfg.cells, data.params, "--cells")
+    check_params(data.trials, cfg.strata, data.params, "--strata")
     if cfg.heatmap is not None:
         check_params(
             data.trials,

@@ -101,5 +101,14 @@ def cell_iter(trials: pd.DataFrame, cells: Sequence[str]):
         yield {c: _plain(first[c]) for c in cells}, sub
 
 
+def cell_groups(trials: pd.DataFrame, cells: Sequence[str], by: Sequence[str]):
+    """``(cell_dict, group label, group's rows)`` per cell (:func:`cell_iter`) and group
+    present in it (:func:`ordered`), in value order."""
+    for cell, sub in cell_iter(trials, cells):
+        labs = labels(sub, by)
+        for g in ordered(sub, by):
+            yield cell, g, sub[labs == g]
+
+
 def _plain(v):
     return v.item() if hasattr(v, "item") else v

@@ -38,7 +38,7 @@ from .config import AnalysisConfig, HeatmapConfig, parse_config
 from .diverged import describe as describe_diverged
 from .diverged import n_diverged
 from .events import with_events
-from .groups import cell_iter, format_value, labels, ordered
+from .groups import cell_groups, cell_iter, format_value, labels
 from .hazard import HazardResult
 from .results import jsonable
 
@@ -133,23 +133,21 @@ def accuracy_table(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
     rebinding-control accuracy (``rebind_acc`` column, NaN where absent)."""
     rows = []
     has_rb = "rebind_acc" in trials.columns
-    for cell, sub in cell_iter(trials, cfg.cells):
-        labs = labels(sub, cfg.by)
-        for g in ordered(sub, cfg.by):
-            acc = sub.loc[labs == g, "final_acc"].astype(float)
-            rb = sub.loc[labs == g, "rebind_acc"].astype(float) if has_rb else pd.Series([], dtype=float)
-            rows.append(
-                {
-                    **cell,
-                    "group": g,
-                    "n": int(len(acc)),
-                    "mean": acc.mean(),
-                    "min": acc.min(),
-                    "max": acc.max(),
-                    "rebind_mean": rb.mean() if rb.notna().any() else float("nan"),
-                }
-            )
-    return pd.DataFrame(rows, columns=[*cfg.cells, "group", "n", "mean", "min", "max", "rebind_mean"])
+    for cell, g, part in cell_groups(trials, cfg.strata, cfg.by):
+        acc = part["final_acc"].astype(float)
+        rb = part["rebind_acc"].astype(float) if has_rb else pd.Series([], dtype=float)
+        rows.append(
+            {
+                **cell,
+                "group": g,
+                "n": int(len(acc)),
+                "mean": acc.mean(),
+                "min": acc.min(),
+                "max": acc.max(),
+                "rebind_mean": rb.mean() if rb.notna().any() else float("nan"),
+            }
+        )
+    return pd.DataFrame(rows, columns=[*cfg.strata, "group", "n", "mean", "min", "max", "rebind_mean"])
 
 
 def _acc_entry(row) -> str:
@@ -178,7 +176,7 @@ def contrast_tests(trials: pd.DataFrame, cfg: AnalysisConfig) -> list[dict[str, 
         return out
     for a, b in cfg.contrasts:
         pair_cfg = cfg.with_overrides(compare=[a, b])
-        for cell, sub in cell_iter(trials, cfg.cells):
+        for cell, sub in cell_iter(trials, cfg.strata):
             labs = labels(sub, cfg.by)
             ta, tb = sub[labs == a], sub[labs == b]
             if ta.empty or tb.empty:
@@ -354,12 +352,7 @@ class Report:
             out.append("  pooled: " + _logrank_line(self.logrank))
         elif c.by:
             out.append("  pooled: - (no escapes, or fewer than two groups)")
-        for entry in self.logrank_cells:
-            cell = " ".join(f"{k}={format_value(v)}" for k, v in entry["cell"].items()) or "all"
-            out.append(
-                f"  {cell}: "
-                + (_logrank_line(entry) if entry.get("p_value") is not None else f"- ({entry.get('reason')})")
-            )
+        out.extend(f"  {cell}: {line}" for cell, line in _logrank_strata(self.logrank_cells))
         out.append("")
         if self.hazard is not None:
             h = self.hazard
@@ -426,6 +419,18 @@ def _logrank_line(d: dict[str, Any]) -> str:
     return f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, p = {d['p_value']:.4g}"
 
 
+def _logrank_strata(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(stratum, log-rank line)`` per entry of a per-stratum log-rank (``- (reason)``
+    where it has no test)."""
+    return [
+        (
+            " ".join(f"{k}={format_value(v)}" for k, v in e["cell"].items()) or "all",
+            _logrank_line(e) if e.get("p_value") is not None else f"- ({e.get('reason')})",
+        )
+        for e in entries
+    ]
+
+
 def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
     """Section G's lines, and the prepared sweep the at-budget tables (A, D, E, F) use:
     without ``--stopped-as`` the trials the stop rule ended are left out of those tables
@@ -478,7 +483,7 @@ def build_report(
         raise UserError(f"--format {fmt!r}: expected png or svg")
     design, budget = design_lines(prep)
     outcomes = run(budget, "outcomes")
-    layout = layout_table(outcomes, cfg.cells)
+    layout = layout_table(outcomes, cfg.strata)
     lock = run(budget, "lockin")
     groups = lock["group"].unique().tolist() if not lock.empty else []
     n_groups = len(set(groups))
@@ -488,7 +493,7 @@ def build_report(
         fisher = run(budget, "fisher").to_dict()
     if cfg.by and n_groups >= 2 and int(trials["event"].sum()) > 0:
         logrank = run(prep, "logrank").to_dict()
-    lr_cells = survival.logrank_cells(trials, cfg) if cfg.by and cfg.cells else []
+    lr_cells = survival.logrank_cells(trials, cfg) if cfg.by and cfg.strata else []
     km = run(prep, "km")
     hz, hz_err = None, None
     try:
@@ -512,7 +517,7 @@ def build_report(
         heatmap=hm,
     )
     rep.accuracy = accuracy_table(budget.trials, cfg)
-    rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.cells)
+    rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.strata)
     rep.contrasts = contrast_tests(budget.trials, cfg)
     rep.design = design
     rep.diverged = describe_diverged(cfg.diverged, n_diverged(trials), len(trials))
@@ -528,7 +533,7 @@ def build_report(
     figs = {"km": km_figure(km, out / f"km.{fmt}")}
     if hm is not None:
         figs["basin"] = heatmap_figure(trials, hm, out / f"basin.{fmt}")
-    figs["traces"] = traces_figure(trials, prep.data.evals, cfg, out / f"traces.{fmt}", [*cfg.cells, *cfg.by])
+    figs["traces"] = traces_figure(trials, prep.data.evals, cfg, out / f"traces.{fmt}", [*cfg.strata, *cfg.by])
     if hz is not None and len(hz.summary) > 1:
         figs["hazard"] = hazard_figure(hz.summary, out / f"hazard.{fmt}")
     rep.figures = {k: p.name for k, p in figs.items()}
@@ -612,11 +617,7 @@ def render_html(rep: Report) -> str:
     lr_rows = []
     if rep.logrank:
         lr_rows.append(("pooled", _logrank_line(rep.logrank)))
-    for entry in rep.logrank_cells:
-        cell = " ".join(f"{k}={format_value(v)}" for k, v in entry["cell"].items()) or "all"
-        lr_rows.append(
-            (cell, _logrank_line(entry) if entry.get("p_value") is not None else f"- ({entry.get('reason')})")
-        )
+    lr_rows.extend(_logrank_strata(rep.logrank_cells))
     if lr_rows:
         parts.append(_table(pd.DataFrame(lr_rows, columns=["cell", "log-rank"]), index=False))
     km_sum = pd.DataFrame.from_dict(

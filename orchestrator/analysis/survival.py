@@ -117,7 +117,7 @@ def logrank_cells(
     """Log-rank within each cell; cells with fewer than two groups or no escape are listed
     with ``p_value`` None and the reason."""
     out = []
-    for cell, sub in cell_iter(trials, list(cfg.cells if cells is None else cells)):
+    for cell, sub in cell_iter(trials, list(cfg.strata if cells is None else cells)):
         groups = ordered(sub, cfg.by)
         entry: dict[str, Any] = {"cell": cell}
         if cfg.compare and not all(g in groups for g in cfg.compare):

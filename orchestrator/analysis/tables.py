@@ -10,7 +10,7 @@ import pandas as pd
 
 from .config import AnalysisConfig
 from .events import OUTCOMES
-from .groups import cell_iter, labels, ordered
+from .groups import cell_groups
 
 
 def _cp_interval(k: int, n: int) -> tuple[float, float]:
@@ -43,26 +43,23 @@ def km_median_escape(time, event) -> float:
 def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
     """Per cell and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
     the rate and its exact 95% interval, and the mean of the metric."""
-    cells = list(cfg.cells if cells is None else cells)
+    cells = list(cfg.strata if cells is None else cells)
     rows = []
-    for cell, sub in cell_iter(trials, cells):
-        labs = labels(sub, cfg.by)
-        for g in ordered(sub, cfg.by):
-            part = sub[labs == g]
-            k, n = int(part["locked"].sum()), int(len(part))
-            lo, hi = _cp_interval(k, n)
-            rows.append(
-                {
-                    **cell,
-                    "group": g,
-                    "k": k,
-                    "n": n,
-                    "rate": k / n if n else np.nan,
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "mean_acc": float(part["metric_acc"].mean()),
-                }
-            )
+    for cell, g, part in cell_groups(trials, cells, cfg.by):
+        k, n = int(part["locked"].sum()), int(len(part))
+        lo, hi = _cp_interval(k, n)
+        rows.append(
+            {
+                **cell,
+                "group": g,
+                "k": k,
+                "n": n,
+                "rate": k / n if n else np.nan,
+                "ci_low": lo,
+                "ci_high": hi,
+                "mean_acc": float(part["metric_acc"].mean()),
+            }
+        )
     return pd.DataFrame(rows, columns=[*cells, "group", "k", "n", "rate", "ci_low", "ci_high", "mean_acc"])
 
 
@@ -70,24 +67,21 @@ def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str
     """Per cell and group: counts of solved / mid / flat / dead, ``n``, the escapes and
     collapses, and the Kaplan-Meier median escape step (:func:`km_median_escape`, the same
     figure the KM table shows)."""
-    cells = list(cfg.cells if cells is None else cells)
+    cells = list(cfg.strata if cells is None else cells)
     rows = []
-    for cell, sub in cell_iter(trials, cells):
-        labs = labels(sub, cfg.by)
-        for g in ordered(sub, cfg.by):
-            part = sub[labs == g]
-            counts = part["outcome"].value_counts()
-            rows.append(
-                {
-                    **cell,
-                    "group": g,
-                    **{o: int(counts.get(o, 0)) for o in OUTCOMES},
-                    "n": int(len(part)),
-                    "escapes": int(part["event"].sum()),
-                    "collapses": int(part["collapse_step"].notna().sum()),
-                    "median_escape": km_median_escape(part["time"], part["event"]),
-                }
-            )
+    for cell, g, part in cell_groups(trials, cells, cfg.by):
+        counts = part["outcome"].value_counts()
+        rows.append(
+            {
+                **cell,
+                "group": g,
+                **{o: int(counts.get(o, 0)) for o in OUTCOMES},
+                "n": int(len(part)),
+                "escapes": int(part["event"].sum()),
+                "collapses": int(part["collapse_step"].notna().sum()),
+                "median_escape": km_median_escape(part["time"], part["event"]),
+            }
+        )
     return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses", "median_escape"])
 
 

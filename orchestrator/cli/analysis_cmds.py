@@ -1,16 +1,19 @@
 """``orchestrator analyze | report | import`` and ``orchestrator bench analysis``.
 
 Imported on every CLI start, so the statistics libraries are imported inside the commands.
+The analysis options of ``analyze`` and ``report`` are :mod:`.analysis_options`'s, one per
+field of the analysis config.
 """
 
 import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
+from orchestrator.cli.analysis_options import analysis_options
 from orchestrator.cli.app import DB_HELP, app, bench_app
 from orchestrator.errors import UserError
 
@@ -19,64 +22,20 @@ from orchestrator.errors import UserError
 _KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|sequential|scaling"
 
 DB = typer.Option(None, "--db", help=DB_HELP)
-WHERE = typer.Option(
-    None, "--where", help="SQL condition on trial parameters, e.g. \"vocab_size = 88 AND variant = 'ns5'\""
-)
-BY = typer.Option(None, "--by", help="parameter(s) forming the groups, comma-separated")
-STRATA = typer.Option(None, "--strata", help="parameter(s) stratifying the tables and tests")
-CELLS = typer.Option(None, "--cells", hidden=True, help="deprecated alias of --strata")
-GROUPS = typer.Option(None, "--groups", help="the two groups a contrast compares: A,B")
-PAIR_ON = typer.Option(None, "--pair-on", help="McNemar pairing parameter(s) (default seed)")
-METRIC = typer.Option(None, "--metric", help="final|best eval accuracy for lock-in")
-LOCKIN = typer.Option(None, "--lockin", help="lock-in / solved threshold (default 0.8)")
-MID_AT = typer.Option(None, "--mid-at", help="'mid' outcome threshold on final acc (0.2)")
-ESCAPE_AT = typer.Option(None, "--escape-at", help="escape accuracy threshold (default 0.8)")
-COLLAPSE = typer.Option(None, "--collapse-below", help="collapse threshold (default 0.005)")
-FORMULA = typer.Option(None, "--formula", help="hazard right-hand side, e.g. 'np.log(t) + C(lr) + C(variant)'")
-LINK = typer.Option(None, "--link", help="logit (default) or cloglog")
-ALT = typer.Option(None, "--alternative", help="two-sided|greater|less (greater: A higher)")
-STATUS = typer.Option(None, "--status", help="trial statuses analysed (default completed,diverged; 'all')")
-RESAMPLES = typer.Option(None, "--n-resamples", help="permutation resamples (exact when fewer relabellings exist)")
-SEED = typer.Option(None, "--seed", help="random seed of Monte Carlo permutations")
-HORIZON = typer.Option(
-    None, "--horizon", help="cut every trace at this step first (e.g. 'solved at step 2000' of longer runs)"
-)
-DIVERGED = typer.Option(
-    None,
-    "--diverged",
-    help="a trial whose trace went non-finite: 'at-risk' until its last eval with a finite accuracy "
-    "(default, as published survival analyses count it) or 'censor' at divergence (its first "
-    "non-finite point)",
-)
 JSON = typer.Option(False, "--json", help="print JSON")
 # The time-to-event analyses, whose at-risk intervals the --diverged rule defines: they always
 # say which rule they used; the others do when a diverged trial is among theirs.
 _SURVIVAL = ("km", "logrank", "hazard")
-STOPPED_AS = typer.Option(
-    None,
-    "--stopped-as",
-    help="trials the spec's stop rule ended after "
-    "their escape: 'solved' counts them solved "
-    "in lock-in/outcomes/final-accuracy analyses "
-    "(refused otherwise)",
-)
 
 
-def _base_config(target: str, db: Optional[str]):
+def _config(target: str, db: Optional[str], options: dict[str, Any]):
+    """``(sweep name, config, spec storage)``: the target's ``analysis:`` block (a spec file's,
+    or the one stored with the sweep) with the options given over it."""
     from orchestrator.analysis.config import parse_config
     from orchestrator.analysis.report import resolve_target
 
     sweep, block, storage = resolve_target(target, db)
-    return sweep, parse_config(block, source=f"{target}: analysis"), storage
-
-
-def _strata(strata: str | None, cells: str | None, warn: bool = True) -> str | None:
-    """``--strata``, or the deprecated ``--cells`` (kept for one release) with a note."""
-    if strata is not None and cells is not None:
-        raise UserError("--cells is the old name of --strata: give one of them")
-    if cells is not None and warn:
-        print("note: --cells is deprecated, use --strata", file=sys.stderr)
-    return strata if strata is not None else cells
+    return sweep, parse_config(block, source=f"{target}: analysis").with_overrides(**options), storage
 
 
 def _print_json(obj) -> None:
@@ -86,31 +45,14 @@ def _print_json(obj) -> None:
 
 
 @app.command("analyze")
+@analysis_options
 def analyze(
     sweep: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its analysis: block)"),
     kind: str = typer.Argument(..., help=_KINDS),
     db: Optional[str] = DB,
-    where: Optional[str] = WHERE,
-    by: Optional[str] = BY,
-    strata: Optional[str] = STRATA,
-    groups: Optional[str] = GROUPS,
-    cells: Optional[str] = CELLS,
-    pair_on: Optional[str] = PAIR_ON,
-    metric: Optional[str] = METRIC,
-    lockin: Optional[float] = LOCKIN,
-    mid_at: Optional[float] = MID_AT,
-    escape_at: Optional[float] = ESCAPE_AT,
-    collapse_below: Optional[float] = COLLAPSE,
-    formula: Optional[str] = FORMULA,
-    link: Optional[str] = LINK,
-    alternative: Optional[str] = ALT,
-    status: Optional[str] = STATUS,
-    n_resamples: Optional[int] = RESAMPLES,
-    seed: Optional[int] = SEED,
-    horizon: Optional[int] = HORIZON,
-    diverged: Optional[str] = DIVERGED,
     json_out: bool = JSON,
-    stopped_as: Optional[str] = STOPPED_AS,
+    *,
+    options: dict[str, Any],
 ) -> None:
     """Statistics of one sweep straight off the database.
 
@@ -126,35 +68,14 @@ def analyze(
 
     if kind not in ANALYSES:
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
-    name, base, storage = _base_config(sweep, db)
-    cfg = base.with_overrides(
-        where=where,
-        by=by,
-        cells=_strata(strata, cells),
-        compare=groups,
-        pair_on=pair_on,
-        metric=metric,
-        lockin=lockin,
-        mid_at=mid_at,
-        escape_at=escape_at,
-        collapse_below=collapse_below,
-        formula=formula,
-        link=link,
-        alternative=alternative,
-        statuses=status,
-        n_resamples=n_resamples,
-        random_seed=seed,
-        horizon=horizon,
-        stopped_as=stopped_as,
-        diverged=diverged,
-    )
+    name, cfg, storage = _config(sweep, db, options)
     prep = apply_horizon(api.prepare(db or storage, name, cfg))
     note = prep.data.unfinished_note()
     if note is not None:
         print(f"note: {note}", file=sys.stderr)
     n_div = n_diverged(prep.trials)
     rule = describe(prep.cfg.diverged, n_div, len(prep.trials)) if kind in _SURVIVAL or n_div else None
-    if kind == "logrank" and _strata(strata, cells, warn=False):
+    if kind == "logrank" and options.get("strata"):
         res = logrank_cells(prep.trials, prep.cfg)
         if json_out:
             _print_json({"cells": res, "diverged": {"rule": prep.cfg.diverged, "trials": n_div}})
@@ -172,28 +93,15 @@ def analyze(
 
 
 @app.command("report")
+@analysis_options
 def report_cmd(
     target: str = typer.Argument(..., help="sweep name, or a spec YAML (uses its name and analysis: block)"),
     out: Optional[Path] = typer.Option(None, "--out", help="output folder (default runs/reports/SWEEP)"),
     db: Optional[str] = DB,
     fmt: str = typer.Option("png", "--format", help="png or svg"),
-    where: Optional[str] = WHERE,
-    by: Optional[str] = BY,
-    strata: Optional[str] = STRATA,
-    cells: Optional[str] = CELLS,
-    groups: Optional[str] = GROUPS,
-    metric: Optional[str] = METRIC,
-    lockin: Optional[float] = LOCKIN,
-    mid_at: Optional[float] = MID_AT,
-    escape_at: Optional[float] = ESCAPE_AT,
-    collapse_below: Optional[float] = COLLAPSE,
-    formula: Optional[str] = FORMULA,
-    link: Optional[str] = LINK,
-    status: Optional[str] = STATUS,
-    horizon: Optional[int] = HORIZON,
-    diverged: Optional[str] = DIVERGED,
     json_out: bool = JSON,
-    stopped_as: Optional[str] = STOPPED_AS,
+    *,
+    options: dict[str, Any],
 ) -> None:
     """Print a sweep's tables and write an HTML report with figures.
 
@@ -203,24 +111,7 @@ def report_cmd(
     from orchestrator.analysis import api
     from orchestrator.analysis.report import build_report
 
-    name, base, storage = _base_config(target, db)
-    cfg = base.with_overrides(
-        where=where,
-        by=by,
-        cells=_strata(strata, cells),
-        compare=groups,
-        metric=metric,
-        lockin=lockin,
-        mid_at=mid_at,
-        escape_at=escape_at,
-        collapse_below=collapse_below,
-        formula=formula,
-        link=link,
-        statuses=status,
-        horizon=horizon,
-        stopped_as=stopped_as,
-        diverged=diverged,
-    )
+    name, cfg, storage = _config(target, db, options)
     prep = api.prepare(db or storage, name, cfg)
     rep = build_report(prep, out, fmt=fmt, db=db or storage)
     if json_out:

@@ -473,7 +473,7 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
         block = {
             k: v
             for k, v in spec_analysis(conn, name).items()
-            if k not in ("by", "cells", "compare", "contrasts", "heatmap", "statuses", "where")
+            if k not in ("by", "cells", "strata", "compare", "contrasts", "heatmap", "statuses", "where")
         }
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(
         where=where or None, statuses=["running", "completed", "diverged"]
