@@ -162,7 +162,7 @@ class SweepSpec(BaseModel):
         if self.analysis is not None:
             # Imported here: the analysis package loads pandas and the statistics, which
             # every CLI start and the runner import this module without needing.
-            from orchestrator.analysis.config import AnalysisConfig
+            from orchestrator.analysis_config import AnalysisConfig
 
             AnalysisConfig.model_validate(self.analysis)
         return self
@@ -810,7 +810,7 @@ def _resolve_thresholds(spec: SweepSpec) -> dict[str, Any]:
     if spec.sequential is None and spec.stop is None:
         return {}
     # Imported only here: the analysis package loads pandas and the statistics.
-    from orchestrator.analysis.config import AnalysisConfig
+    from orchestrator.analysis_config import AnalysisConfig
 
     acfg = AnalysisConfig.model_validate(spec.analysis or {})
     if spec.stop is not None and spec.stop.escape_at is None:
