@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator.status import Status
 
 
 @dataclass
@@ -38,7 +39,7 @@ class SweepRun:
 
     @property
     def failed(self) -> int:
-        return self.outcomes.get("failed", 0)
+        return self.outcomes.get(Status.failed, 0)
 
     def load(self):
         return load(self.db, self.name)
@@ -111,11 +112,9 @@ def resume(
 
 def connect(db: str | Engine | None = None) -> Engine:
     """A SQLAlchemy engine on an existing result database (never creates one)."""
-    if isinstance(db, Engine):
-        return db
-    from orchestrator.store.engine import open_store_engine
+    from orchestrator.store.reader import open_engine
 
-    return open_store_engine(db, auto_create=False)[0]
+    return open_engine(db)
 
 
 def load(db: str | Engine | None, sweep: str):
@@ -126,9 +125,9 @@ def load(db: str | Engine | None, sweep: str):
     ``evals``: ``trial_id, step, acc, loss, train_loss, step_lr, elapsed_s`` and one
     ``metrics.<name>`` column per recorded metric. The returned object also carries
     ``.spec_text`` and ``.params``."""
-    from orchestrator.store.frames import read_sweep
+    from orchestrator.store.reader import sweep_frames
 
-    return read_sweep(connect(db), sweep)
+    return sweep_frames(connect(db), sweep)
 
 
 def analyze(db: str | Engine | None, sweep: str, kind: str, **overrides: Any) -> Any:
@@ -136,7 +135,7 @@ def analyze(db: str | Engine | None, sweep: str, kind: str, **overrides: Any) ->
     ``km``, ``logrank``, ``hazard``, ``scaling``) with the sweep's stored ``analysis:``
     block as the base config and ``overrides`` (AnalysisConfig fields) over it. The result
     has ``.summary`` (a DataFrame) and ``.to_dict()``."""
-    from orchestrator.analysis import api
+    from orchestrator.analysis import pipeline
     from orchestrator.analysis.config import parse_config
     from orchestrator.analysis.stored import stored_spec
 
@@ -144,7 +143,7 @@ def analyze(db: str | Engine | None, sweep: str, kind: str, **overrides: Any) ->
     spec = stored_spec(engine, sweep)
     block = spec.get("analysis") if spec else None
     cfg = parse_config(block if isinstance(block, dict) else None, source=f"{sweep}: analysis")
-    return api.result(kind, api.run(api.prepare(engine, sweep, cfg, **overrides), kind))
+    return pipeline.result(kind, pipeline.run(pipeline.prepare(engine, sweep, cfg, **overrides), kind))
 
 
 def register_cell(*args: Any, **kwargs: Any) -> Any:

@@ -1,5 +1,5 @@
 """Tables over trials that carry their events (:func:`.events.with_events`): lock-in rates
-and outcome classes per group, optionally per cell."""
+and outcome classes per group, optionally per stratum."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 
 from .config import AnalysisConfig
 from .events import OUTCOMES
-from .groups import cell_iter, labels, ordered
+from .groups import strata_groups
 
 
 def _cp_interval(k: int, n: int) -> tuple[float, float]:
@@ -40,55 +40,49 @@ def km_median_escape(time, event) -> float:
     return float("nan")
 
 
-def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per cell and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
+def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, strata: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per stratum and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
     the rate and its exact 95% interval, and the mean of the metric."""
-    cells = list(cfg.cells if cells is None else cells)
+    strata = list(cfg.cells if strata is None else strata)
     rows = []
-    for cell, sub in cell_iter(trials, cells):
-        labs = labels(sub, cfg.by)
-        for g in ordered(sub, cfg.by):
-            part = sub[labs == g]
-            k, n = int(part["locked"].sum()), int(len(part))
-            lo, hi = _cp_interval(k, n)
-            rows.append(
-                {
-                    **cell,
-                    "group": g,
-                    "k": k,
-                    "n": n,
-                    "rate": k / n if n else np.nan,
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "mean_acc": float(part["metric_acc"].mean()),
-                }
-            )
-    return pd.DataFrame(rows, columns=[*cells, "group", "k", "n", "rate", "ci_low", "ci_high", "mean_acc"])
+    for stratum, g, part in strata_groups(trials, strata, cfg.by):
+        k, n = int(part["locked"].sum()), int(len(part))
+        lo, hi = _cp_interval(k, n)
+        rows.append(
+            {
+                **stratum,
+                "group": g,
+                "k": k,
+                "n": n,
+                "rate": k / n if n else np.nan,
+                "ci_low": lo,
+                "ci_high": hi,
+                "mean_acc": float(part["metric_acc"].mean()),
+            }
+        )
+    return pd.DataFrame(rows, columns=[*strata, "group", "k", "n", "rate", "ci_low", "ci_high", "mean_acc"])
 
 
-def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per cell and group: counts of solved / mid / flat / dead, ``n``, the escapes and
+def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, strata: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per stratum and group: counts of solved / mid / flat / dead, ``n``, the escapes and
     collapses, and the Kaplan-Meier median escape step (:func:`km_median_escape`, the same
     figure the KM table shows)."""
-    cells = list(cfg.cells if cells is None else cells)
+    strata = list(cfg.cells if strata is None else strata)
     rows = []
-    for cell, sub in cell_iter(trials, cells):
-        labs = labels(sub, cfg.by)
-        for g in ordered(sub, cfg.by):
-            part = sub[labs == g]
-            counts = part["outcome"].value_counts()
-            rows.append(
-                {
-                    **cell,
-                    "group": g,
-                    **{o: int(counts.get(o, 0)) for o in OUTCOMES},
-                    "n": int(len(part)),
-                    "escapes": int(part["event"].sum()),
-                    "collapses": int(part["collapse_step"].notna().sum()),
-                    "median_escape": km_median_escape(part["time"], part["event"]),
-                }
-            )
-    return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses", "median_escape"])
+    for stratum, g, part in strata_groups(trials, strata, cfg.by):
+        counts = part["outcome"].value_counts()
+        rows.append(
+            {
+                **stratum,
+                "group": g,
+                **{o: int(counts.get(o, 0)) for o in OUTCOMES},
+                "n": int(len(part)),
+                "escapes": int(part["event"].sum()),
+                "collapses": int(part["collapse_step"].notna().sum()),
+                "median_escape": km_median_escape(part["time"], part["event"]),
+            }
+        )
+    return pd.DataFrame(rows, columns=[*strata, "group", *OUTCOMES, "n", "escapes", "collapses", "median_escape"])
 
 
 def format_cell(row) -> str:
