@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator.status import Status
 
 
 @dataclass
@@ -40,7 +41,7 @@ class SweepRun:
 
     @property
     def failed(self) -> int:
-        return self.outcomes.get("failed", 0)
+        return self.outcomes.get(Status.failed, 0)
 
     def load(self):
         return load(self.db, self.name)
@@ -113,11 +114,9 @@ def resume(
 
 def connect(db: str | Engine | None = None) -> Engine:
     """A SQLAlchemy engine on an existing result database (never creates one)."""
-    if isinstance(db, Engine):
-        return db
-    from orchestrator.store.engine import open_store_engine
+    from orchestrator.store.reader import open_engine
 
-    return open_store_engine(db, auto_create=False)[0]
+    return open_engine(db)
 
 
 def load(db: str | Engine | None, sweep: str):
@@ -128,9 +127,9 @@ def load(db: str | Engine | None, sweep: str):
     ``evals``: ``trial_id, step, acc, loss, train_loss, step_lr, elapsed_s`` and one
     ``metrics.<name>`` column per recorded metric. The returned object also carries
     ``.spec_text`` and ``.params``."""
-    from orchestrator.store.frames import read_sweep
+    from orchestrator.store.reader import sweep_frames
 
-    return read_sweep(connect(db), sweep)
+    return sweep_frames(connect(db), sweep)
 
 
 def analyze(db: str | Engine | None, sweep: str, kind: str, **options: Any) -> Any:
@@ -142,12 +141,12 @@ def analyze(db: str | Engine | None, sweep: str, kind: str, **options: Any) -> A
     :class:`orchestrator.analysis_config.AnalysisConfig`; an unknown name or a bad value is a
     :class:`UserError`; ``cells`` is the old name of ``strata``). The result has ``.summary``
     (a DataFrame) and ``.to_dict()``."""
-    from orchestrator.analysis import api
+    from orchestrator.analysis import pipeline
     from orchestrator.analysis.report import apply_horizon
 
     engine = connect(db)
-    prep = apply_horizon(api.prepare(engine, sweep, _stored_config(engine, sweep), **options))
-    return api.result(kind, api.run(prep, kind))
+    prep = apply_horizon(pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options))
+    return pipeline.result(kind, pipeline.run(prep, kind))
 
 
 def report(db: str | Engine | None, sweep: str, *, out: str | Path | None = None, format: str = "png", **options: Any):
@@ -155,11 +154,11 @@ def report(db: str | Engine | None, sweep: str, *, out: str | Path | None = None
     them: written under ``out`` (default ``runs/reports/SWEEP``) as ``format`` (``png`` or
     ``svg``), ``options`` over the stored ``analysis:`` block as in :func:`analyze`. The
     result has ``.text()`` (the printed tables), ``.to_dict()`` and ``.html_path``."""
-    from orchestrator.analysis import api
+    from orchestrator.analysis import pipeline
     from orchestrator.analysis.report import build_report
 
     engine = connect(db)
-    prep = api.prepare(engine, sweep, _stored_config(engine, sweep), **options)
+    prep = pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
     return build_report(prep, out, fmt=format, db=engine)
 
 

@@ -145,13 +145,13 @@ class SweepSpec(BaseModel):
     @field_validator("storage")
     @classmethod
     def _storage_scheme(cls, v: str | None) -> str | None:
-        if v is not None and "://" in v and not re.match(r"(sqlite|postgresql|postgres)(\+\w+)?://", v):
-            raise ValueError("expected a file path, sqlite:///PATH or postgresql://HOST/DB")
         if v is not None:
             # Imported here: the store loads SQLAlchemy and Alembic, which a spec without
             # storage: never needs. Empty or in-memory storage would store nothing queryable.
-            from orchestrator.store.engine import storage_problem
+            from orchestrator.store.dialect import for_value, storage_problem
 
+            if "://" in v and for_value(v) is None:
+                raise ValueError("expected a file path, sqlite:///PATH or postgresql://HOST/DB")
             problem = storage_problem(v)
             if problem is not None:
                 raise ValueError(problem.removeprefix("is "))

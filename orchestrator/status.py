@@ -34,10 +34,12 @@ class Status(str, enum.Enum):
 ALL: tuple[Status, ...] = tuple(Status)
 # A resume leaves these alone: the trial ran to its end (diverged is an outcome, not a crash).
 FINISHED: tuple[Status, ...] = (Status.completed, Status.diverged)
+# A run that ended by itself: an outcome or an error (what a progress bar counts as finished).
+ENDED: tuple[Status, ...] = (Status.completed, Status.diverged, Status.failed)
 # Statuses that count as done for progress and ETA (a failed trial will not run again by itself).
 DONE: tuple[Status, ...] = (Status.completed, Status.diverged, Status.failed, Status.skipped)
 # A resume runs none of these again (superseded: no longer in the design; skipped: decided).
 SETTLED: tuple[Status, ...] = FINISHED + (Status.skipped, Status.superseded)
 # A ``running`` trial whose heartbeat is older than the lease TTL is *shown* as stale (its
-# driver is gone); stale is derived when reading, never stored (store/status.py).
+# driver is gone); stale is derived when reading, never stored (store/progress.py).
 STALE = "stale"

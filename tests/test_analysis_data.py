@@ -50,7 +50,7 @@ def store(db_url):
 
 
 def test_load_exposes_params_under_full_short_and_formula_names(store):
-    trials, evals = oa.load(store, "grid")
+    trials, evals = oa.load_sweep(store, "grid")
     assert len(trials) == 16 and len(evals) == 16 * len(GRID)
     for col in (
         "trial_id",
@@ -80,17 +80,17 @@ def test_load_exposes_params_under_full_short_and_formula_names(store):
 
 
 def test_status_filter_and_unknown_sweep(store):
-    trials, _ = oa.load(store, "grid", statuses=["completed", "failed"])
+    trials, _ = oa.load_sweep(store, "grid", statuses=["completed", "failed"])
     assert len(trials) == 17 and set(trials["status"]) == {"completed", "failed"}
     with pytest.raises(UserError, match="no sweep named 'nope'.*grid"):
-        oa.load(store, "nope")
+        oa.load_sweep(store, "nope")
     with pytest.raises(UserError, match="status"):
-        oa.load(store, "grid", statuses=["done"])
+        oa.load_sweep(store, "grid", statuses=["done"])
 
 
 def test_where_filters_on_any_parameter_name(store):
     def n(cond):
-        return len(oa.load(store, "grid", where=cond)[0])
+        return len(oa.load_sweep(store, "grid", where=cond).trials)
 
     assert n("variant = 'ns5'") == 8
     assert n("vocab_size = 88 AND variant = 'ns5'") == 4
@@ -100,7 +100,7 @@ def test_where_filters_on_any_parameter_name(store):
     assert n("status = 'completed' AND seed IN (0)") == 8
     assert n("trial_id IN (SELECT trial_id FROM trials WHERE seed = 1)") == 8
     assert n("variant = 'it''s (not) here' OR (lr < 0.002 AND \"tag.variant\" = 'ns5')") == 4
-    trials, evals = oa.load(store, "grid", where="seed = 1 AND lr = 0.001")
+    trials, evals = oa.load_sweep(store, "grid", where="seed = 1 AND lr = 0.001")
     assert set(evals["trial_id"]) == set(trials["trial_id"]) and len(trials) == 4
 
 
@@ -119,7 +119,7 @@ BAD_WHERE = [
 def test_bad_or_hostile_where_is_a_user_error_and_leaves_the_store_alone(store):
     for cond, msg in BAD_WHERE:
         with pytest.raises(UserError) as e:
-            oa.load(store, "grid", where=cond)
+            oa.load_sweep(store, "grid", where=cond)
         text = str(e.value)
         assert "\n" not in text and text.startswith("--where"), text
         assert any(m in text for m in msg.split("|")), text
@@ -130,5 +130,5 @@ def test_bad_or_hostile_where_is_a_user_error_and_leaves_the_store_alone(store):
 def test_missing_database_is_not_created(tmp_path):
     path = tmp_path / "absent.db"
     with pytest.raises(UserError, match="no database"):
-        oa.load(str(path), "grid")
+        oa.load_sweep(str(path), "grid")
     assert not path.exists()

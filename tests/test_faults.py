@@ -195,7 +195,7 @@ def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path
 
 def test_eight_readers_against_a_sqlite_sweep_being_written(tmp_path):
     from orchestrator.store.readonly import readonly_query
-    from orchestrator.store.status import sweep_status
+    from orchestrator.store.progress import progress_report
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     spec = tmp_path / "spec.yaml"
@@ -215,7 +215,7 @@ def test_eight_readers_against_a_sqlite_sweep_being_written(tmp_path):
                     if i % 2:
                         readonly_query(url, "SELECT COUNT(*), MAX(step) FROM trial_trace")
                     else:
-                        sweep_status(engine, "faults")
+                        progress_report(engine, "faults")
                     reads[0] += 1
                 except Exception as exc:  # every failure counts, locked or not
                     errors.append(f"{type(exc).__name__}: {exc}")

@@ -59,7 +59,7 @@ def test_import_round_trip_and_idempotent_reimport(db_url, tmp_path, capsys):
     assert code == 0, err
     res = json.loads(out)
     assert (res["trials"], res["new_trials"], res["evals"]) == (3, 3, 15)
-    trials, evals = oa.load(db_url, "published", statuses=["completed", "diverged"])
+    trials, evals = oa.load_sweep(db_url, "published", statuses=["completed", "diverged"])
     assert sorted(trials["seed"]) == [0, 1, 2]
     assert trials.set_index("seed").loc[2, "status"] == "diverged"
     assert set(trials["task.vocab_size"]) == {80} and "vocab_size" in trials.columns
@@ -201,5 +201,5 @@ def test_every_finite_measurement_is_stored(db_url, tmp_path, capsys):
             sa.text("SELECT step, acc, loss, nonfinite FROM trial_trace WHERE seed = 0 AND step = 600")
         ).one()
     assert tuple(view) == (600, 0.95, None, "loss=inf,metrics.c_erank=nan")
-    _, evals = oa.load(db_url, "nan", statuses=["completed", "diverged"])
+    _, evals = oa.load_sweep(db_url, "nan", statuses=["completed", "diverged"])
     assert evals["acc"].notna().all() and evals["nonfinite"].sum() == 3

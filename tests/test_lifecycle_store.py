@@ -290,7 +290,7 @@ def test_design_diff_supersedes_and_revives(db_url):
         assert diff.changed and sorted(diff.added) == ["n0", "n1", "n2"]
         assert sorted(diff.superseded) == ["k0", "k1", "k2"]
         assert diff.changes == ["steps: 200 -> 100"]
-        assert diff.describe() == "3 trial(s) added, 3 superseded (steps: 200 -> 100)"
+        assert diff.summary() == "3 trial(s) added, 3 superseded (steps: 200 -> 100)"
         assert repo.record_spec_version(conn, sid, "v2", "h2") == 2
         repo.apply_design(conn, sid, diff)
         repo.add_trials(conn, sid, new, spec_version=2)

@@ -92,7 +92,7 @@ def test_report_prints_the_basin_map_layout_and_writes_figures(db_url, tmp_path,
     out_dir = tmp_path / "rep"
     text = _report(capsys, "report", spec, "--db", db_url, "--out", out_dir)
     lines = text.splitlines()
-    a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
+    a = lines.index("A. outcomes per stratum: solved/mid/flat/dead (n) @KM median escape step")
     assert lines[a + 1].split() == ["lr=0.001", "lr=0.003", "lr=0.01"]
     assert lines[a + 2].split() == ["vocab_size", "group"]
     rows = lines[a + 3 : a + 9]

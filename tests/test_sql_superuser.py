@@ -61,10 +61,10 @@ def test_without_a_reader_role_sql_and_ui_refuse_naming_the_fix(capsys):
         assert code == 2 and out == ""
         assert len(err.strip().splitlines()) == 1, err
         assert "superuser" in err and "orchestrator db create-reader" in err
-        from orchestrator.ui.db import readonly_engine
+        from orchestrator.store.reader import open_reader_engine
 
         with pytest.raises(UserError, match="create-reader"):
-            readonly_engine(url)
+            open_reader_engine(url)
     finally:
         drop()
 
@@ -76,9 +76,9 @@ def test_a_superuser_url_reads_as_the_reader_role(superuser_url, capsys):
     assert code == 0, err
     who, n = out.splitlines()[1].split(",")
     assert who.startswith("orch_r_") and n == "3"
-    from orchestrator.ui.db import readonly_engine
+    from orchestrator.store.reader import open_reader_engine
 
-    engine, _ = readonly_engine(superuser_url)
+    engine, _ = open_reader_engine(superuser_url)
     try:
         with engine.connect() as c:
             assert c.execute(sa.text("SELECT current_user")).scalar() == who

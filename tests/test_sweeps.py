@@ -272,7 +272,7 @@ def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):
     lines = text.splitlines()
     assert lines[0].startswith("sweep basin_map: 144 trials")
     # A: rows vocab x variant, columns lr, solved/mid/flat/dead (n) @KM median escape.
-    a = lines.index("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
+    a = lines.index("A. outcomes per stratum: solved/mid/flat/dead (n) @KM median escape step")
     assert lines[a + 1].split() == ["lr=0.001", "lr=0.003", "lr=0.01"]
     assert lines[a + 2].split() == ["vocab_size", "group"]
     trials = [p for _, p in sweep.trials]

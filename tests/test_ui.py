@@ -111,10 +111,10 @@ def test_incremental_cursor_sends_only_new_rows(db_url):
 def test_the_ui_engine_cannot_write(db_url):
     import sqlalchemy as sa
 
-    from orchestrator.ui.db import readonly_engine
+    from orchestrator.store.reader import open_reader_engine
 
     _write_sweep(db_url)
-    engine, _ = readonly_engine(db_url)
+    engine, _ = open_reader_engine(db_url)
     try:
         for stmt in ("UPDATE trials SET status = 'failed'", "DELETE FROM evals", "CREATE TABLE x (i INTEGER)"):
             with pytest.raises(sa.exc.DBAPIError):

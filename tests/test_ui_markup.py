@@ -15,7 +15,7 @@ import pytest
 from markupsafe import escape
 
 from orchestrator.ui import app as ui_app
-from orchestrator.ui.db import readonly_engine
+from orchestrator.store.reader import open_reader_engine
 
 from ui_support import ERROR, IMG, IMPORTED, PLOT, SCRIPT, SPECCED, SVG, asgi_get, make_markup_db
 
@@ -25,7 +25,7 @@ RAW = (IMG, SCRIPT, SVG, PLOT)
 
 def _app(url: str, tmp: Path):
     keys = make_markup_db(url, tmp)
-    engine, url = readonly_engine(url)
+    engine, url = open_reader_engine(url)
     return ui_app.create_app(engine, url), engine, keys
 
 

@@ -158,7 +158,8 @@ def test_stored_markup_is_text_in_the_browser(tmp_path):
 
             # A 404 naming a sweep with markup in its name shows the name as text.
             driver.get(base + "/sweeps/" + quote(SVG, safe=""))
-            assert driver.find_element("id", "message").text == f"no sweep named {SVG!r} in this database"
+            want = f"no sweep named {SVG!r} in this database (sweeps: {IMPORTED}, {SPECCED})"
+            assert driver.find_element("id", "message").text == want
             _safe(driver, "404")
         finally:
             driver.quit()

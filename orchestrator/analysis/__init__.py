@@ -2,11 +2,12 @@
 
 The project's own code is event extraction (:mod:`.events`), person-period expansion
 (:mod:`.person_period`) and presentation (:mod:`.report`, :mod:`.figures`); the statistics
-come from scipy.stats, lifelines and statsmodels. Start with :func:`load` and the functions
-of :mod:`.api` (mirrors of ``orchestrator analyze``).
+come from scipy.stats, lifelines and statsmodels. Start with :func:`load_sweep`
+(``trials, evals = load_sweep(db, sweep)``) and the functions of :mod:`.pipeline` (mirrors
+of ``orchestrator analyze``).
 """
 
-from .api import (
+from .pipeline import (
     KINDS,
     Prepared,
     config,
@@ -23,7 +24,7 @@ from .api import (
     run,
 )
 from .config import AnalysisConfig, HeatmapConfig, parse_config
-from .data import SweepData, load, load_sweep
+from .data import SweepData, load_sweep
 from .diverged import analysed_evals
 from .events import trace_events, trial_events, with_events
 from .hazard import HazardResult, fit_hazard
@@ -48,7 +49,6 @@ __all__ = [
     "fit_hazard",
     "hazard",
     "km",
-    "load",
     "load_sweep",
     "lockin",
     "logrank",
@@ -66,3 +66,25 @@ __all__ = [
     "with_events",
     "write_report",
 ]
+
+
+def __getattr__(name: str):
+    # ``oa.load`` was ``trials, evals`` of ``load_sweep``: kept for notebooks that call it (one
+    # meaning per name: ``orchestrator.load`` is the SQL-named tables of a sweep).
+    if name == "load":
+        import warnings
+
+        from .config import DEFAULT_STATUSES
+
+        warnings.warn(
+            "orchestrator.analysis.load is now load_sweep (it unpacks as trials, evals)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+
+        def load(db, sweep, where=None, statuses=DEFAULT_STATUSES):
+            data = load_sweep(db, sweep, where=where, statuses=statuses)
+            return data.trials, data.evals
+
+        return load
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The table of analyses: ``{name: Analysis(function, result type, formatter)}``.
 
-The API (:func:`orchestrator.analysis.api.run`), the CLI (``orchestrator analyze KIND``)
+The API (:func:`orchestrator.analysis.pipeline.run`), the CLI (``orchestrator analyze KIND``)
 and the report's contrasts all read this table, so a new statistic is its own module plus
 one row here. A row's function takes the trials (carrying their events), the config and the
 sweep's eval rows (only trace-level analyses such as the hazard fit use them).
@@ -74,10 +74,10 @@ def format_strata(res: list[dict[str, Any]]) -> str:
     """Per-stratum log-rank (``logrank`` with strata)."""
     out = []
     for e in res:
-        cell = " ".join(f"{k}={v}" for k, v in e["cell"].items()) or "all"
+        stratum = " ".join(f"{k}={v}" for k, v in e["cell"].items()) or "all"
         p = e.get("p_value")
         out.append(
-            f"{cell}: "
+            f"{stratum}: "
             + (f"p = {p:.4g}, chi2 = {e['test_statistic']:.3g}" if p is not None else f"- ({e.get('reason')})")
         )
     return "\n".join(out)

@@ -65,7 +65,7 @@ def n_diverged(trials: pd.DataFrame) -> int:
     return int(trials["diverge_step"].notna().sum()) if "diverge_step" in trials else 0
 
 
-def describe(rule: str, n_diverged: int, n_trials: int) -> str:
+def diverged_note(rule: str, n_diverged: int, n_trials: int) -> str:
     """One line saying how the diverged trials were counted."""
     how = (
         "at risk until their last eval with a finite accuracy (--diverged at-risk; 'censor' censors them at divergence)"

@@ -88,26 +88,27 @@ def pick_two(available: Sequence[str], compare: Sequence[str] | None, what: str)
     )
 
 
-def cell_iter(trials: pd.DataFrame, cells: Sequence[str]):
-    """``(cell_dict, sub_frame)`` per combination of the ``cells`` parameters, in value order;
-    one cell ``{}`` holding everything when ``cells`` is empty."""
-    if not cells:
+def strata_iter(trials: pd.DataFrame, strata: Sequence[str]):
+    """``(stratum, sub_frame)`` per combination of the ``strata`` parameters' values (the
+    stratum as ``{parameter: value}``), in value order; one stratum ``{}`` holding everything
+    when ``strata`` is empty."""
+    if not strata:
         yield {}, trials
         return
-    labs = labels(trials, cells)
-    for lab in ordered(trials, cells):
+    labs = labels(trials, strata)
+    for lab in ordered(trials, strata):
         sub = trials[labs == lab]
         first = sub.iloc[0]
-        yield {c: _plain(first[c]) for c in cells}, sub
+        yield {c: _plain(first[c]) for c in strata}, sub
 
 
-def cell_groups(trials: pd.DataFrame, cells: Sequence[str], by: Sequence[str]):
-    """``(cell_dict, group label, group's rows)`` per cell (:func:`cell_iter`) and group
-    present in it (:func:`ordered`), in value order."""
-    for cell, sub in cell_iter(trials, cells):
+def strata_groups(trials: pd.DataFrame, strata: Sequence[str], by: Sequence[str]):
+    """``(stratum, group, part)`` per stratum (:func:`strata_iter`) and ``by`` group in it,
+    in order: the rows of every per-stratum, per-group table."""
+    for stratum, sub in strata_iter(trials, strata):
         labs = labels(sub, by)
         for g in ordered(sub, by):
-            yield cell, g, sub[labs == g]
+            yield stratum, g, sub[labs == g]
 
 
 def _plain(v):

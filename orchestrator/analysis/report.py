@@ -3,15 +3,16 @@
 The target is a sweep name or a spec YAML (its ``name`` and optional ``analysis:`` block
 are read; nothing else of the spec is interpreted here). The report holds:
 
-A. outcome classes per cell, laid out as the scaffold study's cell table: rows are the
-   ``cells`` parameters but the last, times the ``by`` groups; columns are the values of the
-   last ``cells`` parameter; an entry is ``solved/mid/flat/dead (n) @KM median escape step``;
-B. log-rank tests between the ``by`` groups, pooled and within each cell;
+A. outcome classes per stratum, laid out as the scaffold study's table: rows are the strata
+   parameters (``cells``) but the last, times the ``by`` groups; columns are the values of
+   the last one; an entry is ``solved/mid/flat/dead (n) @KM median escape step``;
+B. log-rank tests between the ``by`` groups, pooled and within each stratum;
 C. the discrete-time hazard fit (``formula``, ``link``);
-D. lock-in rates per cell and group (with Fisher exact when there are two groups);
-E. final accuracy per cell, laid out as A: ``mean [min, max]``, plus the mean rebinding-control
-   accuracy (``rb``) where the trials ran the control (the 001 papers' hardened tables);
-F. the ``contrasts`` the spec names, within each cell: lock-in with Fisher exact, the mean
+D. lock-in rates per stratum and group (with Fisher exact when there are two groups);
+E. final accuracy per stratum, laid out as A: ``mean [min, max]``, plus the mean
+   rebinding-control accuracy (``rb``) where the trials ran the control (the 001 papers'
+   hardened tables);
+F. the ``contrasts`` the spec names, within each stratum: lock-in with Fisher exact, the mean
    gap with a permutation test, log-rank on escape times, and exact McNemar when the two
    groups share every pairing key (same seeds);
 plus figures: Kaplan-Meier curves per group, the basin-map heatmap (when the sweep has an
@@ -33,12 +34,12 @@ from orchestrator.errors import UserError
 
 from . import survival, tables
 from .analyses import ANALYSES
-from .api import Prepared, fit, run
+from .pipeline import Prepared, fit, run
 from .config import AnalysisConfig, HeatmapConfig, parse_config
-from .diverged import describe as describe_diverged
+from .diverged import diverged_note
 from .diverged import n_diverged
 from .events import with_events
-from .groups import cell_groups, cell_iter, format_value, labels
+from .groups import format_value, labels, strata_groups, strata_iter
 from .hazard import HazardResult
 from .results import jsonable
 
@@ -78,7 +79,8 @@ def resolve_target(target: str, db: Any = _NO_DB) -> tuple[str, dict[str, Any] |
         storage = spec.get("storage") if isinstance(spec.get("storage"), str) else None
         return spec["name"], block, storage
     if db is not _NO_DB:
-        from .data import open_engine
+        from orchestrator.store.reader import open_engine
+
         from .stored import stored_spec
 
         spec = stored_spec(open_engine(db), target)
@@ -106,13 +108,13 @@ def auto_heatmap(
     return None
 
 
-def _pivot(frame: pd.DataFrame, cells: list[str], entry: str) -> pd.DataFrame:
-    """Rows: the ``cells`` parameters but the last, times the group; columns: the values of
-    the last ``cells`` parameter; values: the ``entry`` column."""
-    if not cells:
+def _pivot(frame: pd.DataFrame, strata: list[str], entry: str) -> pd.DataFrame:
+    """Rows: the ``strata`` parameters but the last, times the group; columns: the values of
+    the last one; values: the ``entry`` column."""
+    if not strata:
         return frame.set_index("group")[[entry]].rename(columns={entry: "all"})
-    col = cells[-1]
-    rows = [*cells[:-1], "group"]
+    col = strata[-1]
+    rows = [*strata[:-1], "group"]
     frame = frame.assign(**{col: frame[col].map(lambda v: f"{col}={format_value(v)}")})
     order = list(dict.fromkeys(frame[col]))
     wide = frame.pivot_table(index=rows, columns=col, values=entry, aggfunc="first", sort=False)
@@ -121,24 +123,24 @@ def _pivot(frame: pd.DataFrame, cells: list[str], entry: str) -> pd.DataFrame:
     return wide
 
 
-def layout_table(outcomes: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
-    """Table A: one string entry per (row cell, group) x column value."""
+def layout_table(outcomes: pd.DataFrame, strata: list[str]) -> pd.DataFrame:
+    """Table A: one string entry per (row stratum, group) x column value."""
     if outcomes.empty:
         return pd.DataFrame()
-    return _pivot(outcomes.assign(entry=outcomes.apply(tables.format_cell, axis=1)), cells, "entry")
+    return _pivot(outcomes.assign(entry=outcomes.apply(tables.format_cell, axis=1)), strata, "entry")
 
 
 def accuracy_table(trials: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
-    """Per cell and group: n, mean, min and max of the final accuracy, and the mean of the
+    """Per stratum and group: n, mean, min and max of the final accuracy, and the mean of the
     rebinding-control accuracy (``rebind_acc`` column, NaN where absent)."""
     rows = []
     has_rb = "rebind_acc" in trials.columns
-    for cell, g, part in cell_groups(trials, cfg.strata, cfg.by):
+    for stratum, g, part in strata_groups(trials, cfg.strata, cfg.by):
         acc = part["final_acc"].astype(float)
         rb = part["rebind_acc"].astype(float) if has_rb else pd.Series([], dtype=float)
         rows.append(
             {
-                **cell,
+                **stratum,
                 "group": g,
                 "n": int(len(acc)),
                 "mean": acc.mean(),
@@ -159,29 +161,29 @@ def _acc_entry(row) -> str:
     return out
 
 
-def accuracy_layout(acc: pd.DataFrame, cells: list[str]) -> pd.DataFrame:
+def accuracy_layout(acc: pd.DataFrame, strata: list[str]) -> pd.DataFrame:
     """Table E: ``mean [min, max]`` (and ``rb`` rebinding mean) laid out as table A."""
     if acc.empty:
         return pd.DataFrame()
-    return _pivot(acc.assign(entry=acc.apply(_acc_entry, axis=1)), cells, "entry")
+    return _pivot(acc.assign(entry=acc.apply(_acc_entry, axis=1)), strata, "entry")
 
 
 def contrast_tests(trials: pd.DataFrame, cfg: AnalysisConfig) -> list[dict[str, Any]]:
-    """Each ``cfg.contrasts`` pair within each cell where both groups occur (one pooled cell
-    without ``cells``): Fisher (lock-in), permutation (mean of the metric accuracy),
-    log-rank (escape times; None without escapes) and exact McNemar (None unless both groups
-    hold the same ``pair_on`` keys, once each)."""
+    """Each ``cfg.contrasts`` pair within each stratum where both groups occur (one pooled
+    stratum without ``cells``; the stratum under the key ``cell``): Fisher (lock-in),
+    permutation (mean of the metric accuracy), log-rank (escape times; None without escapes)
+    and exact McNemar (None unless both groups hold the same ``pair_on`` keys, once each)."""
     out: list[dict[str, Any]] = []
     if not cfg.contrasts or not cfg.by:
         return out
     for a, b in cfg.contrasts:
         pair_cfg = cfg.with_overrides(compare=[a, b])
-        for cell, sub in cell_iter(trials, cfg.strata):
+        for stratum, sub in strata_iter(trials, cfg.strata):
             labs = labels(sub, cfg.by)
             ta, tb = sub[labs == a], sub[labs == b]
             if ta.empty or tb.empty:
                 continue
-            entry: dict[str, Any] = {"cell": cell, "a": a, "b": b}
+            entry: dict[str, Any] = {"cell": stratum, "a": a, "b": b}
             entry["fisher"] = _try("fisher", sub, pair_cfg)
             entry["permutation"] = _try("permutation", sub, pair_cfg)
             entry["logrank"] = (
@@ -210,9 +212,9 @@ def _paired(ta: pd.DataFrame, tb: pd.DataFrame, pair_on: list[str]) -> bool:
 
 
 def _contrast_line(e: dict[str, Any]) -> str:
-    cell = " ".join(f"{k}={format_value(v)}" for k, v in e["cell"].items())
+    stratum = " ".join(f"{k}={format_value(v)}" for k, v in e["cell"].items())
     f, pm = e["fisher"], e["permutation"]
-    parts = [f"{e['a']} vs {e['b']}" + (f" at {cell}" if cell else "") + ":"]
+    parts = [f"{e['a']} vs {e['b']}" + (f" at {stratum}" if stratum else "") + ":"]
     if pm:
         ma, mb = pm["groups"][e["a"]]["mean"], pm["groups"][e["b"]]["mean"]
         parts.append(f"mean {ma:.3f} vs {mb:.3f} (gap {ma - mb:+.3f}, permutation p = {pm['p_value']:.4g});")
@@ -252,28 +254,13 @@ def attach_rebinding(prep: Prepared, db) -> Prepared:
     trials = prep.trials
     if "rebinding" not in trials.columns or not trials["rebinding"].eq(True).any():
         return prep
-    import sqlalchemy as sa
-
-    from orchestrator.store.models import Eval
-
-    from .data import open_engine
+    from orchestrator.store import reader
 
     last = trials.set_index("trial_id")["last_step"]
-    ids = [int(i) for i in last.index]
     values: dict[int, float] = {}
-    engine = open_engine(db)
-    with engine.connect() as conn:
-        for lo in range(0, len(ids), 500):
-            chunk = ids[lo : lo + 500]
-            for tid, step, metrics in conn.execute(
-                sa.select(Eval.trial_id, Eval.step, Eval.metrics).where(Eval.trial_id.in_(chunk))
-            ):
-                if (
-                    step == last.get(tid)
-                    and isinstance(metrics, dict)
-                    and isinstance(metrics.get("rebind_acc"), (int, float))
-                ):
-                    values[int(tid)] = float(metrics["rebind_acc"])
+    for tid, step, metrics in reader.eval_metrics(reader.open_engine(db), list(last.index)):
+        if step == last.get(tid) and isinstance(metrics, dict) and isinstance(metrics.get("rebind_acc"), (int, float)):
+            values[int(tid)] = float(metrics["rebind_acc"])
     rb = trials["trial_id"].map(lambda t: values.get(int(t), float("nan")))
     return replace(prep, trials=trials.assign(rebind_acc=rb.astype(float)))
 
@@ -288,7 +275,7 @@ class Report:
     lockin: pd.DataFrame
     fisher: dict[str, Any] | None
     logrank: dict[str, Any] | None
-    logrank_cells: list[dict[str, Any]]
+    logrank_strata: list[dict[str, Any]]
     km: dict[str, Any]
     hazard: HazardResult | None
     hazard_error: str | None
@@ -313,7 +300,7 @@ class Report:
                 "lockin": self.lockin,
                 "fisher": self.fisher,
                 "logrank": self.logrank,
-                "logrank_cells": self.logrank_cells,
+                "logrank_cells": self.logrank_strata,
                 "km": self.km,
                 "hazard": self.hazard.to_dict() if self.hazard else None,
                 "hazard_error": self.hazard_error,
@@ -344,7 +331,7 @@ class Report:
             + ([self.diverged] if self.diverged else [])
             + [""]
         )
-        out.append("A. cell outcomes: solved/mid/flat/dead (n) @KM median escape step")
+        out.append("A. outcomes per stratum: solved/mid/flat/dead (n) @KM median escape step")
         out.append(_indent(self.layout.to_string()) if not self.layout.empty else "  (none)")
         out.append("")
         out.append(f"B. log-rank on escape times by {'/'.join(c.by) or '(no --by)'} (collapse censors)")
@@ -352,7 +339,7 @@ class Report:
             out.append("  pooled: " + _logrank_line(self.logrank))
         elif c.by:
             out.append("  pooled: - (no escapes, or fewer than two groups)")
-        out.extend(f"  {cell}: {line}" for cell, line in _logrank_strata(self.logrank_cells))
+        out += [f"  {stratum}: {line}" for stratum, line in _strata_lines(self.logrank_strata)]
         out.append("")
         if self.hazard is not None:
             h = self.hazard
@@ -401,7 +388,7 @@ class Report:
             if self.contrasts:
                 out.extend("  " + _contrast_line(e) for e in self.contrasts)
             else:
-                out.append("  - (no cell holds both groups of any contrast)")
+                out.append("  - (no stratum holds both groups of any contrast)")
         if self.design:
             out += ["", "G. design: sequential looks, stopped trials, compute saved"]
             out.extend(_indent(line) for line in self.design)
@@ -414,14 +401,8 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
-def _logrank_line(d: dict[str, Any]) -> str:
-    parts = [f"{g} {v['escapes']}/{v['n']}" for g, v in d["groups"].items()]
-    return f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, p = {d['p_value']:.4g}"
-
-
-def _logrank_strata(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """``(stratum, log-rank line)`` per entry of a per-stratum log-rank (``- (reason)``
-    where it has no test)."""
+def _strata_lines(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(stratum, its log-rank line or why there is none) per per-stratum log-rank entry."""
     return [
         (
             " ".join(f"{k}={format_value(v)}" for k, v in e["cell"].items()) or "all",
@@ -431,12 +412,17 @@ def _logrank_strata(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
+def _logrank_line(d: dict[str, Any]) -> str:
+    parts = [f"{g} {v['escapes']}/{v['n']}" for g, v in d["groups"].items()]
+    return f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, p = {d['p_value']:.4g}"
+
+
 def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
     """Section G's lines, and the prepared sweep the at-budget tables (A, D, E, F) use:
     without ``--stopped-as`` the trials the stop rule ended are left out of those tables
     (their state at the budget is unknown), with ``--stopped-as solved`` they count solved."""
     from .analyses import format_looks
-    from .api import n_stopped
+    from .pipeline import n_stopped
 
     data, lines = prep.data, []
     if data.looks:
@@ -493,7 +479,7 @@ def build_report(
         fisher = run(budget, "fisher").to_dict()
     if cfg.by and n_groups >= 2 and int(trials["event"].sum()) > 0:
         logrank = run(prep, "logrank").to_dict()
-    lr_cells = survival.logrank_cells(trials, cfg) if cfg.by and cfg.strata else []
+    lr_strata = survival.logrank_strata(trials, cfg) if cfg.by and cfg.strata else []
     km = run(prep, "km")
     hz, hz_err = None, None
     try:
@@ -510,7 +496,7 @@ def build_report(
         lockin=lock,
         fisher=fisher,
         logrank=logrank,
-        logrank_cells=lr_cells,
+        logrank_strata=lr_strata,
         km=km.to_dict(),
         hazard=hz,
         hazard_error=hz_err,
@@ -520,12 +506,13 @@ def build_report(
     rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.strata)
     rep.contrasts = contrast_tests(budget.trials, cfg)
     rep.design = design
-    rep.diverged = describe_diverged(cfg.diverged, n_diverged(trials), len(trials))
+    rep.diverged = diverged_note(cfg.diverged, n_diverged(trials), len(trials))
     if db is not _NO_DB:
-        from .data import open_engine
-        from .stored import progress
+        from orchestrator.store.reader import open_engine
 
-        rep.unfinished = progress(open_engine(db), prep.data.sweep).warning()
+        from .stored import completion
+
+        rep.unfinished = completion(open_engine(db), prep.data.sweep).warning()
     if not write:
         return rep
     out = Path(out_dir) if out_dir else DEFAULT_OUT / re.sub(r"[^\w.-]", "_", prep.data.sweep)
@@ -586,7 +573,7 @@ def render_html(rep: Report) -> str:
         + (f" {e(rep.diverged[:1].upper() + rep.diverged[1:])}." if rep.diverged else "")
         + "</p>",
     ]
-    parts.append("<h2>Cell outcomes: solved/mid/flat/dead (n) @KM median escape step</h2>")
+    parts.append("<h2>Outcomes per stratum: solved/mid/flat/dead (n) @KM median escape step</h2>")
     parts.append(_table(rep.layout) if not rep.layout.empty else "<p>(none)</p>")
     parts.append("<h2>Lock-in rates</h2>" + _table(rep.lockin, index=False))
     parts.append(
@@ -617,9 +604,9 @@ def render_html(rep: Report) -> str:
     lr_rows = []
     if rep.logrank:
         lr_rows.append(("pooled", _logrank_line(rep.logrank)))
-    lr_rows.extend(_logrank_strata(rep.logrank_cells))
+    lr_rows += _strata_lines(rep.logrank_strata)
     if lr_rows:
-        parts.append(_table(pd.DataFrame(lr_rows, columns=["cell", "log-rank"]), index=False))
+        parts.append(_table(pd.DataFrame(lr_rows, columns=["stratum", "log-rank"]), index=False))
     km_sum = pd.DataFrame.from_dict(
         {g: {k: v for k, v in d.items() if k != "survival"} for g, d in rep.km["groups"].items()}, orient="index"
     )
@@ -637,7 +624,7 @@ def render_html(rep: Report) -> str:
         parts.append(_figure(rep, "hazard", "exp(coef) per term with 95% CI"))
     else:
         parts.append(f"<p>Not fitted: {e(rep.hazard_error or '')}</p>")
-    parts.append("<h2>Per-seed accuracy traces</h2>" + _figure(rep, "traces", "Accuracy traces per cell"))
+    parts.append("<h2>Per-seed accuracy traces</h2>" + _figure(rep, "traces", "Accuracy traces per stratum and group"))
     parts.append("<h2>Configuration</h2><pre>" + e(c.model_dump_json(indent=2)) + "</pre>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -653,7 +640,7 @@ def write_report(
 ) -> Report:
     """Notebook mirror of ``orchestrator report TARGET``: the spec's analysis block (when
     TARGET is a spec path), then ``cfg``/``overrides`` over it."""
-    from .api import prepare
+    from .pipeline import prepare
 
     sweep, block, storage = resolve_target(target, db)
     base = cfg or parse_config(block, source=f"{target}: analysis")

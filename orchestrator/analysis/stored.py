@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.status import FINISHED
-from orchestrator.store.models import Sweep, Trial
+from orchestrator.store import reader
 
 
 @dataclass
-class Progress:
+class Completion:
     """Trials of a sweep by status; ``finished`` counts completed and diverged ones."""
 
     total: int
@@ -46,7 +44,7 @@ def stored_spec(engine: Engine, sweep: str) -> dict[str, Any] | None:
     from orchestrator.yaml_load import load_strict
 
     with engine.connect() as conn:
-        text = conn.execute(sa.select(Sweep.spec_text).where(Sweep.name == sweep)).scalar()
+        text = reader.spec_text(conn, sweep)
     if not text:
         return None
     try:
@@ -56,13 +54,7 @@ def stored_spec(engine: Engine, sweep: str) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
-def progress(engine: Engine, sweep: str) -> Progress:
+def completion(engine: Engine, sweep: str) -> Completion:
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(Trial.status, sa.func.count())
-            .join(Sweep, Sweep.id == Trial.sweep_id)
-            .where(Sweep.name == sweep)
-            .group_by(Trial.status)
-        ).all()
-    counts = Counter({str(s): int(n) for s, n in rows})
-    return Progress(total=sum(counts.values()), counts=dict(counts))
+        counts = reader.status_counts(conn, sweep)
+    return Completion(total=sum(counts.values()), counts=counts)

@@ -17,7 +17,7 @@ import pandas as pd
 from orchestrator.errors import UserError
 
 from .config import AnalysisConfig
-from .groups import cell_iter, labels, ordered, pick_two
+from .groups import labels, ordered, pick_two, strata_iter
 from .results import TestResult, jsonable
 
 
@@ -111,15 +111,16 @@ def logrank(trials: pd.DataFrame, cfg: AnalysisConfig) -> TestResult:
     )
 
 
-def logrank_cells(
-    trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None
+def logrank_strata(
+    trials: pd.DataFrame, cfg: AnalysisConfig, strata: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Log-rank within each cell; cells with fewer than two groups or no escape are listed
-    with ``p_value`` None and the reason."""
+    """Log-rank within each stratum (``cfg.strata`` unless ``strata`` is given); strata with
+    fewer than two groups or no escape are listed with ``p_value`` None and the reason. Each
+    entry's stratum is under the key ``cell`` (the JSON's name)."""
     out = []
-    for cell, sub in cell_iter(trials, list(cfg.strata if cells is None else cells)):
+    for stratum, sub in strata_iter(trials, list(cfg.strata if strata is None else strata)):
         groups = ordered(sub, cfg.by)
-        entry: dict[str, Any] = {"cell": cell}
+        entry: dict[str, Any] = {"cell": stratum}
         if cfg.compare and not all(g in groups for g in cfg.compare):
             entry.update(p_value=None, reason="a compared group is missing here")
         elif len(groups) < 2:

@@ -1,5 +1,5 @@
 """Tables over trials that carry their events (:func:`.events.with_events`): lock-in rates
-and outcome classes per group, optionally per cell."""
+and outcome classes per group, optionally per stratum."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 
 from .config import AnalysisConfig
 from .events import OUTCOMES
-from .groups import cell_groups
+from .groups import strata_groups
 
 
 def _cp_interval(k: int, n: int) -> tuple[float, float]:
@@ -40,17 +40,17 @@ def km_median_escape(time, event) -> float:
     return float("nan")
 
 
-def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per cell and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
+def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, strata: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per stratum and group: ``k`` of ``n`` trials locked in (``metric`` accuracy >= lockin),
     the rate and its exact 95% interval, and the mean of the metric."""
-    cells = list(cfg.strata if cells is None else cells)
+    strata = list(cfg.strata if strata is None else strata)
     rows = []
-    for cell, g, part in cell_groups(trials, cells, cfg.by):
+    for stratum, g, part in strata_groups(trials, strata, cfg.by):
         k, n = int(part["locked"].sum()), int(len(part))
         lo, hi = _cp_interval(k, n)
         rows.append(
             {
-                **cell,
+                **stratum,
                 "group": g,
                 "k": k,
                 "n": n,
@@ -60,20 +60,20 @@ def lockin_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str]
                 "mean_acc": float(part["metric_acc"].mean()),
             }
         )
-    return pd.DataFrame(rows, columns=[*cells, "group", "k", "n", "rate", "ci_low", "ci_high", "mean_acc"])
+    return pd.DataFrame(rows, columns=[*strata, "group", "k", "n", "rate", "ci_low", "ci_high", "mean_acc"])
 
 
-def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per cell and group: counts of solved / mid / flat / dead, ``n``, the escapes and
+def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, strata: Sequence[str] | None = None) -> pd.DataFrame:
+    """Per stratum and group: counts of solved / mid / flat / dead, ``n``, the escapes and
     collapses, and the Kaplan-Meier median escape step (:func:`km_median_escape`, the same
     figure the KM table shows)."""
-    cells = list(cfg.strata if cells is None else cells)
+    strata = list(cfg.strata if strata is None else strata)
     rows = []
-    for cell, g, part in cell_groups(trials, cells, cfg.by):
+    for stratum, g, part in strata_groups(trials, strata, cfg.by):
         counts = part["outcome"].value_counts()
         rows.append(
             {
-                **cell,
+                **stratum,
                 "group": g,
                 **{o: int(counts.get(o, 0)) for o in OUTCOMES},
                 "n": int(len(part)),
@@ -82,7 +82,7 @@ def outcome_table(trials: pd.DataFrame, cfg: AnalysisConfig, cells: Sequence[str
                 "median_escape": km_median_escape(part["time"], part["event"]),
             }
         )
-    return pd.DataFrame(rows, columns=[*cells, "group", *OUTCOMES, "n", "escapes", "collapses", "median_escape"])
+    return pd.DataFrame(rows, columns=[*strata, "group", *OUTCOMES, "n", "escapes", "collapses", "median_escape"])
 
 
 def format_cell(row) -> str:

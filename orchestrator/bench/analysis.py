@@ -89,6 +89,7 @@ def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis
     from orchestrator.store.engine import open_store_engine
 
     from orchestrator.keys import trial_key
+    from orchestrator.status import Status
 
     t0 = time.perf_counter()
     params, traces = simulate_trials(n_trials, n_evals, seed=seed)
@@ -104,7 +105,7 @@ def build_db(url: str, n_trials: int, n_evals: int, sweep: str = "bench_analysis
         ]
         repo.upsert_evals(conn, rows)
         for k, _ in keyed:
-            repo.finish_trial(conn, ids[k], "completed")
+            repo.finish_trial(conn, ids[k], Status.completed.value)
     engine.dispose()
     return time.perf_counter() - t0
 
@@ -139,7 +140,7 @@ class BenchResult:
 
 def time_hazard(url: str, sweep: str = "bench_analysis") -> BenchResult:
     """Time load + events, person-period expansion and the GLM fit from ``url``."""
-    from orchestrator.analysis.api import prepare
+    from orchestrator.analysis.pipeline import prepare
     from orchestrator.analysis.hazard import fit_hazard
     from orchestrator.analysis.person_period import person_period
 

@@ -52,13 +52,13 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3) -> dict[str
     import uvicorn
 
     from orchestrator.bench.analysis import build_db
-    from orchestrator.ui import db as q
+    from orchestrator.store.reader import open_reader_engine
     from orchestrator.ui.app import create_app
 
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{Path(d) / 'ui_bench.db'}"
         build_s = build_db(url, n_trials, n_evals, sweep=SWEEP)
-        engine, url = q.readonly_engine(url)
+        engine, url = open_reader_engine(url)
         timed = _Timed(create_app(engine, url))
         port = _free_port()
         server = uvicorn.Server(

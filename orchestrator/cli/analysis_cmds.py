@@ -60,29 +60,29 @@ def analyze(
     (recall scaling law: accuracy vs N*D/Nf per vocabulary, beside the Omega(Nf log V)
     boundary; columns from the spec's analysis.scaling block).
     """
-    from orchestrator.analysis import api
+    from orchestrator.analysis import pipeline
     from orchestrator.analysis.analyses import ANALYSES, format_result, to_json
-    from orchestrator.analysis.diverged import describe, n_diverged
+    from orchestrator.analysis.diverged import diverged_note, n_diverged
     from orchestrator.analysis.report import apply_horizon
-    from orchestrator.analysis.survival import logrank_cells
+    from orchestrator.analysis.survival import logrank_strata
 
     if kind not in ANALYSES:
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
     name, cfg, storage = _config(sweep, db, options)
-    prep = apply_horizon(api.prepare(db or storage, name, cfg))
+    prep = apply_horizon(pipeline.prepare(db or storage, name, cfg))
     note = prep.data.unfinished_note()
     if note is not None:
         print(f"note: {note}", file=sys.stderr)
     n_div = n_diverged(prep.trials)
-    rule = describe(prep.cfg.diverged, n_div, len(prep.trials)) if kind in _SURVIVAL or n_div else None
+    rule = diverged_note(prep.cfg.diverged, n_div, len(prep.trials)) if kind in _SURVIVAL or n_div else None
     if kind == "logrank" and options.get("strata"):
-        res = logrank_cells(prep.trials, prep.cfg)
+        res = logrank_strata(prep.trials, prep.cfg)
         if json_out:
             _print_json({"cells": res, "diverged": {"rule": prep.cfg.diverged, "trials": n_div}})
         else:
             print(f"{rule}\n{format_result(kind, res)}")
         return
-    res = api.run(prep, kind)
+    res = pipeline.run(prep, kind)
     if json_out:
         out = to_json(res)
         if isinstance(out, dict) and rule:
@@ -105,14 +105,14 @@ def report_cmd(
 ) -> None:
     """Print a sweep's tables and write an HTML report with figures.
 
-    Tables: cell outcomes, log-rank per cell, hazard fit, lock-in rates, accuracy
+    Tables: outcomes per stratum, log-rank per stratum, hazard fit, lock-in rates, accuracy
     mean [min, max] (with the rebinding control), the spec's contrasts.
     """
-    from orchestrator.analysis import api
+    from orchestrator.analysis import pipeline
     from orchestrator.analysis.report import build_report
 
     name, cfg, storage = _config(target, db, options)
-    prep = api.prepare(db or storage, name, cfg)
+    prep = pipeline.prepare(db or storage, name, cfg)
     rep = build_report(prep, out, fmt=fmt, db=db or storage)
     if json_out:
         _print_json(rep.to_dict())

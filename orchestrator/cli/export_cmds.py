@@ -21,7 +21,7 @@ def export_cmd(
 ) -> int:
     """Write a sweep's trials (one column per parameter), evals and spec text as files."""
     from orchestrator.store.engine import open_store_engine
-    from orchestrator.store.frames import export_sweep
+    from orchestrator.store.export import export_sweep
 
     if fmt not in ("parquet", "csv"):
         from orchestrator.errors import UserError

@@ -14,14 +14,13 @@ err = console(stderr=True)
 DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
 
 
-def _find(engine, url: str, name: str) -> tuple[int, str]:
-    from orchestrator.store import repo
-    from orchestrator.store.engine import describe
+def _find(engine, name: str) -> tuple[int, str]:
+    from orchestrator.store import reader
 
     with engine.connect() as conn:
-        found = repo.find_sweep(conn, name)
-    if found is None:
-        raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
+        found = reader.find_sweep(conn, name)
+        if found is None:
+            raise reader.UnknownSweep(name, reader.sweep_names(conn))
     return found
 
 
@@ -36,13 +35,13 @@ def cancel(
     from orchestrator.store import lease
     from orchestrator.store.engine import open_store_engine
 
-    engine, url = open_store_engine(db, auto_create=False)
-    sid, _ = _find(engine, url, sweep)
+    engine, _url = open_store_engine(db, auto_create=False)
+    sid, _ = _find(engine, sweep)
     with engine.begin() as conn:
         held = lease.holder(conn, sid)
         if held is not None and not held.expired:
             lease.request_cancel(conn, sid)
-            msg = f"sweep {sweep}: cancel requested; {held.describe()} stops within {lease.lease_ttl_s() / 4:.0f} s"
+            msg = f"sweep {sweep}: cancel requested; {held.summary()} stops within {lease.lease_ttl_s() / 4:.0f} s"
         else:
             n = lease.interrupt_running(conn, sid)
             msg = f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
@@ -68,12 +67,12 @@ def delete(
     from orchestrator.store.engine import open_store_engine
 
     engine, url = open_store_engine(db, auto_create=False)
-    sid, text = _find(engine, url, sweep)
+    sid, text = _find(engine, sweep)
     with engine.connect() as conn:
         held = lease.holder(conn, sid)
         n = repo.count_trials(conn, sid)
     if held is not None and not held.expired:
-        raise UserError(f"sweep {sweep!r} is being run by {held.describe()}; `orchestrator cancel {sweep}` first")
+        raise UserError(f"sweep {sweep!r} is being run by {held.summary()}; `orchestrator cancel {sweep}` first")
     try:
         spec = specs.load(f"<sweep {sweep}>", text=text).spec
         folder = _checkpoint_root(url, spec, checkpoint_dir) / sweep
@@ -91,7 +90,7 @@ def delete(
         # Re-checked inside the transaction: a driver may have claimed it since.
         held = lease.holder(conn, sid)
         if held is not None and not held.expired:
-            raise UserError(f"sweep {sweep!r} is being run by {held.describe()}")
+            raise UserError(f"sweep {sweep!r} is being run by {held.summary()}")
         counts = repo.delete_sweep(conn, sid)
     removed = ""
     if folder is not None and not keep_checkpoints and folder.exists():

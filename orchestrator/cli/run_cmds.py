@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from orchestrator.cli.app import DB_HELP, app, console
 from orchestrator.errors import UserError
+from orchestrator.status import ENDED, STALE, Status
 
 err = console(stderr=True)
 out = console()
@@ -26,7 +27,7 @@ class _Progress:
         self.quiet = quiet
         self.bar = None
         self.board = None
-        self.counts = {"running": 0, "completed": 0, "diverged": 0, "failed": 0, "retry": 0}
+        self.counts: dict[str, int] = {s: 0 for s in (Status.running, *ENDED)} | {"retry": 0}
 
     def start(self, db: str, total: int, todo: int, steps: int | None = None) -> None:
         if not self.quiet:
@@ -77,9 +78,9 @@ class _Progress:
                 )
             return
         if kind == "start":
-            self.counts["running"] += 1
-        elif kind in ("completed", "diverged", "failed"):
-            self.counts["running"] = max(0, self.counts["running"] - 1)
+            self.counts[Status.running] += 1
+        elif kind in ENDED:
+            self.counts[Status.running] = max(0, self.counts[Status.running] - 1)
             self.counts[kind] += 1
         elif kind == "retry":
             self.counts["retry"] += 1
@@ -95,14 +96,15 @@ class _Progress:
                 key = keys.get(row.get("trial_id"))
                 if key is not None:
                     self.board.result(key, row["step"], row.get("acc"))
-        elif kind in ("completed", "diverged", "failed"):
+        elif kind in ENDED:
             tid = info.get("trial_id")
             for m in members:
                 if tid is None or m.get("trial_id") == tid:
                     self.board.finish(m["key"])
         c = self.counts
-        detail = f"run {c['running']} ok {c['completed']} div {c['diverged']} fail {c['failed']}" + (
-            f" retry {c['retry']}" if c["retry"] else ""
+        detail = (
+            f"run {c[Status.running]} ok {c[Status.completed]} div {c[Status.diverged]} fail {c[Status.failed]}"
+            + (f" retry {c['retry']}" if c["retry"] else "")
         )
         self.bar.sync(detail)
 
@@ -293,7 +295,7 @@ def submit(
 def _against_stored(sweep, db: str | None) -> str | None:
     """What submitting ``sweep`` would do to the stored sweep of that name (a dry run never
     creates or upgrades a database), or None when there is none to compare with."""
-    from orchestrator.store import repo
+    from orchestrator.store import reader, repo
     from orchestrator.store.engine import open_store_engine
 
     try:
@@ -302,8 +304,8 @@ def _against_stored(sweep, db: str | None) -> str | None:
         return None  # no database yet, or one this version would have to upgrade first
     try:
         with engine.connect() as conn:
-            sid = repo.sweep_id(conn, sweep.name)
-            diff = repo.design_diff(conn, sid, sweep.trials) if sid is not None else None
+            found = reader.find_sweep(conn, sweep.name)
+            diff = repo.design_diff(conn, found[0], sweep.trials) if found is not None else None
     finally:
         engine.dispose()
     if diff is None or diff.first:
@@ -313,7 +315,7 @@ def _against_stored(sweep, db: str | None) -> str | None:
         return f"refused: {refusal}"
     if not diff.changed:
         return "no change to its design"
-    return f"{diff.describe()}; submit needs --amend"
+    return f"{diff.summary()}; submit needs --amend"
 
 
 @app.command()
@@ -352,7 +354,7 @@ def status(
 ) -> int:
     """Counts by status, per-axis completion and an ETA (--watch: live, from the database)."""
     from orchestrator.store.engine import open_store_engine
-    from orchestrator.store.status import sweep_status
+    from orchestrator.store.progress import progress_report
 
     engine, _ = open_store_engine(db, auto_create=False)
     if watch:
@@ -361,7 +363,7 @@ def status(
         from orchestrator.ui.live import watch as watch_board
 
         watch_board(engine, sweep, interval, out)
-    report = sweep_status(engine, sweep)
+    report = progress_report(engine, sweep)
     if as_json:
         out.print_json(json.dumps(report, default=str))
         return 0
@@ -375,10 +377,10 @@ def status(
         out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: {escape(counts)}{prog}{eta}")
         if s.get("driver"):
             out.print(f"  run by {escape(str(s['driver']))}")
-        if s["counts"].get("stale"):
+        if s["counts"].get(STALE):
             out.print(
                 escape(
-                    f"  {s['counts']['stale']} stale trial(s): their driver stopped "
+                    f"  {s['counts'][STALE]} stale trial(s): their driver stopped "
                     f"heartbeating; `orchestrator resume {s['sweep']}` re-runs them"
                 )
             )
@@ -408,10 +410,10 @@ def list_sweeps(
 ) -> int:
     """Sweeps in a database."""
     from orchestrator.store.engine import open_store_engine
-    from orchestrator.store.repo import list_sweeps as _ls
+    from orchestrator.store.reader import sweep_list
 
     engine, _ = open_store_engine(db, auto_create=False)
-    rows = _ls(engine)
+    rows = sweep_list(engine)
     if as_json:
         out.print_json(json.dumps(rows, default=str))
         return 0

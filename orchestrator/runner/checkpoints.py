@@ -88,7 +88,8 @@ def save(path: Path, state: dict[str, Any]) -> None:
         raise
 
 
-def load(path: Path) -> dict[str, Any] | None:
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The state saved at ``path`` (None when there is no file)."""
     if not path.exists():
         return None
     return torch.load(path, map_location="cpu", weights_only=False)

@@ -92,14 +92,14 @@ class DriverSession:
         if not ok:
             with self.engine.connect() as conn:
                 held = lease.holder(conn, self.sid)
-            who = held.describe() if held else "another driver"
+            who = held.summary() if held else "another driver"
             raise LeaseHeld(
                 f"sweep {self.name!r} is being run by {who}; wait for it, "
                 f"`orchestrator cancel {self.name}`, or pass --takeover"
             )
         if held is not None and held.owner != self.owner:
             why = "took over (--takeover)" if self.takeover and not held.expired else "took over an expired lease"
-            self.note(f"sweep {self.name}: {why} from {held.describe()}")
+            self.note(f"sweep {self.name}: {why} from {held.summary()}")
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)

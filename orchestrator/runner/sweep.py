@@ -20,7 +20,7 @@ from orchestrator.runner import checkpoints
 from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
-from orchestrator.store import repo
+from orchestrator.store import reader, repo
 from orchestrator.store.engine import describe, open_store_engine, resolve_url
 from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
 
@@ -82,7 +82,7 @@ def _check_design(diff: repo.DesignDiff, name: str, amend: bool, looked: bool = 
         )
     if diff.changed and not amend:
         raise UserError(
-            f"sweep {name!r} exists with another design: {diff.describe()}; "
+            f"sweep {name!r} exists with another design: {diff.summary()}; "
             "pass --amend (or --yes) to apply it (nothing was written)"
         )
 
@@ -131,7 +131,8 @@ def submit(
         check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
         engine, url = open_store_engine(db, spec.storage)
         with engine.connect() as conn:
-            existing = repo.sweep_id(conn, spec.name)
+            found = reader.find_sweep(conn, spec.name)
+            existing = found[0] if found is not None else None
             if existing is not None:  # refuse before the lease: nothing written at all
                 looked = bool(repo.sequential_looks(conn, existing))
                 _check_design(repo.design_diff(conn, existing, sweep.trials), spec.name, amend, looked)
@@ -148,7 +149,7 @@ def submit(
                 repo.release_unfinished(conn, sid)
                 pending = {tid for tid, _, _ in repo.unfinished_trials(conn, sid)}
             if diff.changed and note is not None:
-                note(f"sweep {spec.name}: amended to spec version {version}: {diff.describe()}")
+                note(f"sweep {spec.name}: amended to spec version {version}: {diff.summary()}")
             if sweep.sequential is not None:
                 return _run_sequential(
                     sweep,
@@ -204,7 +205,7 @@ def resume(
 
     engine, url = open_store_engine(db, auto_create=False)
     with engine.connect() as conn:
-        found = repo.find_sweep(conn, name)
+        found = reader.find_sweep(conn, name)
     if found is None:
         raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
     sid, spec_text = found

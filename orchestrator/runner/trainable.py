@@ -21,7 +21,7 @@ from ray import tune
 from orchestrator.runner import checkpoints
 from orchestrator.status import Status
 from orchestrator.train import Trainer
-from orchestrator.train.device import describe
+from orchestrator.train.device import device_label
 
 
 def _placement(device: torch.device, bf16: bool) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def _placement(device: torch.device, bf16: bool) -> dict[str, Any]:
         node_id = ray.get_runtime_context().get_node_id()
     except Exception:  # pragma: no cover - outside Ray
         node_id = None
-    return {"host": socket.gethostname(), "node_id": node_id, "device": describe(device, bf16)}
+    return {"host": socket.gethostname(), "node_id": node_id, "device": device_label(device, bf16)}
 
 
 def _row(tid: int, point) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def _run_lone(member: dict[str, Any]) -> None:
 
     def build() -> Trainer:
         trainer = Trainer(member["params"], stop=member.get("stop"))
-        state = checkpoints.load(ckpt)
+        state = checkpoints.read_checkpoint(ckpt)
         if state is not None:
             trainer.load_state_dict(state)
         return trainer
@@ -132,7 +132,7 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
     tids = [m["trial_id"] for m in members]
     paths = [Path(m["checkpoint"]) for m in members]
     pack = _setup(lambda: PackTrainer([m["params"] for m in members]))
-    states = _setup(lambda: [checkpoints.load(p) for p in paths])
+    states = _setup(lambda: [checkpoints.read_checkpoint(p) for p in paths])
     try:
         pack.load_member_states(states)
     except ValueError:

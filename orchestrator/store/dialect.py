@@ -8,7 +8,9 @@ backend-neutral. A new backend is a subclass here plus its entry in :data:`DIALE
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+import re
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -248,7 +250,26 @@ def set_length_limit(conn: sqlite3.Connection, n: int) -> None:
 
 class Dialect:
     name: ClassVar[str]
-    prefixes: ClassVar[tuple[str, ...]]
+    prefixes: ClassVar[tuple[str, ...]]  # what a resolved URL of this backend starts with
+    schemes: ClassVar[tuple[str, ...]]  # the URL schemes a user may write (before any +driver)
+    # Whether `db create-reader` can make a read-only login role (a file has no roles).
+    reader_roles: ClassVar[bool] = False
+
+    def route(self, url: str) -> str | None:
+        """The URL to connect with when ``url`` (a URL a user gave) is this backend's, else None."""
+        return url if url.startswith(self.prefixes) else None
+
+    def storage_problem(self, value: str) -> str | None:
+        """Why ``value`` cannot hold results on this backend (see :func:`storage_problem`)."""
+        return None
+
+    def time_param(self, t: dt.datetime) -> Any:
+        """``t`` as a bound value that compares correctly with the stored timestamps."""
+        return t
+
+    def lock_for_migration(self, conn: Connection) -> None:
+        """Make the migration transaction just begun on ``conn`` hold the write lock from
+        its first statement (see ``engine._migration_transaction``)."""
 
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         raise NotImplementedError
@@ -315,6 +336,29 @@ class SQLite(Dialect):
 
     name = "sqlite"
     prefixes = ("sqlite",)
+    schemes = ("sqlite",)
+
+    def storage_problem(self, value: str) -> str | None:
+        memory = "is an in-memory SQLite database, gone when the run ends: give a file path or sqlite:///PATH"
+        if ":memory:" in value.lower():
+            return memory
+        if "://" in value:
+            try:
+                u = sa.engine.make_url(value)
+            except sa.exc.ArgumentError:
+                return None  # malformed: the engine says so when it opens it
+            if not (u.database or "").strip() or u.query.get("mode") == "memory":
+                return memory
+        return None
+
+    def time_param(self, t: dt.datetime) -> Any:
+        # CURRENT_TIMESTAMP is stored as UTC text 'YYYY-MM-DD HH:MM:SS': compare text to text.
+        return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+    def lock_for_migration(self, conn: Connection) -> None:
+        # pysqlite opens transactions only before DML, so each CREATE TABLE would commit
+        # on its own; BEGIN IMMEDIATE takes the write lock now.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         path = sqlite_path(url)
@@ -419,6 +463,14 @@ class SQLite(Dialect):
 class PostgreSQL(Dialect):
     name = "postgresql"
     prefixes = ("postgresql",)
+    schemes = ("postgresql", "postgres")
+    reader_roles = True
+
+    def route(self, url: str) -> str | None:
+        # psycopg 3 is the driver; libpq's short scheme is accepted too.
+        if url.startswith(tuple(f"{s}://" for s in self.schemes)):
+            return "postgresql+psycopg://" + url.split("://", 1)[1]
+        return super().route(url)
 
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         try:
@@ -565,14 +617,15 @@ def _privileged(conn: Connection) -> tuple[str, str | None]:
     ).one()
     who = str(row[0])
     attrs = [n for n, v in zip(("a superuser", "CREATEROLE", "REPLICATION", "BYPASSRLS"), row[1:]) if v]
-    held = conn.execute(
-        sa.text(
-            "SELECT rolname FROM pg_roles WHERE rolname = ANY(:names) "
-            "AND pg_has_role(current_user, oid, 'MEMBER') ORDER BY rolname"
-        ),
-        {"names": list(PG_ADMIN_ROLES)},
-    ).scalars()
-    held = list(held)
+    held = list(
+        conn.execute(
+            sa.text(
+                "SELECT rolname FROM pg_roles WHERE rolname = ANY(:names) "
+                "AND pg_has_role(current_user, oid, 'MEMBER') ORDER BY rolname"
+            ),
+            {"names": list(PG_ADMIN_ROLES)},
+        ).scalars()
+    )
     if not row[1] and held:  # a superuser is a member of every role: saying so adds nothing
         attrs.append("a member of " + ", ".join(held))
     if not attrs:
@@ -610,6 +663,44 @@ def _read_only_sessions(engine: Engine) -> Engine:
 
 
 DIALECTS: tuple[Dialect, ...] = (SQLite(), PostgreSQL())
+
+
+# A plain path (no scheme) is a file of this backend.
+FILE_DIALECT: Dialect = DIALECTS[0]
+
+
+def for_value(value: str) -> Dialect | None:
+    """The backend of a ``--db``/``storage:`` value: a path is a file; None for a URL no backend takes."""
+    if "://" not in value:
+        return FILE_DIALECT
+    for d in DIALECTS:
+        if re.match(rf"({'|'.join(d.schemes)})(\+\w+)?://", value):
+            return d
+    return None
+
+
+def storage_problem(value: str) -> str | None:
+    """Why ``value`` (a ``--db``/``storage:``/``$ORCH_DB`` value) cannot hold results, or None.
+
+    An empty value would fall back to another database, and an in-memory SQLite database
+    (``sqlite://``, ``sqlite:///:memory:``, ``file::memory:``, ``mode=memory``) is gone when the
+    driver exits: both would report success while storing nothing anyone can query."""
+    if not value.strip():
+        return "is empty: give a file path, sqlite:///PATH or postgresql://HOST/DB"
+    backend = for_value(value)
+    return backend.storage_problem(value) if backend is not None else None
+
+
+def route_url(url: str) -> str:
+    """The SQLAlchemy URL of a ``--db`` value: a plain path is a SQLite file; each backend
+    routes its own schemes (``postgresql://`` to psycopg 3); any other scheme is refused."""
+    if "://" not in url:
+        return sqlite_url(url)
+    for d in DIALECTS:
+        routed = d.route(url)
+        if routed is not None:
+            return routed
+    raise UserError(f"database URL {url!r}: expected a file path, sqlite:///PATH or postgresql://HOST/DB")
 
 
 def for_url(url: str) -> Dialect:

@@ -7,7 +7,6 @@ SQLite and PostgreSQL are both first-class; what differs between them lives in
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,42 +20,19 @@ from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.errors import UserError
 from orchestrator.store import dialect
-from orchestrator.store.dialect import describe, sqlite_path, sqlite_url  # noqa: F401  (re-exported)
+from orchestrator.store.dialect import describe, sqlite_path, sqlite_url, storage_problem  # noqa: F401  (re-exported)
 
 DEFAULT_DB_PATH = Path("runs") / "orchestrator.db"
 VERSION_TABLE = "orchestrator_alembic_version"
 _MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
-def storage_problem(value: str) -> str | None:
-    """Why ``value`` (a ``--db``/``storage:``/``$ORCH_DB`` value) cannot hold results, or None.
-
-    An empty value would fall back to another database, and an in-memory SQLite database
-    (``sqlite://``, ``sqlite:///:memory:``, ``file::memory:``, ``mode=memory``) is gone when the
-    driver exits: both would report success while storing nothing anyone can query."""
-    if not value.strip():
-        return "is empty: give a file path, sqlite:///PATH or postgresql://HOST/DB"
-    if "://" in value and not re.match(r"sqlite(\+\w+)?://", value):
-        return None  # PostgreSQL (or a scheme resolve_url refuses by name)
-    memory = "is an in-memory SQLite database, gone when the run ends: give a file path or sqlite:///PATH"
-    if ":memory:" in value.lower():
-        return memory
-    if "://" in value:
-        try:
-            u = sa.engine.make_url(value)
-        except sa.exc.ArgumentError:
-            return None  # malformed: the engine says so when it opens it
-        if not (u.database or "").strip() or u.query.get("mode") == "memory":
-            return memory
-    return None
-
-
 def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
     """The database URL to use: ``--db``, else the spec's ``storage``, else ``$ORCH_DB``, else
-    ``runs/orchestrator.db`` under the current directory. Plain paths mean SQLite files and
-    ``postgresql://`` is routed to psycopg 3. A given value that is empty or in memory is
-    refused (:func:`storage_problem`), never replaced by the next source; an empty ``$ORCH_DB``
-    counts as unset."""
+    ``runs/orchestrator.db`` under the current directory, routed by the backends
+    (:func:`~orchestrator.store.dialect.route_url`: plain paths mean SQLite files). A given
+    value that is empty or in memory is refused (:func:`storage_problem`), never replaced by
+    the next source; an empty ``$ORCH_DB`` counts as unset."""
     for value, source in ((db, "--db"), (spec_storage, "storage:"), (os.environ.get("ORCH_DB"), "$ORCH_DB")):
         if value is None or (source == "$ORCH_DB" and value == ""):
             continue
@@ -67,13 +43,7 @@ def resolve_url(db: str | None, spec_storage: str | None = None) -> str:
         break
     else:
         url = str(DEFAULT_DB_PATH)
-    if "://" not in url:
-        return sqlite_url(url)
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    if not url.startswith(("sqlite", "postgresql")):
-        raise UserError(f"database URL {url!r}: expected a file path, sqlite:///PATH or postgresql://HOST/DB")
-    return url
+    return dialect.route_url(url)
 
 
 def url_source(db: str | None, spec_storage: str | None = None) -> str:
@@ -102,7 +72,9 @@ def _alembic_config(connection) -> Config:
 def head_revision() -> str:
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS_DIR))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None  # the migrations have one head
+    return head
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -158,12 +130,12 @@ def _migration_transaction(engine: Engine) -> Iterator[Connection]:
     PostgreSQL's DDL is transactional already. pysqlite opens transactions only before DML,
     so on SQLite each ``CREATE TABLE`` would commit on its own and a driver opening the same
     new file a moment later would see tables without their version row (or race to create
-    them too). ``BEGIN IMMEDIATE`` makes the migration atomic and makes that second driver wait
-    (busy_timeout) and then find the schema at head; Alembic then has nothing to do for it.
+    them too). ``BEGIN IMMEDIATE`` (:meth:`Dialect.lock_for_migration`) makes the migration
+    atomic and makes that second driver wait (busy_timeout) and then find the schema at head;
+    Alembic then has nothing to do for it.
     """
     with engine.begin() as conn:
-        if conn.dialect.name == "sqlite":
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        dialect.for_connection(conn).lock_for_migration(conn)
         yield conn
 
 

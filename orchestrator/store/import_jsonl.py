@@ -61,6 +61,7 @@ from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
 from orchestrator.keys import record_key
+from orchestrator.status import Status
 
 EVAL_FIELDS = ("loss", "train_loss", "elapsed_s")
 MAX_REPORTED = 5
@@ -261,6 +262,7 @@ class ImportRecord(BaseModel):
 
     params: dict[str, Any] = Field(min_length=1)
     trace: list[TracePoint] = Field(min_length=1)
+    # The record format's words for an outcome, each stored as the Status of that value.
     status: Literal["completed", "diverged", "failed"] = "completed"
     error: StrictStr | None = None
 
@@ -303,7 +305,7 @@ class ImportRecord(BaseModel):
     @property
     def stored_status(self) -> str:
         """A run whose trace went non-finite is diverged, as the training loop records it."""
-        return "diverged" if self.status == "completed" and self.diverged else self.status
+        return Status.diverged.value if self.status == Status.completed and self.diverged else self.status
 
 
 class DuplicateKey(ValueError):
@@ -438,7 +440,7 @@ def write_records(
     counts: trials given, new trials, eval rows written."""
     import sqlalchemy as sa
 
-    from orchestrator.store import repo
+    from orchestrator.store import reader, repo
     from orchestrator.store.engine import open_store_engine
     from orchestrator.store.models import Trial
 
@@ -463,7 +465,7 @@ def write_records(
     engine = db if isinstance(db, Engine) else open_store_engine(db)[0]
     digest = hashlib.sha256(json.dumps([p for _, p, _ in keyed], sort_keys=True, default=str).encode()).hexdigest()
     with engine.begin() as conn:
-        found = repo.find_sweep(conn, sweep)
+        found = reader.find_sweep(conn, sweep)
         if found is None:
             sid = repo.upsert_sweep(conn, sweep, f"{IMPORTED_PREFIX}{source}\n", digest)
         elif not found[1].startswith(IMPORTED_PREFIX):
@@ -486,7 +488,7 @@ def write_records(
         "trials": len(keyed),
         "new_trials": sum(1 for k, _, _ in keyed if k not in before),
         "evals": n_rows,
-        "diverged": sum(1 for _, _, rec in keyed if rec.stored_status == "diverged"),
+        "diverged": sum(1 for _, _, rec in keyed if rec.stored_status == Status.diverged),
     }
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from orchestrator.status import Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Sweep, Trial
+from orchestrator.store.models import SweepRow, Trial
 
 
 def lease_ttl_s() -> float:
@@ -43,7 +43,7 @@ class Holder:
     renewed_at: Any
     expired: bool
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         return (
             f"driver {self.owner[:8]} (pid {self.pid} on {self.host}, "
             f"last heartbeat {self.renewed_at} on the database clock)"
@@ -69,13 +69,13 @@ def holder(conn: Connection, sweep: int) -> Holder | None:
     now_ = dialect.for_connection(conn).now_plus(0)
     row = conn.execute(
         sa.select(
-            Sweep.lease_owner,
-            Sweep.lease_host,
-            Sweep.lease_pid,
-            Sweep.lease_expires_at,
-            Sweep.lease_renewed_at,
-            (Sweep.lease_expires_at < now_).label("expired"),
-        ).where(Sweep.id == sweep)
+            SweepRow.lease_owner,
+            SweepRow.lease_host,
+            SweepRow.lease_pid,
+            SweepRow.lease_expires_at,
+            SweepRow.lease_renewed_at,
+            (SweepRow.lease_expires_at < now_).label("expired"),
+        ).where(SweepRow.id == sweep)
     ).first()
     if row is None or row.lease_owner is None:
         return None
@@ -97,12 +97,14 @@ def claim(
     """Take the lease if it is free, expired, ``dead_owner``'s (a holder found dead), or
     ``force``; one conditional UPDATE, so of two drivers racing exactly one wins."""
     d = dialect.for_connection(conn)
-    cond = sa.or_(Sweep.lease_owner.is_(None), Sweep.lease_owner == owner, Sweep.lease_expires_at < d.now_plus(0))
+    cond = sa.or_(
+        SweepRow.lease_owner.is_(None), SweepRow.lease_owner == owner, SweepRow.lease_expires_at < d.now_plus(0)
+    )
     if dead_owner is not None:
-        cond = sa.or_(cond, Sweep.lease_owner == dead_owner)
-    where = [Sweep.id == sweep] if force else [Sweep.id == sweep, cond]
+        cond = sa.or_(cond, SweepRow.lease_owner == dead_owner)
+    where = [SweepRow.id == sweep] if force else [SweepRow.id == sweep, cond]
     res = conn.execute(
-        sa.update(Sweep)
+        sa.update(SweepRow)
         .where(*where)
         .values(
             lease_owner=owner,
@@ -123,23 +125,24 @@ def renew(
     Returns (still held, cancel requested)."""
     d = dialect.for_connection(conn)
     res = conn.execute(
-        sa.update(Sweep)
-        .where(Sweep.id == sweep, Sweep.lease_owner == owner)
+        sa.update(SweepRow)
+        .where(SweepRow.id == sweep, SweepRow.lease_owner == owner)
         .values(lease_expires_at=d.now_plus(ttl), lease_renewed_at=d.now_plus(0))
     )
     held = (res.rowcount or 0) == 1
     if held and running:
         heartbeat(conn, running)
     cancel = (
-        conn.execute(sa.select(Sweep.cancel_requested_at).where(Sweep.id == sweep)).scalar_one_or_none() is not None
+        conn.execute(sa.select(SweepRow.cancel_requested_at).where(SweepRow.id == sweep)).scalar_one_or_none()
+        is not None
     )
     return held, cancel
 
 
 def release(conn: Connection, sweep: int, owner: str) -> None:
     conn.execute(
-        sa.update(Sweep)
-        .where(Sweep.id == sweep, Sweep.lease_owner == owner)
+        sa.update(SweepRow)
+        .where(SweepRow.id == sweep, SweepRow.lease_owner == owner)
         .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None, cancel_requested_at=None)
     )
 
@@ -154,7 +157,9 @@ def heartbeat(conn: Connection, trial_ids: list[int] | tuple[int, ...] | set[int
 
 def request_cancel(conn: Connection, sweep: int) -> None:
     conn.execute(
-        sa.update(Sweep).where(Sweep.id == sweep).values(cancel_requested_at=dialect.for_connection(conn).now_plus(0))
+        sa.update(SweepRow)
+        .where(SweepRow.id == sweep)
+        .values(cancel_requested_at=dialect.for_connection(conn).now_plus(0))
     )
 
 

@@ -19,7 +19,9 @@ class Base(DeclarativeBase):
     pass
 
 
-class Sweep(Base):
+class SweepRow(Base):
+    """A sweep as stored (``spec.Sweep`` is a sweep as loaded from its spec)."""
+
     __tablename__ = "sweeps"
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
@@ -91,7 +93,7 @@ class Trial(Base):
     spec_version: Mapped[int | None] = mapped_column(sa.Integer)
 
 
-class SweepSpec(Base):
+class SpecVersion(Base):
     """Every version of a sweep's spec as submitted (``sweeps.spec_text`` is the newest)."""
 
     __tablename__ = "sweep_specs"

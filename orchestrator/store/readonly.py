@@ -143,13 +143,14 @@ def create_reader(
     import psycopg
     import sqlalchemy as sa
 
-    if dialect.for_url(url).name != "postgresql":
+    backend = dialect.for_url(url)
+    if not backend.reader_roles:
         raise UserError(
             "db create-reader is for PostgreSQL; a SQLite file is made read-only "
             "by its file permissions (chmod a-w), and `orchestrator sql` opens it "
             "read-only anyway"
         )
-    engine = dialect.for_url(url).make_engine(url)
+    engine = backend.make_engine(url)
     try:
         with engine.begin() as conn:
             database, schema = conn.execute(sa.text("SELECT current_database(), current_schema()")).one()

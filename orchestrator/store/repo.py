@@ -19,12 +19,13 @@ from sqlalchemy.engine import Connection, Engine
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
 from orchestrator.store import dialect
+from orchestrator.store.reader import find_sweep
 from orchestrator.store.models import (
     Eval,
     KeyRename,
     SequentialLook,
-    Sweep,
-    SweepSpec,
+    SweepRow,
+    SpecVersion,
     Trial,
     TrialError,
     TrialParam,
@@ -58,14 +59,14 @@ def _param_row(trial_id: int, name: str, value: Any) -> dict[str, Any]:
 
 def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) -> int:
     """Create the sweep row or refresh its spec (a spec may grow seeds); returns its id."""
-    row = conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).first()
+    row = conn.execute(sa.select(SweepRow.id).where(SweepRow.name == name)).first()
     if row is None:
         return conn.execute(
-            sa.insert(Sweep).values(name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
+            sa.insert(SweepRow).values(name=name, spec_text=spec_text, spec_hash=spec_hash).returning(SweepRow.id)
         ).scalar_one()
     conn.execute(
-        sa.update(Sweep)
-        .where(Sweep.id == row.id)
+        sa.update(SweepRow)
+        .where(SweepRow.id == row.id)
         .values(spec_text=spec_text, spec_hash=spec_hash, updated_at=sa.func.now())
     )
     return row.id
@@ -76,13 +77,15 @@ def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> i
     to create the same sweep both get the one row (the name is unique)."""
     for _ in range(2):
         with engine.connect() as conn:
-            sid = sweep_id(conn, name)
-        if sid is not None:
-            return sid
+            found = find_sweep(conn, name)
+        if found is not None:
+            return found[0]
         try:
             with engine.begin() as conn:
                 return conn.execute(
-                    sa.insert(Sweep).values(name=name, spec_text=spec_text, spec_hash=spec_hash).returning(Sweep.id)
+                    sa.insert(SweepRow)
+                    .values(name=name, spec_text=spec_text, spec_hash=spec_hash)
+                    .returning(SweepRow.id)
                 ).scalar_one()
         except sa.exc.IntegrityError:
             continue  # the other driver created it first
@@ -116,7 +119,7 @@ class DesignDiff:
     def changed(self) -> bool:
         return not self.first and bool(self.added or self.revived or self.superseded or self.updated)
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         parts = [f"{len(self.added) + len(self.revived)} trial(s) added", f"{len(self.superseded)} superseded"]
         if self.extended:
             parts.append(f"{len(self.extended)} budget(s) extended")
@@ -246,15 +249,17 @@ def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash:
     """The version number of this spec text in the sweep's history, adding it (as the newest)
     when it differs from the newest one."""
     last = conn.execute(
-        sa.select(SweepSpec.version, SweepSpec.spec_hash)
-        .where(SweepSpec.sweep_id == sweep)
-        .order_by(SweepSpec.version.desc())
+        sa.select(SpecVersion.version, SpecVersion.spec_hash)
+        .where(SpecVersion.sweep_id == sweep)
+        .order_by(SpecVersion.version.desc())
         .limit(1)
     ).first()
     if last is not None and last.spec_hash == spec_hash:
         return last.version
     version = (last.version if last is not None else 0) + 1
-    conn.execute(sa.insert(SweepSpec).values(sweep_id=sweep, version=version, spec_text=spec_text, spec_hash=spec_hash))
+    conn.execute(
+        sa.insert(SpecVersion).values(sweep_id=sweep, version=version, spec_text=spec_text, spec_hash=spec_hash)
+    )
     return version
 
 
@@ -264,10 +269,6 @@ def key_renames(conn: Connection, sweep: int) -> list[tuple[str, str]]:
         (r.old_key, r.new_key)
         for r in conn.execute(sa.select(KeyRename.old_key, KeyRename.new_key).where(KeyRename.sweep_id == sweep))
     ]
-
-
-def sweep_id(conn: Connection, name: str) -> int | None:
-    return conn.execute(sa.select(Sweep.id).where(Sweep.name == name)).scalar_one_or_none()
 
 
 def add_trials(
@@ -453,12 +454,6 @@ def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict
     ]
 
 
-def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
-    """(id, stored spec text) of the sweep called ``name``, or None."""
-    row = conn.execute(sa.select(Sweep.id, Sweep.spec_text).where(Sweep.name == name)).first()
-    return (row.id, row.spec_text) if row is not None else None
-
-
 def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
     """Delete a sweep and everything under it (trials, params, evals, errors) in the
     caller's transaction; returns the row counts removed. The deletes are explicit rather
@@ -469,8 +464,8 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
     for name, model in (("evals", Eval), ("trial_params", TrialParam), ("trial_errors", TrialError)):
         counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
     counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
-    conn.execute(sa.delete(SweepSpec).where(SweepSpec.sweep_id == sweep))
-    conn.execute(sa.delete(Sweep).where(Sweep.id == sweep))
+    conn.execute(sa.delete(SpecVersion).where(SpecVersion.sweep_id == sweep))
+    conn.execute(sa.delete(SweepRow).where(SweepRow.id == sweep))
     return counts
 
 
@@ -483,27 +478,6 @@ def statuses(conn: Connection, trial_ids: Sequence[int]) -> list[str]:
 
 def count_trials(conn: Connection, sweep: int) -> int:
     return conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sweep)).scalar_one()
-
-
-def list_sweeps(engine: Engine) -> list[dict[str, Any]]:
-    """Each sweep's trial counts: completed, and stale (running with no live heartbeat)."""
-    from orchestrator.store.lease import stale_condition
-
-    with engine.connect() as conn:
-        q = (
-            sa.select(
-                Sweep.name,
-                Sweep.created_at,
-                sa.func.count(Trial.id).label("trials"),
-                sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"),
-                sa.func.sum(sa.case((stale_condition(conn), 1), else_=0)).label("stale"),
-            )
-            .select_from(Sweep)
-            .outerjoin(Trial, Trial.sweep_id == Sweep.id)
-            .group_by(Sweep.id, Sweep.name, Sweep.created_at)
-            .order_by(Sweep.created_at)
-        )
-        return [dict(r._mapping) for r in conn.execute(q)]
 
 
 # ---- designs (orchestrator/design): sequential looks, skipped seeds, early stops ----------

@@ -29,7 +29,8 @@ def autocast(device: torch.device, bf16: bool):
     return contextlib.nullcontext()
 
 
-def describe(device: torch.device, bf16: bool) -> str:
+def device_label(device: torch.device, bf16: bool) -> str:
+    """What ``trials.device`` records: the device and its precision."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return f"cuda:{device.index} {name} ({'bf16' if bf16 else 'fp32'})"

@@ -28,9 +28,11 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.errors import UserError
+from orchestrator.store import reader
+from orchestrator.store.dialect import describe
+from orchestrator.store.reader import NotFound
 
 from . import db as q
-from .db import NotFound
 
 DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
 POLL_MS = 2000
@@ -110,15 +112,13 @@ class _JSON(JSONResponse):
 
 
 def create_app(engine, url: str) -> Starlette:
-    """The dashboard over an engine that cannot write (see :func:`db.readonly_engine`)."""
+    """The dashboard over an engine that cannot write (see :func:`reader.open_reader_engine`)."""
     # The escape-time view needs lifelines (with scipy, ~1.5 s to import): pay that at start
     # rather than on the first page load.
     import lifelines  # noqa: F401
 
     templates = Jinja2Templates(env=templates_env())
     plotly_path = plotly_js()
-    from orchestrator.store.engine import describe
-
     shown_url = describe(url)
 
     def page(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -155,7 +155,7 @@ def create_app(engine, url: str) -> Starlette:
         # A shell: the controls are filled from the trials JSON the page fetches anyway.
         name = request.path_params["name"]
         with engine.connect() as conn:
-            q.sweep_id(conn, name)
+            reader.sweep_id(conn, name)
         return page(request, "sweep.html", sweep=name)
 
     @guarded
@@ -216,7 +216,7 @@ def serve(db: str | None, host: str, port: int, *, announce=print) -> None:
 
     import socket
 
-    engine, url = q.readonly_engine(db)
+    engine, url = reader.open_reader_engine(db)
     try:  # a taken port is one line and exit 2, not uvicorn's log and exit 1
         with socket.create_server((host, port)):
             pass
@@ -227,7 +227,7 @@ def serve(db: str | None, host: str, port: int, *, announce=print) -> None:
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     shown = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
-    announce(f"orchestrator ui: serving {q.describe(url)} read-only at {shown} (Ctrl-C stops)")
+    announce(f"orchestrator ui: serving {describe(url)} read-only at {shown} (Ctrl-C stops)")
     try:
         server.run()
     finally:

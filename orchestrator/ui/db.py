@@ -1,9 +1,8 @@
-"""What the dashboard reads, through engines that cannot write.
-
-SQLite is opened with ``mode=ro`` and the same authorizer ``orchestrator sql`` uses (so no
-WAL pragma, no checkpoint, no write of any kind reaches the file); PostgreSQL sessions are
-``READ ONLY``. Traces come from the ``trial_trace`` view, final figures from
-``trial_final``, so the dashboard reads the same stable names a user's SQL does.
+"""What the dashboard shows, read through :mod:`orchestrator.store.reader` with an engine
+that cannot write (:func:`~orchestrator.store.reader.open_reader_engine`: SQLite opened with
+``mode=ro`` and the authorizer ``orchestrator sql`` uses, PostgreSQL sessions ``READ ONLY``).
+Traces come from the ``trial_trace`` view, final figures from ``trial_final``, so the
+dashboard reads the same stable names a user's SQL does.
 
 The trace cursor: a client that has the traces sends back the ``cursor`` of its last answer
 and gets only the eval rows written since. The cursor carries the database clock at that
@@ -24,69 +23,27 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-import sqlalchemy as sa
 import yaml
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store import dialect
-from orchestrator.store.engine import describe, ensure_schema, resolve_url
+from orchestrator.status import Status
+from orchestrator.store import reader
+from orchestrator.store.reader import NotFound, aware
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
 FULL_COLUMNS = TRACE_COLUMNS + ("train_loss", "step_lr", "elapsed_s", "metrics")
-_DONE = ("completed", "diverged", "failed")
-
-
-class NotFound(UserError):
-    """An unknown sweep or trial: the page answers 404."""
-
-
-def readonly_engine(db: str | None) -> tuple[Engine, str]:
-    """An engine on ``db`` that refuses writes and reads with a reader's rights (the
-    backend's :meth:`~orchestrator.store.dialect.Dialect.reader_engine`); a missing SQLite
-    file or a privileged PostgreSQL URL without a reader role is a UserError."""
-    url = resolve_url(db)
-    engine = dialect.for_url(url).reader_engine(url)
-    try:
-        ensure_schema(engine, url, auto_create=False)
-    except sa.exc.DBAPIError as exc:
-        raise UserError(f"cannot open database {describe(url)}: {exc.orig}") from None
-    return engine, url
-
-
-def _aware(t: Any) -> dt.datetime | None:
-    if t is None:
-        return None
-    if isinstance(t, str):
-        t = dt.datetime.fromisoformat(t)
-    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
-
-
-def db_now(conn) -> dt.datetime:
-    return _aware(conn.execute(sa.text("SELECT CURRENT_TIMESTAMP")).scalar_one())
-
-
-def _since_param(conn, t: dt.datetime) -> Any:
-    """``t`` in the form ``trials.updated_at`` compares with on this dialect (SQLite keeps
-    ``CURRENT_TIMESTAMP`` text, so compare text to text)."""
-    if conn.dialect.name == "sqlite":
-        return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return t
+# What the escape-time view counts: running trials too, censored at their last eval so far.
+ESCAPE_STATUSES = [Status.running.value, Status.completed.value, Status.diverged.value]
 
 
 def _params(p: Any) -> dict:
     return p if isinstance(p, dict) else json.loads(p or "{}")
 
 
-def sweep_id(conn, name: str) -> int:
-    sid = conn.execute(sa.text("SELECT id FROM sweeps WHERE name = :n"), {"n": name}).scalar_one_or_none()
-    if sid is None:
-        raise NotFound(f"no sweep named {name!r} in this database")
-    return int(sid)
-
-
-def describe_spec(spec_text: str) -> str:
+def spec_description(spec_text: str) -> str:
+    """The ``description:`` of a stored spec ("" when it has none or is not YAML)."""
     try:
         data = yaml.safe_load(spec_text) or {}
     except yaml.YAMLError:
@@ -95,7 +52,7 @@ def describe_spec(spec_text: str) -> str:
 
 
 def spec_analysis(conn, name: str) -> dict[str, Any]:
-    text = conn.execute(sa.text("SELECT spec_text FROM sweeps WHERE name = :n"), {"n": name}).scalar_one_or_none() or ""
+    text = reader.spec_text(conn, name) or ""
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError:
@@ -106,24 +63,18 @@ def spec_analysis(conn, name: str) -> dict[str, Any]:
 
 def sweeps(engine: Engine) -> list[dict[str, Any]]:
     """Every sweep: counts by status, share of steps done, ETA, first start, last write."""
-    from orchestrator.store.status import sweep_status
+    from orchestrator.store.progress import progress_report
 
-    report = {s["sweep"]: s for s in sweep_status(engine)["sweeps"]}
+    report = {s["sweep"]: s for s in progress_report(engine)["sweeps"]}
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT s.name, s.spec_text, s.created_at, MIN(t.started_at) AS started, "
-                "MAX(t.updated_at) AS updated FROM sweeps s LEFT JOIN trials t ON t.sweep_id = s.id "
-                "GROUP BY s.id, s.name, s.spec_text, s.created_at ORDER BY s.created_at"
-            )
-        ).all()
+        rows = reader.sweep_index(conn)
     out = []
     for r in rows:
         st = report.get(r.name, {})
         out.append(
             {
                 "name": r.name,
-                "description": describe_spec(r.spec_text),
+                "description": spec_description(r.spec_text),
                 "total": st.get("total", 0),
                 "counts": st.get("counts", {}),
                 "progress": st.get("progress"),
@@ -137,7 +88,7 @@ def sweeps(engine: Engine) -> list[dict[str, Any]]:
 
 
 def _iso(t: Any) -> str | None:
-    t = _aware(t)
+    t = aware(t)
     return t.isoformat(timespec="seconds") if t else None
 
 
@@ -157,48 +108,22 @@ def trials(engine: Engine, name: str, where: str | None = None, key: str | None 
     from orchestrator.params import flatten_params
 
     with engine.connect() as conn:
-        sid = sweep_id(conn, name)
-        fin = conn.execute(
-            sa.text(
-                "SELECT trial_id, key, status, steps, final_step, final_acc, final_loss, best_acc, "
-                "params FROM trial_final WHERE sweep = :n ORDER BY trial_id"
-            ),
-            {"n": name},
-        ).all()
-        meta = {
-            r.id: r
-            for r in conn.execute(
-                sa.text(
-                    "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials "
-                    "WHERE sweep_id = :s"
-                ),
-                {"s": sid},
-            ).all()
-        }
-        stops = (
-            dict(
-                conn.execute(
-                    sa.text(
-                        "SELECT s.trial_id, s.step FROM trial_stops s JOIN trials t ON t.id = s.trial_id "
-                        "WHERE t.sweep_id = :s"
-                    ),
-                    {"s": sid},
-                ).all()
-            )
-            if where and where.strip()
-            else {}
-        )
+        sid = reader.sweep_id(conn, name)
+        fin = reader.final_rows(conn, name)
+        meta = reader.trial_placement(conn, sid)
+        stops = reader.stops(conn, sid) if where and where.strip() else {}
     params = [_params(r.params) for r in fin]
     if where and where.strip():
         frame, _names, _al = params_frame(
             [r.trial_id for r in fin], [r.key for r in fin], [r.status for r in fin], params
         )
-        # The same columns the analysis filters on (analysis.data.load), so a --where reads alike.
+        # The same columns the analysis filters on (analysis.data.load_sweep), so a --where reads alike.
         frame["stopped_at"] = [float(stops[t]) if t in stops else float("nan") for t in frame["trial_id"]]
         keep = set(filter_trial_ids(frame, where))
     else:
         keep = None
-    rows, names = [], {}
+    rows: list[dict[str, Any]] = []
+    names: dict[str, None] = {}  # an ordered set
     flat_all = []
     for r, p in zip(fin, params):
         if keep is not None and r.trial_id not in keep:
@@ -247,15 +172,7 @@ def _varies(values) -> bool:
 def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
     """One trial: every param, status, error text, placement, timestamps."""
     with engine.connect() as conn:
-        sid = sweep_id(conn, name)
-        r = conn.execute(
-            sa.text(
-                "SELECT id, key, status, attempts, params, host, node_id, device, steps, error, "
-                "final_step, final_acc, best_acc, created_at, started_at, finished_at, updated_at "
-                "FROM trials WHERE sweep_id = :s AND key = :k"
-            ),
-            {"s": sid, "k": key},
-        ).first()
+        r = reader.trial_row(conn, reader.sweep_id(conn, name), key)
     if r is None:
         raise NotFound(f"sweep {name!r} has no trial {key!r}")
     from orchestrator.params import flatten_params
@@ -313,24 +230,12 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, dict[int, int]]:
     if not isinstance(t, str) or len(t) > 40 or not isinstance(last, dict):
         raise BadCursor(cursor, "its t is not a time or its s not an object")
     try:
-        when = _aware(dt.datetime.fromisoformat(t))
+        when = aware(dt.datetime.fromisoformat(t))
     except ValueError:
         raise BadCursor(cursor, "its t is not an ISO time") from None
     if when < EARLIEST:
         raise BadCursor(cursor, "its t is before 1970")
     return when, {_int(k, "a trial id", cursor, key=True): _int(v, "a step", cursor) for k, v in last.items()}
-
-
-def _touched(conn, name: str, th: Any) -> set[int]:
-    """Ids of the sweep's trials written since ``th`` or still running (what a cursor re-reads)."""
-    rows = conn.execute(
-        sa.text(
-            "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
-            "AND (t.updated_at >= :th OR t.status = 'running')"
-        ),
-        {"n": name, "th": th},
-    ).scalars()
-    return {int(i) for i in rows}
 
 
 def traces(
@@ -342,28 +247,18 @@ def traces(
     cols = FULL_COLUMNS if full else TRACE_COLUMNS
     prev_t, prev_last = decode_cursor(since) if since else (None, {})
     with engine.connect() as conn:
-        sweep_id(conn, name)
-        now = db_now(conn)
+        reader.sweep_id(conn, name)
+        now = reader.db_now(conn)
         if prev_t is not None and prev_t > now + CLOCK_SLACK:
             raise BadCursor(since or "", "its t is after the database clock")
         if prev_t is None:
             cand = None
         else:
-            th = _since_param(conn, prev_t - dt.timedelta(seconds=MARGIN_S))
-            cand = _touched(conn, name, th) | set(prev_last)
+            cand = reader.touched_trials(conn, name, prev_t - dt.timedelta(seconds=MARGIN_S)) | set(prev_last)
         if trial_ids is not None:
             cand = set(trial_ids) if cand is None else cand & set(trial_ids)
-        sql = f"SELECT {', '.join(cols)} FROM trial_trace WHERE sweep = :n"
-        bind: dict[str, Any] = {"n": name}
-        if cand is not None:
-            if not cand:
-                sql += " AND 1 = 0"
-            else:
-                sql += f" AND trial_id IN ({', '.join(str(int(i)) for i in sorted(cand))})"
-        sql += " ORDER BY trial_id, step"
-        rows = _raw(conn, sql, bind)
-        th_new = _since_param(conn, now - dt.timedelta(seconds=MARGIN_S))
-        open_ids = _touched(conn, name, th_new)
+        rows = reader.trace_rows(conn, name, cols, cand)
+        open_ids = reader.touched_trials(conn, name, now - dt.timedelta(seconds=MARGIN_S))
     if prev_last:
         rows = [r for r in rows if r[1] > prev_last.get(int(r[0]), -1)]
     # Rows come ordered by (trial, step): the last value a dict keeps per trial is its top step.
@@ -400,22 +295,10 @@ def _columns(rows: list[tuple], cols: tuple[str, ...], exact: bool) -> dict[str,
             bad = ~np.isfinite(arr)
             lst = arr.tolist()
             if bad.any():
-                for i in np.flatnonzero(bad):
-                    lst[i] = None
+                for j in np.flatnonzero(bad):
+                    lst[j] = None
             out[c] = lst
     return out
-
-
-def _raw(conn, sql: str, bind: dict[str, Any]) -> list[tuple]:
-    """Rows through the DBAPI cursor: SQLAlchemy Row objects cost seconds at 500k rows."""
-    stmt = sa.text(sql).bindparams(**bind)
-    compiled = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(compiled)
-        return cur.fetchall()
-    finally:
-        cur.close()
 
 
 class _PrepCache:
@@ -430,20 +313,8 @@ class _PrepCache:
         self.items: dict[tuple, tuple[tuple, Any]] = {}
         self.lock = threading.Lock()
 
-    @staticmethod
-    def stamp(engine: Engine, name: str) -> tuple:
-        with engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT t.status, COUNT(*), MAX(t.updated_at) FROM trials t JOIN sweeps s "
-                    "ON s.id = t.sweep_id WHERE s.name = :n GROUP BY t.status ORDER BY t.status"
-                ),
-                {"n": name},
-            ).all()
-        return tuple((r[0], int(r[1]), str(r[2])) for r in rows)
-
     def get(self, engine: Engine, name: str, key: tuple, build):
-        stamp = self.stamp(engine, name)
+        stamp = reader.write_stamp(engine, name)
         with self.lock:
             hit = self.items.get(key)
             if hit is not None and hit[0] == stamp:
@@ -462,12 +333,12 @@ PREPARED = _PrepCache()
 def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -> dict[str, Any]:
     """Kaplan-Meier curves per group and the log-rank p, from the analysis layer. Running
     trials count, censored at their last eval so far."""
-    from orchestrator.analysis import api, survival
+    from orchestrator.analysis import pipeline, survival
     from orchestrator.analysis.config import parse_config
     from orchestrator.analysis.groups import check_params
 
     with engine.connect() as conn:
-        sweep_id(conn, name)
+        reader.sweep_id(conn, name)
         # The spec's thresholds (escape_at, horizon, ...) hold; its groups and contrasts do
         # not, since the page picks the grouping.
         block = {
@@ -476,10 +347,10 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
             if k not in ("by", "cells", "strata", "compare", "contrasts", "heatmap", "statuses", "where")
         }
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(
-        where=where or None, statuses=["running", "completed", "diverged"]
+        where=where or None, statuses=ESCAPE_STATUSES
     )
     key = (id(engine), name, cfg.model_dump_json())
-    prep = PREPARED.get(engine, name, key, lambda: api.prepare(engine, name, cfg))
+    prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg))
     if by:
         check_params(prep.trials, [by], prep.data.params, "by")
     cfg = cfg.with_overrides(by=[by] if by else None)

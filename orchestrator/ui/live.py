@@ -11,7 +11,6 @@ finish.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from orchestrator.status import ENDED, Status
 
 LABEL_PARAMS = ("arm", "lr", "seed")
 MAX_ROWS = 20
@@ -98,8 +99,9 @@ class TrialBoard:
 
     def table(self) -> Table:
         t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for col, j in (("running trial", "left"), ("step", "right"), ("acc", "right"), ("elapsed", "right")):
-            t.add_column(col, justify=j)
+        t.add_column("running trial", justify="left")
+        for col in ("step", "acc", "elapsed"):
+            t.add_column(col, justify="right")
         now = time.monotonic()
         rows = sorted(self.running.values(), key=lambda r: r.started)
         for r in rows[:MAX_ROWS]:
@@ -137,47 +139,31 @@ class BoardProgress(Progress):
             yield self.board.table()
 
 
-def _aware(t: Any) -> dt.datetime | None:
-    if t is None:
-        return None
-    if isinstance(t, str):
-        t = dt.datetime.fromisoformat(t)
-    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
-
-
 def board_from_db(engine, sweep: str) -> tuple[TrialBoard, dict[str, Any]]:
-    """The board of a sweep as the database has it now, and its ``sweep_status`` entry."""
-    import sqlalchemy as sa
+    """The board of a sweep as the database has it now, and its ``progress_report`` entry."""
+    from orchestrator.store import reader
+    from orchestrator.store.progress import progress_report
 
-    from orchestrator.store.status import sweep_status
-
-    st = sweep_status(engine, sweep)["sweeps"][0]
+    st = progress_report(engine, sweep)["sweeps"][0]
     with engine.connect() as conn:
-        now = _aware(conn.execute(sa.text("SELECT CURRENT_TIMESTAMP")).scalar_one())
-        rows = conn.execute(
-            sa.text(
-                "SELECT f.key, f.status, f.steps, f.final_step, f.final_acc, f.params, t.started_at "
-                "FROM trial_final f JOIN trials t ON t.id = f.trial_id WHERE f.sweep = :n "
-                "ORDER BY f.trial_id"
-            ),
-            {"n": sweep},
-        ).all()
+        now = reader.db_now(conn)
+        rows = reader.live_rows(conn, sweep)
     board = TrialBoard(counts=st["counts"])
     mono = time.monotonic()
     starts = []
     for r in rows:
         steps = int(r.steps or 0)
         board.total_steps += steps
-        started = _aware(r.started_at)
+        started = reader.aware(r.started_at)
         if started is not None:
             starts.append(started)
-        if r.status == "running":
+        if r.status == Status.running:
             params = r.params if isinstance(r.params, dict) else json.loads(r.params or "{}")
             run = Running(short_label(r.key, params), steps or None, int(r.final_step or 0), r.final_acc)
             if started is not None and now is not None:
                 run.started = mono - (now - started).total_seconds()
             board.running[r.key] = run
-        elif r.status in ("completed", "diverged", "failed"):
+        elif r.status in ENDED:
             board.finished_steps += steps  # as `orchestrator status` counts them
     if starts and now is not None:
         board.elapsed_override = (now - min(starts)).total_seconds()
@@ -185,16 +171,19 @@ def board_from_db(engine, sweep: str) -> tuple[TrialBoard, dict[str, Any]]:
     return board, st
 
 
+# How the bar's detail names each count (a status, or the runner's "retry").
+SHORT = {
+    Status.pending: "wait",
+    Status.running: "run",
+    Status.completed: "ok",
+    Status.diverged: "div",
+    Status.failed: "fail",
+    "retry": "retry",
+}
+
+
 def counts_detail(counts: dict[str, int]) -> str:
-    short = {
-        "pending": "wait",
-        "running": "run",
-        "completed": "ok",
-        "diverged": "div",
-        "failed": "fail",
-        "retry": "retry",
-    }
-    return " ".join(f"{short.get(k, k)} {v}" for k, v in counts.items() if v or k in ("running", "completed"))
+    return " ".join(f"{SHORT.get(k, k)} {v}" for k, v in counts.items() if v or k in (Status.running, Status.completed))
 
 
 def watch(engine, sweep: str, interval: float, console) -> dict[str, Any]:
@@ -207,7 +196,7 @@ def watch(engine, sweep: str, interval: float, console) -> dict[str, Any]:
                 prog.board = board
                 prog.sync(counts_detail(st["counts"]))
                 prog.refresh()
-                if not (st["counts"].get("running") or st["counts"].get("pending")):
+                if not (st["counts"].get(Status.running) or st["counts"].get(Status.pending)):
                     return st
                 time.sleep(interval)
                 board, st = board_from_db(engine, sweep)

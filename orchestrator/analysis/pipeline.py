@@ -1,12 +1,15 @@
-"""The notebook API; the CLI (``orchestrator analyze``) is a thin layer over it.
+"""A sweep through an analysis: read it (:func:`prepare`: load, check the named parameters,
+attach the events), run one analysis of the table (:func:`run`), wrap the result
+(:func:`result`). The notebook API, the CLI (``orchestrator analyze``), the report and the
+dashboard all go this way.
 
-Every function takes the database (URL, path or Engine; None means the default
+Every notebook function takes the database (URL, path or Engine; None means the default
 ``runs/orchestrator.db``), a sweep name, an optional :class:`AnalysisConfig` and keyword
 overrides of its fields::
 
     from orchestrator import analysis as oa
-    trials, evals = oa.load("runs/orchestrator.db", "basin_map")
-    oa.lockin(db, "basin_map", by="variant", strata="lr,vocab_size")
+    trials, evals = oa.load_sweep("runs/orchestrator.db", "basin_map")
+    oa.lockin(db, "basin_map", by="variant", cells="lr,vocab_size")  # cells: the strata
     oa.fisher(db, "curriculum", by="curriculum", compare="dense,distance").p_value
     oa.hazard(db, "basin_map", formula="np.log(t) + C(lr) + C(vocab_size) + C(variant)").summary
 """

@@ -1,55 +1,29 @@
-"""What ``orchestrator status`` shows: counts by status, per-axis completion, an ETA."""
+"""What ``orchestrator status`` shows (and the dashboard's index, and ``status --watch``): per
+sweep, counts by status, per-axis completion, progress in training steps and an ETA."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections import defaultdict
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from orchestrator.errors import UserError
 from orchestrator.status import ALL, DONE, STALE, Status
-from orchestrator.store import lease
-from orchestrator.store.models import Eval, Sweep, Trial, TrialStop
+from orchestrator.store import lease, reader
 
 
-def _aware(t: dt.datetime | None) -> dt.datetime | None:
-    if t is None:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
-
-
-def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
+def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
+    """``{"sweeps": [...]}``: every sweep, or the one called ``name`` (:class:`~orchestrator.
+    store.reader.UnknownSweep` when there is none)."""
     with engine.connect() as conn:
-        q = sa.select(Sweep.id, Sweep.name).order_by(Sweep.created_at)
-        if name is not None:
-            q = q.where(Sweep.name == name)
-        sweeps = conn.execute(q).all()
+        sweeps = reader.sweeps_by_creation(conn, name)
         if name is not None and not sweeps:
-            raise UserError(f"no sweep named {name!r} (see `orchestrator ls`)")
-        now = _aware(conn.execute(sa.select(sa.func.now())).scalar_one())
-        if isinstance(now, str):  # SQLite returns text for CURRENT_TIMESTAMP
-            now = _aware(dt.datetime.fromisoformat(now))
+            raise reader.UnknownSweep(name, reader.sweep_names(conn))
+        now = reader.db_now(conn)
         result = []
-        stale_if = lease.stale_condition(conn)
         for sid, sname in sweeps:
-            last = sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id).correlate(Trial).scalar_subquery()
-            rows = conn.execute(
-                sa.select(
-                    Trial.key,
-                    Trial.status,
-                    Trial.params,
-                    Trial.started_at,
-                    Trial.finished_at,
-                    Trial.error,
-                    Trial.steps,
-                    last.label("last_step"),
-                    stale_if.label("stale"),
-                ).where(Trial.sweep_id == sid)
-            ).all()
+            rows = reader.progress_rows(conn, sid)
             # `stale` is a view: a running trial nobody has heartbeated within the lease TTL.
             counts = {s.value: 0 for s in ALL}
             counts[STALE] = 0
@@ -79,7 +53,7 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
             done_steps = sum((r.steps or 0) if r.status in DONE else min(r.last_step or 0, r.steps or 0) for r in live)
             progress = done_steps / total_steps if total_steps else None
             eta = None
-            starts = [_aware(r.started_at) for r in rows if r.started_at]
+            starts = [reader.aware(r.started_at) for r in rows if r.started_at]
             driving = holder is not None and not holder.expired
             if driving and progress and progress < 1 and starts and now is not None:
                 span = (now - min(starts)).total_seconds()
@@ -91,17 +65,13 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
             ]
             # Designs: steps never spent (skipped seeds' budgets, what the stop rule cut).
             skipped_steps = sum(r.steps or 0 for r in rows if r.status == Status.skipped)
-            stops = conn.execute(
-                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(TrialStop.budget - TrialStop.step), 0))
-                .join(Trial, Trial.id == TrialStop.trial_id)
-                .where(Trial.sweep_id == sid)
-            ).one()
+            stopped, stopped_steps = reader.stopped_savings(conn, sid)
             saved = {
-                "steps": int(skipped_steps + stops[1]),
+                "steps": int(skipped_steps + stopped_steps),
                 "of_steps": int(total_steps),
                 "skipped_trials": counts.get(Status.skipped.value, 0),
-                "stopped_trials": int(stops[0]),
-                "stopped_steps": int(stops[1]),
+                "stopped_trials": stopped,
+                "stopped_steps": stopped_steps,
             }
             result.append(
                 {
@@ -113,7 +83,7 @@ def sweep_status(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     "eta_s": eta,
                     "failed": failed,
                     "saved": saved,
-                    "driver": holder.describe() if driving and holder else None,
+                    "driver": holder.summary() if driving and holder else None,
                 }
             )
     return {"sweeps": result}

@@ -1,0 +1,45 @@
+"""``orchestrator export``: one sweep's tables (:func:`orchestrator.store.reader.sweep_frames`,
+what the Python API's ``load`` returns) written as parquet or CSV files with its spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from sqlalchemy.engine import Engine
+
+from orchestrator.errors import UserError
+from orchestrator.store.reader import sweep_frames
+
+
+def _portable(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns every reader takes: an object column holding more than one kind of value
+    (a parameter that is 3 in one trial and "auto" in another) becomes text."""
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype == object:
+            kinds = {type(v) for v in out[c] if v is not None and v == v}
+            if len(kinds) > 1:
+                out[c] = [None if v is None or v != v else str(v) for v in out[c]]
+    return out
+
+
+def export_sweep(engine: Engine, sweep: str, fmt: str, out_dir: str | Path) -> list[Path]:
+    """Write ``trials.<fmt>``, ``evals.<fmt>`` (parquet or csv) and ``spec.yaml`` (the spec
+    text stored with the sweep) under ``out_dir``; returns the paths written."""
+    if fmt not in ("parquet", "csv"):
+        raise UserError(f"--format {fmt!r}: expected parquet or csv")
+    frames = sweep_frames(engine, sweep)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, df in (("trials", frames.trials), ("evals", frames.evals)):
+        p = out / f"{name}.{fmt}"
+        if fmt == "parquet":
+            _portable(df).to_parquet(p, index=False, engine="pyarrow")
+        else:
+            df.to_csv(p, index=False)
+        paths.append(p)
+    spec = out / "spec.yaml"
+    spec.write_text(frames.spec_text, encoding="utf-8")
+    return [*paths, spec]

@@ -1,0 +1,507 @@
+"""The one way to read the result database.
+
+Sweeps, trials, eval points, sequential looks and early stops come out of here as rows or
+pandas frames for every reader: the Python API's ``load`` and ``orchestrator export``
+(:func:`sweep_frames`: SQL column names, every trial and point), the analysis
+(:func:`analysis_rows`: trials of some statuses, their accuracy traces, the design's
+bookkeeping), the dashboard (the ``trial_final``/``trial_trace`` views a user's SQL reads
+too, and what its trace cursor asks for), ``orchestrator status`` and ``ls``. A sweep name
+that is not in the database is :class:`UnknownSweep` whoever asks (the dashboard answers
+404). Nothing here writes; a read on a user's behalf goes through the backend's read-only
+engine (:func:`open_reader_engine`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from orchestrator.errors import UserError
+from orchestrator.params import flatten_params
+from orchestrator.status import Status
+from orchestrator.store import dialect
+from orchestrator.store.lease import stale_condition
+from orchestrator.store.models import Eval, SequentialLook, SweepRow, Trial, TrialStop
+
+if TYPE_CHECKING:  # pandas is imported by the functions that build frames: `status`, `ui` start light
+    import pandas as pd
+
+
+class NotFound(UserError):
+    """An unknown sweep or trial: the dashboard answers 404."""
+
+
+class UnknownSweep(NotFound):
+    def __init__(self, name: str, known: Sequence[str]):
+        super().__init__(f"no sweep named {name!r} in this database (sweeps: {', '.join(known[:20]) or 'none'})")
+
+
+# ---- engines, clocks, sweep names -----------------------------------------------------------
+
+
+def open_engine(db: str | Engine | None) -> Engine:
+    """An engine on an existing database: an Engine passes through, a URL or path is opened
+    without creating a schema (a missing database is a UserError, not an empty one)."""
+    if isinstance(db, Engine):
+        return db
+    from orchestrator.store.engine import open_store_engine
+
+    return open_store_engine(db, auto_create=False)[0]
+
+
+def open_reader_engine(db: str | None) -> tuple[Engine, str]:
+    """An engine on ``db`` that refuses writes and reads with a reader's rights (the
+    backend's :meth:`~orchestrator.store.dialect.Dialect.reader_engine`), and its URL; a
+    missing SQLite file or a privileged PostgreSQL URL without a reader role is a UserError."""
+    from orchestrator.store.engine import ensure_schema, resolve_url
+
+    url = resolve_url(db)
+    engine = dialect.for_url(url).reader_engine(url)
+    try:
+        ensure_schema(engine, url, auto_create=False)
+    except sa.exc.DBAPIError as exc:
+        raise UserError(f"cannot open database {dialect.describe(url)}: {exc.orig}") from None
+    return engine, url
+
+
+@overload
+def aware(t: None) -> None: ...
+@overload
+def aware(t: dt.datetime | str) -> dt.datetime: ...
+def aware(t: Any) -> dt.datetime | None:
+    """A stored time as an aware datetime (UTC when it carries no zone; SQLite hands back
+    ``CURRENT_TIMESTAMP`` values as naive text)."""
+    if t is None:
+        return None
+    if isinstance(t, str):
+        t = dt.datetime.fromisoformat(t)
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def db_now(conn: Connection) -> dt.datetime:
+    """The database clock (what every stored time was written with)."""
+    return aware(conn.execute(sa.text("SELECT CURRENT_TIMESTAMP")).scalar_one())
+
+
+def sweep_names(conn: Connection) -> list[str]:
+    return [r[0] for r in conn.execute(sa.select(SweepRow.name).order_by(SweepRow.name))]
+
+
+def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
+    """(id, stored spec text) of the sweep called ``name``, or None."""
+    row = conn.execute(sa.select(SweepRow.id, SweepRow.spec_text).where(SweepRow.name == name)).first()
+    return (row.id, row.spec_text) if row is not None else None
+
+
+def sweep_id(conn: Connection, name: str) -> int:
+    """The id of the sweep called ``name``; :class:`UnknownSweep` when there is none."""
+    found = find_sweep(conn, name)
+    if found is None:
+        raise UnknownSweep(name, sweep_names(conn))
+    return int(found[0])
+
+
+def spec_text(conn: Connection, name: str) -> str | None:
+    """The spec text stored with the sweep (None when there is no such sweep)."""
+    return conn.execute(sa.select(SweepRow.spec_text).where(SweepRow.name == name)).scalar()
+
+
+def sweeps_by_creation(conn: Connection, name: str | None = None) -> list[tuple[int, str]]:
+    """(id, name) of every sweep, oldest first, or of the one called ``name`` (none when absent)."""
+    q = sa.select(SweepRow.id, SweepRow.name).order_by(SweepRow.created_at)
+    if name is not None:
+        q = q.where(SweepRow.name == name)
+    return [(int(i), str(n)) for i, n in conn.execute(q).all()]
+
+
+def progress_rows(conn: Connection, sid: int) -> Sequence[Any]:
+    """Per trial of the sweep: key, status, params, started_at, finished_at, error, steps,
+    last_step (its last eval's step) and stale (running without a live heartbeat)."""
+    last = sa.select(sa.func.max(Eval.step)).where(Eval.trial_id == Trial.id).correlate(Trial).scalar_subquery()
+    return conn.execute(
+        sa.select(
+            Trial.key,
+            Trial.status,
+            Trial.params,
+            Trial.started_at,
+            Trial.finished_at,
+            Trial.error,
+            Trial.steps,
+            last.label("last_step"),
+            stale_condition(conn).label("stale"),
+        ).where(Trial.sweep_id == sid)
+    ).all()
+
+
+def status_counts(conn: Connection, name: str) -> dict[str, int]:
+    """Trials of the sweep per stored status (statuses with none left out)."""
+    rows = conn.execute(
+        sa.select(Trial.status, sa.func.count())
+        .join(SweepRow, SweepRow.id == Trial.sweep_id)
+        .where(SweepRow.name == name)
+        .group_by(Trial.status)
+    ).all()
+    return {str(s): int(n) for s, n in rows}
+
+
+def _fetch_raw(conn: Connection, stmt: Any) -> list[tuple]:
+    """Rows of ``stmt`` through the DBAPI cursor: SQLAlchemy's Row objects cost seconds at
+    half a million eval rows. The statements' only bound values are ids, names and the
+    validated status names, so rendering them literally is safe."""
+    sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
+
+
+def stops(conn: Connection, sid: int) -> dict[int, int]:
+    """trial id -> the step the spec's stop rule ended it at."""
+    return dict(
+        conn.execute(
+            sa.select(TrialStop.trial_id, TrialStop.step)
+            .join(Trial, Trial.id == TrialStop.trial_id)
+            .where(Trial.sweep_id == sid)
+        ).all()
+    )
+
+
+def stopped_savings(conn: Connection, sid: int) -> tuple[int, int]:
+    """(trials the stop rule ended, training steps that saved)."""
+    n, steps = conn.execute(
+        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(TrialStop.budget - TrialStop.step), 0))
+        .join(Trial, Trial.id == TrialStop.trial_id)
+        .where(Trial.sweep_id == sid)
+    ).one()
+    return int(n), int(steps)
+
+
+# ---- one sweep as plain tables: the Python API's load and `orchestrator export` -------------
+
+# trials columns shown besides the parameters (arm, task, seed, lr, batch_size, steps and
+# eval_every are parameters too, so they come from ``params`` under the same names).
+TRIAL_COLUMNS = (
+    "trial_id",
+    "key",
+    "status",
+    "attempts",
+    "host",
+    "node_id",
+    "device",
+    "final_step",
+    "final_acc",
+    "final_loss",
+    "best_acc",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+)
+EVAL_COLUMNS = ("trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s")
+
+
+def json_cell(v: Any) -> Any:
+    """Lists and dicts as their JSON text: one scalar per cell, readable by any tool and
+    groupable."""
+    return json.dumps(v, sort_keys=True) if isinstance(v, (list, dict)) else v
+
+
+def param_columns(
+    params: Sequence[Mapping[str, Any] | None], index: pd.Index, skip: Collection[str] = ()
+) -> tuple[pd.DataFrame, list[str]]:
+    """One column per flattened parameter (full dotted name, first-seen order, those in
+    ``skip`` left out) over ``index``, and the names."""
+    import pandas as pd
+
+    flat = [{k: json_cell(v) for k, v in flatten_params(p or {}).items()} for p in params]
+    names = list(dict.fromkeys(k for f in flat for k in f if k not in skip))
+    frame = pd.DataFrame({n: [f.get(n) for f in flat] for n in names}, index=index).infer_objects()
+    return frame, names
+
+
+@dataclass
+class SweepFrames:
+    """``trials`` (one row per trial), ``evals`` (one row per eval point) and the stored
+    spec text. Unpacks as ``trials, evals = frames``."""
+
+    sweep: str
+    trials: pd.DataFrame
+    evals: pd.DataFrame
+    spec_text: str
+    params: list[str]
+
+    def __iter__(self):
+        return iter((self.trials, self.evals))
+
+
+def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
+    """Every trial (any status) and every eval point of ``sweep``. Column names are the SQL
+    ones (``key``, ``step_lr``, ...); every parameter is one column under its full dotted
+    name (no short or formula aliases: those are the analysis's conveniences); ``metrics``
+    is expanded into one ``metrics.<name>`` column per metric."""
+    import pandas as pd
+
+    t = Trial.__table__
+    with engine.connect() as conn:
+        found = find_sweep(conn, sweep)
+        if found is None:
+            raise UnknownSweep(sweep, sweep_names(conn))
+        sid, text = found
+        cols = [t.c.id.label("trial_id")] + [t.c[c] for c in TRIAL_COLUMNS[1:]] + [t.c.params]
+        trows = conn.execute(sa.select(*cols).where(t.c.sweep_id == sid).order_by(t.c.id)).mappings().all()
+        erows = conn.execute(
+            sa.select(
+                Eval.trial_id,
+                Eval.step,
+                Eval.acc,
+                Eval.loss,
+                Eval.train_loss,
+                Eval.step_lr,
+                Eval.elapsed_s,
+                Eval.metrics,
+            )
+            .join(Trial, Trial.id == Eval.trial_id)
+            .where(Trial.sweep_id == sid)
+            .order_by(Eval.trial_id, Eval.step)
+        ).all()
+    trials = pd.DataFrame({c: [r[c] for r in trows] for c in TRIAL_COLUMNS})
+    pcols, params = param_columns([r["params"] for r in trows], trials.index, skip=TRIAL_COLUMNS)
+    trials = pd.concat([trials, pcols], axis=1)
+    evals = pd.DataFrame([tuple(r[:7]) for r in erows], columns=list(EVAL_COLUMNS))
+    evals = evals.astype(
+        {
+            "trial_id": "int64",
+            "step": "int64",
+            "acc": float,
+            "loss": float,
+            "train_loss": float,
+            "step_lr": float,
+            "elapsed_s": float,
+        }
+    )
+    metrics = [r[7] if isinstance(r[7], dict) else (json.loads(r[7]) if r[7] else {}) for r in erows]
+    names = list(dict.fromkeys(k for m in metrics for k in m))
+    if names:
+        evals = pd.concat(
+            [
+                evals,
+                pd.DataFrame(
+                    {f"metrics.{n}": [json_cell(m.get(n)) for m in metrics] for n in names}, index=evals.index
+                ).infer_objects(),
+            ],
+            axis=1,
+        )
+    return SweepFrames(sweep=sweep, trials=trials, evals=evals, spec_text=text, params=params)
+
+
+# ---- what the analysis reads ----------------------------------------------------------------
+
+
+@dataclass
+class AnalysisRows:
+    """One sweep's trials of some statuses and their eval points, as the analysis reads
+    them, with the design's bookkeeping."""
+
+    trials: list[tuple[int, str, str, Any]]  # (id, key, status, params) in id order
+    evals: list[tuple]  # (trial_id, step, acc, loss, nonfinite flag) by trial and step
+    looks: list[dict] = field(default_factory=list)  # the stored sequential looks' records, in order
+    stops: dict[int, int] = field(default_factory=dict)  # trial id -> the step the stop rule ended it at
+    skipped: int = 0  # trials the sequential design never ran
+    saved_steps: int = 0  # skipped trials' budgets plus what the stop rule cut
+    budget_steps: int = 0  # every trial's full budget (superseded ones are no longer in the design)
+    running: int = 0  # trials still running (any status filter), and of those the stale ones
+    stale: int = 0
+
+
+def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> AnalysisRows:
+    """The trials of ``sweep`` with one of ``statuses`` (validated by the caller) and their
+    eval points, read in one pass over the sweep's evals (cheaper than an IN list of
+    thousands of ids; a ``where`` filter is the caller's, on the frame)."""
+    statuses = [str(s) for s in statuses]
+
+    def count(*cond: Any) -> int:
+        return int(conn.execute(sa.select(sa.func.count(Trial.id)).where(Trial.sweep_id == sid, *cond)).scalar_one())
+
+    def steps(*cond: Any) -> int:
+        total = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(Trial.steps), 0)).where(Trial.sweep_id == sid, *cond)
+        ).scalar_one()
+        return int(total or 0)
+
+    with engine.connect() as conn:
+        sid = sweep_id(conn, sweep)
+        rows = conn.execute(
+            sa.select(Trial.id, Trial.key, Trial.status, Trial.params)
+            .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
+            .order_by(Trial.id)
+        ).all()
+        eval_rows = _fetch_raw(
+            conn,
+            sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.nonfinite.is_not(None))
+            .join(Trial, Trial.id == Eval.trial_id)
+            .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
+            .order_by(Eval.trial_id, Eval.step),
+        )
+        looks = [
+            dict(r.record)
+            for r in conn.execute(
+                sa.select(SequentialLook.record).where(SequentialLook.sweep_id == sid).order_by(SequentialLook.id)
+            )
+        ]
+        skipped = count(Trial.status == Status.skipped.value)
+        skipped_steps = steps(Trial.status == Status.skipped.value)
+        _, stop_steps = stopped_savings(conn, sid)
+        running = count(Trial.status == Status.running.value)
+        stale = count(stale_condition(conn))
+        budget_steps = steps(Trial.status != Status.superseded.value)
+        stopped = stops(conn, sid)
+    return AnalysisRows(
+        trials=[tuple(r) for r in rows],
+        evals=eval_rows,
+        looks=looks,
+        stops=stopped,
+        skipped=int(skipped),
+        saved_steps=int(skipped_steps) + int(stop_steps),
+        budget_steps=int(budget_steps),
+        running=int(running),
+        stale=int(stale),
+    )
+
+
+def eval_metrics(engine: Engine, trial_ids: Sequence[int]) -> Iterator[tuple[int, int, Any]]:
+    """(trial id, step, metrics) of every eval point of the given trials."""
+    ids = [int(i) for i in trial_ids]
+    with engine.connect() as conn:
+        for lo in range(0, len(ids), 500):
+            chunk = ids[lo : lo + 500]
+            yield from conn.execute(sa.select(Eval.trial_id, Eval.step, Eval.metrics).where(Eval.trial_id.in_(chunk)))
+
+
+# ---- what the dashboard and the terminal views read -----------------------------------------
+
+
+def sweep_index(conn: Connection) -> Sequence[Any]:
+    """Every sweep (creation order): name, spec_text, created_at, started (its first trial's
+    start) and updated (its trials' last write)."""
+    return conn.execute(
+        sa.text(
+            "SELECT s.name, s.spec_text, s.created_at, MIN(t.started_at) AS started, "
+            "MAX(t.updated_at) AS updated FROM sweeps s LEFT JOIN trials t ON t.sweep_id = s.id "
+            "GROUP BY s.id, s.name, s.spec_text, s.created_at ORDER BY s.created_at"
+        )
+    ).all()
+
+
+def sweep_list(engine: Engine) -> list[dict[str, Any]]:
+    """Each sweep's trial counts (``orchestrator ls``): completed, and stale (running with no
+    live heartbeat)."""
+    with engine.connect() as conn:
+        q = (
+            sa.select(
+                SweepRow.name,
+                SweepRow.created_at,
+                sa.func.count(Trial.id).label("trials"),
+                sa.func.sum(sa.case((Trial.status == Status.completed.value, 1), else_=0)).label("completed"),
+                sa.func.sum(sa.case((stale_condition(conn), 1), else_=0)).label("stale"),
+            )
+            .select_from(SweepRow)
+            .outerjoin(Trial, Trial.sweep_id == SweepRow.id)
+            .group_by(SweepRow.id, SweepRow.name, SweepRow.created_at)
+            .order_by(SweepRow.created_at)
+        )
+        return [dict(r._mapping) for r in conn.execute(q)]
+
+
+def final_rows(conn: Connection, name: str) -> Sequence[Any]:
+    """The sweep's rows of the ``trial_final`` view, by trial id."""
+    return conn.execute(
+        sa.text(
+            "SELECT trial_id, key, status, steps, final_step, final_acc, final_loss, best_acc, "
+            "params FROM trial_final WHERE sweep = :n ORDER BY trial_id"
+        ),
+        {"n": name},
+    ).all()
+
+
+def trial_placement(conn: Connection, sid: int) -> dict[int, Any]:
+    """trial id -> (id, error, host, device, started_at, finished_at, updated_at)."""
+    return {
+        r.id: r
+        for r in conn.execute(
+            sa.text(
+                "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials WHERE sweep_id = :s"
+            ),
+            {"s": sid},
+        ).all()
+    }
+
+
+def trial_row(conn: Connection, sid: int, key: str) -> Any | None:
+    """Every stored column of one trial of the sweep (None when it has no such key)."""
+    return conn.execute(
+        sa.text(
+            "SELECT id, key, status, attempts, params, host, node_id, device, steps, error, "
+            "final_step, final_acc, best_acc, created_at, started_at, finished_at, updated_at "
+            "FROM trials WHERE sweep_id = :s AND key = :k"
+        ),
+        {"s": sid, "k": key},
+    ).first()
+
+
+def live_rows(conn: Connection, name: str) -> Sequence[Any]:
+    """Per trial (by id): key, status, steps, final_step, final_acc, params, started_at."""
+    return conn.execute(
+        sa.text(
+            "SELECT f.key, f.status, f.steps, f.final_step, f.final_acc, f.params, t.started_at "
+            "FROM trial_final f JOIN trials t ON t.id = f.trial_id WHERE f.sweep = :n "
+            "ORDER BY f.trial_id"
+        ),
+        {"n": name},
+    ).all()
+
+
+def touched_trials(conn: Connection, name: str, since: dt.datetime) -> set[int]:
+    """Ids of the sweep's trials written at or after ``since`` (database clock) or still running."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n "
+            "AND (t.updated_at >= :th OR t.status = :running)"
+        ),
+        {"n": name, "th": dialect.for_connection(conn).time_param(since), "running": Status.running.value},
+    ).scalars()
+    return {int(i) for i in rows}
+
+
+def trace_rows(conn: Connection, name: str, columns: Sequence[str], trial_ids: Collection[int] | None) -> list[tuple]:
+    """The sweep's ``trial_trace`` rows (``columns``, names of that view), by trial and step;
+    only those of ``trial_ids`` unless it is None."""
+    sql = f"SELECT {', '.join(columns)} FROM trial_trace WHERE sweep = :n"
+    if trial_ids is not None:
+        if not trial_ids:
+            sql += " AND 1 = 0"
+        else:
+            sql += f" AND trial_id IN ({', '.join(str(int(i)) for i in sorted(trial_ids))})"
+    sql += " ORDER BY trial_id, step"
+    return _fetch_raw(conn, sa.text(sql).bindparams(n=name))
+
+
+def write_stamp(engine: Engine, name: str) -> tuple:
+    """What changes whenever the sweep's trials or evals are written: the trial count per
+    status and the latest ``updated_at`` (every eval flush touches it)."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT t.status, COUNT(*), MAX(t.updated_at) FROM trials t JOIN sweeps s "
+                "ON s.id = t.sweep_id WHERE s.name = :n GROUP BY t.status ORDER BY t.status"
+            ),
+            {"n": name},
+        ).all()
+    return tuple((r[0], int(r[1]), str(r[2])) for r in rows)
