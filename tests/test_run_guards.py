@@ -523,14 +523,23 @@ def test_a_raising_step_ends_lone_and_packed_trials_by_their_parameters():
     with pytest.raises(RuntimeError, match="out of memory"):
         list(t.run())  # not the loop's to judge: Ray retries it
 
-    # The issue's `lr: 1.0e+300` (refused by the spec now; the loop still must not retry it):
-    # AdamW's weight decay sends the parameters to inf, then its step overflows a float.
-    t = Trainer({**base, "seed": 0, "lr": 1e300})
+    # The issue's `lr: 1.0e+300` (refused by the spec now, so set past validation here; the
+    # loop still must not retry it): AdamW's weight decay sends the parameters to inf, then
+    # its step overflows a float.
+    def huge_lr(params: dict) -> Trainer:
+        t = Trainer(params)
+        scale = 1e300 / t.p.lr
+        t.p = t.p.model_copy(update={"lr": 1e300})
+        for g in t.optimizer.param_groups:
+            g["base_lr"] *= scale
+        return t
+
+    t = huge_lr({**base, "seed": 0})
     assert list(t.run()) == [] and t.status.value == "diverged"
     assert t.error == (
         "non-finite parameters at step 1 (RuntimeError: value cannot be converted to type float without overflow)"
     )
-    t = Trainer({**base, "seed": 0, "lr": 1e300, "weight_decay": 0.0})
+    t = huge_lr({**base, "seed": 0, "weight_decay": 0.0})
     assert list(t.run()) == [] and t.status.value == "failed"
     assert t.error == "RuntimeError: value cannot be converted to type float without overflow (at step 1)"
 
