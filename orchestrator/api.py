@@ -84,13 +84,16 @@ def submit(
 
     ``db``: a URL or SQLite path; default the spec's ``storage:``, else ``$ORCH_DB``, else
     ``runs/orchestrator.db``. ``address``: join a running Ray cluster."""
-    from orchestrator.runner.sweep import submit as run_submit
+    from orchestrator.runner.sweep import RunOptions, submit as run_submit
     from orchestrator.store.engine import resolve_url
 
     sweep = _spec(spec)
     url = resolve_url(db, sweep.spec.storage)  # refused (empty, in memory) before Ray starts
     return _run(
-        run_submit(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir), url
+        run_submit(
+            sweep, RunOptions(db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
+        ),
+        url,
     )
 
 
@@ -103,12 +106,15 @@ def resume(
     checkpoint_dir: str | None = None,
 ) -> SweepRun:
     """Run what a recorded sweep has not finished (``orchestrator resume``)."""
-    from orchestrator.runner.sweep import resume as run_resume
+    from orchestrator.runner.sweep import RunOptions, resume as run_resume
     from orchestrator.store.engine import resolve_url
 
     url = resolve_url(db)
     return _run(
-        run_resume(sweep, db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir), url
+        run_resume(
+            sweep, RunOptions(db=db, address=address, max_concurrent=max_concurrent, checkpoint_dir=checkpoint_dir)
+        ),
+        url,
     )
 
 

@@ -124,7 +124,7 @@ def test_trainer_continues_a_completed_checkpoint_to_a_larger_budget():
     ref = {p.step: p for p in straight.run()}
     for p in longer.trace:
         if p.step in ref:
-            assert (p.loss, p.acc, p.lr) == (ref[p.step].loss, ref[p.step].acc, ref[p.step].lr), p.step
+            assert (p.loss, p.acc, p.step_lr) == (ref[p.step].loss, ref[p.step].acc, ref[p.step].step_lr), p.step
     # The train-loss mean covers the steps since the previous eval: equal once cadences agree.
     assert [p.train_loss for p in more[1:]] == [ref[50].train_loss, ref[60].train_loss]
 

@@ -12,7 +12,7 @@ import math
 import sqlalchemy as sa
 import torch
 
-from orchestrator.runner.trainable import _row
+from orchestrator.runner.messages import EvalRow
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
 from orchestrator.train import Trainer
@@ -63,7 +63,7 @@ def test_the_loop_keeps_the_point_that_went_non_finite(db_url, tmp_path):
     with engine.begin() as conn:
         sid = repo.upsert_sweep(conn, "s", "name: s\n", "h")
         tid = repo.add_trials(conn, sid, [("k", BASE)])["k"]
-        assert repo.upsert_evals(conn, [_row(tid, p) for p in again.trace]) == 2
+        assert repo.upsert_evals(conn, [EvalRow(tid, p).store_row() for p in again.trace]) == 2
         repo.finish_trial(conn, tid, tr.status.value, tr.error)
     with engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT step, acc, loss, metrics, nonfinite FROM evals ORDER BY step")).all()

@@ -27,7 +27,7 @@ BASE = {
 
 
 def _trace(tr):
-    return [(p.step, p.acc, p.loss, p.train_loss, p.lr, p.metrics) for p in tr.run()]
+    return [(p.step, p.acc, p.loss, p.train_loss, p.step_lr, p.metrics) for p in tr.run()]
 
 
 def test_eval_grid_and_fields():
@@ -36,7 +36,7 @@ def test_eval_grid_and_fields():
     assert [p.step for p in trace] == [1, 10, 20, 25]
     assert tr.status == "completed"
     for p in trace:
-        assert 0.0 <= p.acc <= 1.0 and math.isfinite(p.loss) and p.lr == pytest.approx(3e-3)
+        assert 0.0 <= p.acc <= 1.0 and math.isfinite(p.loss) and p.step_lr == pytest.approx(3e-3)
         assert p.elapsed_s >= 0
     assert trace[0].train_loss is not None and trace[-1].elapsed_s >= trace[0].elapsed_s
 
@@ -60,8 +60,31 @@ def test_checkpoint_round_trip_continues_bit_for_bit(tmp_path):
     resumed.load_state_dict(torch.load(path, weights_only=False))
     assert [p.step for p in resumed.trace] == [1, 10]
     rest = _trace(resumed)
-    got = [(p.step, p.acc, p.loss, p.train_loss, p.lr, p.metrics) for p in first] + rest
+    got = [(p.step, p.acc, p.loss, p.train_loss, p.step_lr, p.metrics) for p in first] + rest
     assert got == full
+
+
+def test_checkpoint_from_before_the_step_lr_rename_loads(tmp_path):
+    """Checkpoints written before ``EvalPoint.lr`` became ``step_lr`` hold trace points keyed
+    ``lr``: they load, with the same values, and the trial goes on as if never stopped."""
+    full = _trace(Trainer(BASE))
+    tr = Trainer(BASE)
+    it = tr.run()
+    first = [next(it), next(it)]
+    state = tr.state_dict()
+    old = []
+    for e in state["trace"]:
+        e = dict(e)
+        e["lr"] = e.pop("step_lr")
+        old.append(e)
+    path = tmp_path / "old.pt"
+    torch.save({**state, "trace": old}, path)
+    resumed = Trainer(BASE)
+    resumed.load_state_dict(torch.load(path, weights_only=False))
+    assert resumed.trace == first and [p.step_lr for p in resumed.trace] == pytest.approx([3e-3, 3e-3])
+    got = [(p.step, p.acc, p.loss, p.train_loss, p.step_lr, p.metrics) for p in first] + _trace(resumed)
+    assert got == full
+    assert all("lr" not in e and "step_lr" in e for e in resumed.state_dict()["trace"])
 
 
 def test_checkpoint_of_another_config_is_refused():
@@ -102,7 +125,7 @@ def test_schedules():
     assert lr_multiplier(100, schedule="cosine", cosine_steps=200, **kw) == pytest.approx(0.5)
     assert lr_multiplier(300, schedule="cosine", cosine_steps=200, min_lr_ratio=0.1, **kw) == pytest.approx(0.1)
     tr = Trainer({**BASE, "schedule": "cosine", "warmup_steps": 5, "steps": 20})
-    lrs = {p.step: p.lr for p in tr.run()}
+    lrs = {p.step: p.step_lr for p in tr.run()}
     assert lrs[1] == pytest.approx(3e-3 / 5) and lrs[20] == pytest.approx(0.0, abs=1e-12)
 
 

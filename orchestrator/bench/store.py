@@ -127,7 +127,7 @@ def streaming_slowdown(steps: int = 300, repeats: int = 3) -> dict[str, Any]:
 
 def sweep_efficiency(n_trials: int = 64, steps: int = 1000, cpus: int | None = None) -> dict[str, Any]:
     from orchestrator import spec as specs
-    from orchestrator.runner.sweep import submit
+    from orchestrator.runner.sweep import RunOptions, submit
 
     cpus = cpus or os.cpu_count() or 1
     text = f"""
@@ -143,7 +143,7 @@ max_concurrent: {cpus}
         url = f"sqlite:///{Path(d) / 'sweep.db'}"
         sweep = specs.load(text=text)
         t0 = time.perf_counter()
-        summary = submit(sweep, db=url, checkpoint_dir=str(Path(d) / "ck"))
+        summary = submit(sweep, RunOptions(db=url, checkpoint_dir=str(Path(d) / "ck")))
         wall = time.perf_counter() - t0
         engine, _ = open_store_engine(url)
         with engine.connect() as conn:

@@ -92,10 +92,10 @@ class _Progress:
                 self.board.start(m["key"], m.get("params"))
         elif kind == "result":
             keys = {m["trial_id"]: m["key"] for m in members}
-            for row in info.get("evals") or ():
-                key = keys.get(row.get("trial_id"))
+            for row in info.get("evals") or ():  # runner.messages.EvalRow
+                key = keys.get(row.trial_id)
                 if key is not None:
-                    self.board.result(key, row["step"], row.get("acc"))
+                    self.board.result(key, row.point.step, row.point.acc)
         elif kind in ENDED:
             tid = info.get("trial_id")
             for m in members:
@@ -113,8 +113,9 @@ class _Progress:
             self.bar.stop()
 
 
-def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
-    """Run a submit/resume with the progress bar, then print the outcome."""
+def _run_with_progress(run, target, quiet: bool, options, **kwargs) -> int:
+    """Run a submit/resume (``options``: runner.sweep.RunOptions) with the progress bar, then
+    print the outcome."""
     from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
 
     progress = _Progress(quiet)
@@ -122,6 +123,7 @@ def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     try:
         summary = run(
             target,
+            options,
             on_start=progress.start,
             on_event=progress.event,
             note=lambda msg: err.print(msg, soft_wrap=True),
@@ -130,7 +132,7 @@ def _run_with_progress(run, target, quiet: bool, **kwargs) -> int:
     except KeyboardInterrupt:
         # A second Ctrl-C while the trials were stopping.
         progress.stop()
-        err.print(escape(f"sweep {name}: interrupted; {_resume_hint(name, kwargs.get('db'))}"), soft_wrap=True)
+        err.print(escape(f"sweep {name}: interrupted; {_resume_hint(name, options.db)}"), soft_wrap=True)
         return EXIT_INTERRUPTED
     finally:
         progress.stop()
@@ -277,19 +279,10 @@ def submit(
             if stored is not None:
                 out.print(escape(f"  against the stored sweep: {stored}"))
         return 0
-    from orchestrator.runner.sweep import submit as run_submit
+    from orchestrator.runner.sweep import RunOptions, submit as run_submit
 
-    return _run_with_progress(
-        run_submit,
-        sweep,
-        quiet,
-        db=db,
-        address=address,
-        max_concurrent=max_concurrent,
-        checkpoint_dir=checkpoint_dir,
-        takeover=takeover,
-        amend=amend,
-    )
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, takeover)
+    return _run_with_progress(run_submit, sweep, quiet, options, amend=amend)
 
 
 def _against_stored(sweep, db: str | None) -> str | None:
@@ -330,17 +323,10 @@ def resume(
 ) -> int:
     """Run what a sweep has not finished; running, stale and interrupted trials continue
     from their checkpoints."""
-    from orchestrator.runner.sweep import resume as run_resume
+    from orchestrator.runner.sweep import RunOptions, resume as run_resume
 
     return _run_with_progress(
-        run_resume,
-        sweep,
-        quiet,
-        db=db,
-        address=address,
-        max_concurrent=max_concurrent,
-        checkpoint_dir=checkpoint_dir,
-        takeover=takeover,
+        run_resume, sweep, quiet, RunOptions(db, address, max_concurrent, checkpoint_dir, takeover)
     )
 
 

@@ -14,14 +14,16 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import UserError
 from orchestrator.store import lease
-from orchestrator.store.outage import DatabaseGone, StorePin, gone_error, is_gone
+from orchestrator.store.outage import DatabaseGone, StorePin, write_with_retry
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
+
+T = TypeVar("T")
 
 # Exit code of a run stopped by a signal or a cancel (128 + SIGINT, what shells expect).
 EXIT_INTERRUPTED = 130
@@ -76,6 +78,20 @@ class DriverSession:
             self.fatal = exc
         self.stop("database gone")
 
+    # ---- writing -------------------------------------------------------------------------
+    def write(self, fn: Callable[[Connection], T], *, budget_s: float | None = None) -> T:
+        """Run ``fn`` in a transaction: the one way the runner writes. A database outage is
+        ridden out (store.outage, up to ``budget_s``, default $ORCH_DB_OUTAGE_S); a database
+        that is gone (file deleted or replaced, tables dropped) stops the session and is
+        never written again."""
+        if self.fatal is not None:
+            raise self.fatal
+        try:
+            return write_with_retry(self.engine, fn, budget_s=budget_s, pin=self.pin)
+        except DatabaseGone as exc:
+            self.fail(exc)
+            raise
+
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.stop_event.is_set():
@@ -85,10 +101,12 @@ class DriverSession:
 
     # ---- lease ---------------------------------------------------------------------------
     def __enter__(self) -> DriverSession:
-        with self.engine.begin() as conn:
+        def claim(conn: Connection) -> tuple[lease.Holder | None, bool]:
             held = lease.holder(conn, self.sid)
             dead = held.owner if held is not None and held.expired else None
-            ok = lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover, dead_owner=dead)
+            return held, lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover, dead_owner=dead)
+
+        held, ok = self.write(claim)
         if not ok:
             with self.engine.connect() as conn:
                 held = lease.holder(conn, self.sid)
@@ -109,19 +127,18 @@ class DriverSession:
 
     def _renew_loop(self) -> None:
         period = self.ttl / 4
+
+        def renew(conn: Connection) -> tuple[bool, bool]:
+            return lease.renew(conn, self.sid, self.owner, ttl=self.ttl, running=sorted(self.running))
+
         while not self._done.wait(period) and self.fatal is None:
             try:
-                # Also the check that stops trials which report rarely, when no write would.
-                self.pin.check()
-                with self.engine.begin() as conn:
-                    held, cancel = lease.renew(conn, self.sid, self.owner, ttl=self.ttl, running=sorted(self.running))
-            except DatabaseGone as exc:
-                self.fail(exc)
-                return
-            except Exception as exc:  # the writer owns outage handling; try again next period
-                if is_gone(exc):
-                    self.fail(gone_error(self.engine, exc))
-                    return
+                # One try a period (the next period is the retry). Also the check that stops
+                # trials which report rarely, when no other write would find the database gone.
+                held, cancel = self.write(renew, budget_s=0)
+            except DatabaseGone:
+                return  # write() stopped the session
+            except Exception:  # an outage: the writer owns riding it out; try again next period
                 continue
             if not held:
                 self.stop("lease lost (another driver took the sweep over)")
@@ -151,11 +168,15 @@ class DriverSession:
             if exc[0] is None:
                 raise self.fatal
             return
+        stopped = self.stop_reason is not None or exc[0] is not None
+
+        def release(conn: Connection) -> None:
+            if stopped:
+                self.interrupt_running(conn)
+            lease.release(conn, self.sid, self.owner)
+
         try:
-            with self.engine.begin() as conn:
-                if self.stop_reason is not None or exc[0] is not None:
-                    self.interrupt_running(conn)
-                lease.release(conn, self.sid, self.owner)
+            self.write(release, budget_s=0)  # one try: a driver on its way out does not wait
         except Exception:
             # Database unreachable: the lease expires by itself, the trials show as stale.
             pass

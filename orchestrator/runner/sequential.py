@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.design.sequential import (
     FisherData,
@@ -35,6 +36,10 @@ from orchestrator.design.sequential import (
 from orchestrator.errors import UserError
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import repo
+from orchestrator.store.outage import write_with_retry
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Connection, Engine
 
 SEED_AXIS = "seed"
 Batch = list[tuple[int, str, dict[str, Any]]]
@@ -81,16 +86,35 @@ def _cut(trace: Sequence[tuple[int, float | None]], horizon: int | None) -> list
     return [p for p in trace if horizon is None or p[0] <= horizon]
 
 
+def _record_looks(
+    conn: Connection, *, sweep_id: int, look: int, decisions: Sequence[tuple[LookRecord, list[int] | None]]
+) -> int:
+    """Store look ``look``'s records, each with the seeds its decision leaves unrun (None: it
+    goes on) marked skipped; returns how many were."""
+    skipped = 0
+    for rec, rest in decisions:
+        repo.record_look(conn, sweep_id, _stratum_text(rec.stratum), look, rec.decision, rec.as_dict())
+        if rest is not None:
+            skipped += repo.skip_trials(conn, rest, f"decided at look {look}")
+    return skipped
+
+
 def drive(
     seq: SequentialSpec,
     axes: Mapping[str, Sequence[Any]],
     thresholds: Mapping[str, Any],
     sweep_id: int,
-    engine,
+    engine: Engine,
     run: Callable[[Batch], dict[int, str]],
     on_look: Callable[[LookRecord], None] | None = None,
+    *,
+    write: Callable[[Callable[[Connection], Any]], Any] | None = None,
 ) -> SequentialRun:
-    """Run the sweep's looks; ``run(batch)`` runs trials to their end (trial_id -> status)."""
+    """Run the sweep's looks; ``run(batch)`` runs trials to their end (trial_id -> status).
+    ``write(fn)`` runs a transaction that writes (a look, skipped seeds): the driver
+    session's ``write``; without one, ``store.outage.write_with_retry`` on ``engine``."""
+    if write is None:
+        write = partial(write_with_retry, engine)
     seeds = list(axes[SEED_AXIS])
     index = {s: i for i, s in enumerate(seeds)}
     g0, g1 = seq.compare.groups
@@ -157,20 +181,26 @@ def drive(
             decided = decide_strata(seq, axes, k, data, prior)
         except ValueError as exc:  # e.g. every seed of a group failed: nothing to test
             raise UserError(f"sequential look {k}: {exc}") from None
-        with engine.begin() as conn:
-            for key, rec in decided.items():
-                repo.record_look(conn, sweep_id, _stratum_text(rec.stratum), k, rec.decision, rec.as_dict())
-                prior.setdefault(key, []).append(rec)
-                out.records.append(rec)
-                if rec.stopped and k < len(seq.looks):
-                    rest = [t[0] for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] >= n_k]
-                    out.skipped += repo.skip_trials(conn, rest, f"decided at look {k}")
+        # The looks and the seeds their decisions leave unrun land together (one transaction,
+        # retried whole through an outage).
+        decisions = [
+            (
+                rec,
+                [t[0] for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] >= n_k]
+                if rec.stopped and k < len(seq.looks)
+                else None,
+            )
+            for key, rec in decided.items()
+        ]
+        out.skipped += write(partial(_record_looks, sweep_id=sweep_id, look=k, decisions=decisions))
+        for key, rec in decided.items():
+            prior.setdefault(key, []).append(rec)
+            out.records.append(rec)
         if on_look:
             for rec in decided.values():
                 on_look(rec)
     # Seeds beyond the last look are not part of the design.
     beyond = [t[0] for t in trials if index[t[2][SEED_AXIS]] >= seq.looks[-1]]
     if beyond:
-        with engine.begin() as conn:
-            out.skipped += repo.skip_trials(conn, beyond, "beyond the last look")
+        out.skipped += write(lambda conn: repo.skip_trials(conn, beyond, "beyond the last look"))
     return out

@@ -10,19 +10,39 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
+from orchestrator.runner.context import RunContext
 from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
 from orchestrator.store import reader, repo
 from orchestrator.store.engine import describe, open_store_engine, resolve_url
 from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a driver runs a sweep: what ``orchestrator submit``/``resume`` and the Python API's
+    ``submit``/``resume`` take besides the sweep.
+
+    ``db``: a URL or SQLite path (default: the spec's ``storage:``, else ``$ORCH_DB``, else
+    ``runs/orchestrator.db``); ``address``: a Ray cluster to join (default: an embedded Ray);
+    ``max_concurrent``: trials at once (default: the spec's); ``checkpoint_dir``: instead of
+    the spec's or the default beside the database; ``takeover``: run even if another driver
+    holds the sweep's lease."""
+
+    db: str | None = None
+    address: str | None = None
+    max_concurrent: int | None = None
+    checkpoint_dir: str | None = None
+    takeover: bool = False
 
 
 @dataclass
@@ -61,16 +81,6 @@ def check_devices(trials: list[tuple[str, dict[str, Any]]], gpus: float, where: 
         raise UserError(f"{len(cuda)} trial(s) ask for device: cuda but {where} has no GPU (use device: cpu or auto)")
 
 
-def _checkpoints(url: str, spec: SweepSpec, override: str | None, engine, sid: int) -> Path:
-    """The sweep's checkpoint folder, with files named by pre-0005 keys renamed."""
-    root = _checkpoint_root(url, spec, override)
-    with engine.connect() as conn:
-        renames = repo.key_renames(conn, sid)
-    if renames:
-        checkpoints.adopt_renamed(root, spec.name, renames)
-    return root
-
-
 def _check_design(diff: repo.DesignDiff, name: str, amend: bool, looked: bool = False) -> None:
     refusal = diff.refusal()
     if refusal is not None:
@@ -98,14 +108,53 @@ def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | DatabaseGone | N
     return None
 
 
+@contextmanager
+def _on_ray(address: str | None) -> Iterator[None]:
+    """Ray for the run: the cluster at ``address``, or an embedded one shut down after."""
+    from orchestrator.runner.tune_runner import init_ray
+
+    started = init_ray(address)
+    try:
+        yield
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def _context(
+    session: DriverSession,
+    spec: SweepSpec,
+    url: str,
+    options: RunOptions,
+    on_start: Callable[..., None] | None,
+    on_event: Callable[..., None] | None,
+) -> RunContext:
+    """The run's context, once the lease is held; checkpoint files named by pre-0005 keys
+    are renamed here."""
+    root = _checkpoint_root(url, spec, options.checkpoint_dir)
+    with session.engine.connect() as conn:
+        renames = repo.key_renames(conn, session.sid)
+    if renames:
+        checkpoints.adopt_renamed(root, spec.name, renames)
+    return RunContext(
+        spec=spec,
+        sweep_id=session.sid,
+        session=session,
+        url=url,
+        db_arg=options.db,
+        checkpoint_root=root,
+        max_concurrent=options.max_concurrent or spec.max_concurrent,
+        on_start=on_start,
+        on_event=on_event,
+    )
+
+
 def submit(
     sweep: Sweep,
+    options: RunOptions = RunOptions(),
     *,
-    db: str | None = None,
-    address: str | None = None,
-    max_concurrent: int | None = None,
-    checkpoint_dir: str | None = None,
-    takeover: bool = False,
     amend: bool = False,
     on_start: Callable[..., None] | None = None,
     on_event: Callable[..., None] | None = None,
@@ -118,18 +167,19 @@ def submit(
     difference. With it the dropped trials become ``superseded``, trials given more steps
     continue from their checkpoints, and the spec is kept as a new version. A budget below
     what a trial has run is refused either way."""
-    from orchestrator.runner.tune_runner import check_resources, cluster_limits, init_ray
+    from orchestrator.runner.tune_runner import check_resources, cluster_limits
 
     spec = sweep.spec
     # Before Ray starts or the database is made: every trial would fail at its first checkpoint.
-    checkpoints.check_writable(_checkpoint_root(resolve_url(db, spec.storage), spec, checkpoint_dir) / spec.name)
+    checkpoints.check_writable(
+        _checkpoint_root(resolve_url(options.db, spec.storage), spec, options.checkpoint_dir) / spec.name
+    )
     # What `--db` reaches this database again (the spec's storage: is not read by `sql`/`resume`).
-    db = db or spec.storage or None
-    started = init_ray(address)
-    try:
+    options = replace(options, db=options.db or spec.storage or None)
+    with _on_ray(options.address):
         check_resources(spec.resources.cpu, spec.resources.gpu)
         check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
-        engine, url = open_store_engine(db, spec.storage)
+        engine, url = open_store_engine(options.db, spec.storage)
         with engine.connect() as conn:
             found = reader.find_sweep(conn, spec.name)
             existing = found[0] if found is not None else None
@@ -137,8 +187,9 @@ def submit(
                 looked = bool(repo.sequential_looks(conn, existing))
                 _check_design(repo.design_diff(conn, existing, sweep.trials), spec.name, amend, looked)
         sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
-        with DriverSession(engine, sid, spec.name, takeover=takeover, note=note) as session:
-            with engine.begin() as conn:
+        with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
+
+            def record(conn) -> tuple[repo.DesignDiff, int, dict[str, int], set[int]]:
                 diff = repo.design_diff(conn, sid, sweep.trials)
                 # again, now that we hold the sweep
                 _check_design(diff, spec.name, amend, bool(repo.sequential_looks(conn, sid)))
@@ -148,52 +199,20 @@ def submit(
                 ids = repo.add_trials(conn, sid, sweep.trials, spec_version=version)
                 repo.release_unfinished(conn, sid)
                 pending = {tid for tid, _, _ in repo.unfinished_trials(conn, sid)}
+                return diff, version, ids, pending
+
+            diff, version, ids, pending = session.write(record)
             if diff.changed and note is not None:
                 note(f"sweep {spec.name}: amended to spec version {version}: {diff.summary()}")
-            if sweep.sequential is not None:
-                return _run_sequential(
-                    sweep,
-                    sid,
-                    len(sweep.trials),
-                    engine,
-                    url,
-                    max_concurrent,
-                    checkpoint_dir,
-                    on_start,
-                    on_event,
-                    session,
-                    db,
-                )
+            ctx = _context(session, spec, url, options, on_start, on_event)
             to_run = [(ids[k], k, p) for k, p in sweep.trials if ids[k] in pending]
-            return _run(
-                spec,
-                sid,
-                to_run,
-                len(sweep.trials),
-                engine,
-                url,
-                max_concurrent,
-                checkpoint_dir,
-                on_start,
-                on_event,
-                session,
-                db,
-            )
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
+            return _run_design(ctx, sweep, to_run, len(sweep.trials))
 
 
 def resume(
     name: str,
+    options: RunOptions = RunOptions(),
     *,
-    db: str | None = None,
-    address: str | None = None,
-    max_concurrent: int | None = None,
-    checkpoint_dir: str | None = None,
-    takeover: bool = False,
     on_start: Callable[..., None] | None = None,
     on_event: Callable[..., None] | None = None,
     note: Callable[[str], None] | None = None,
@@ -201,9 +220,9 @@ def resume(
     """Run every trial of a recorded sweep that is not completed (running, stale and
     interrupted ones resume from their checkpoints). The spec is the one stored with the
     sweep."""
-    from orchestrator.runner.tune_runner import check_resources, init_ray
+    from orchestrator.runner.tune_runner import check_resources
 
-    engine, url = open_store_engine(db, auto_create=False)
+    engine, url = open_store_engine(options.db, auto_create=False)
     with engine.connect() as conn:
         found = reader.find_sweep(conn, name)
     if found is None:
@@ -212,58 +231,37 @@ def resume(
     # The design was accepted (and its size cap chosen) at submit: resume does not re-cap it.
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
-    checkpoints.check_writable(_checkpoint_root(url, spec, checkpoint_dir) / spec.name)
-    started = init_ray(address)
-    try:
+    checkpoints.check_writable(_checkpoint_root(url, spec, options.checkpoint_dir) / spec.name)
+    with _on_ray(options.address):
         check_resources(spec.resources.cpu, spec.resources.gpu)
-        with DriverSession(engine, sid, spec.name, takeover=takeover, note=note) as session:
-            with engine.begin() as conn:
+        with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
+
+            def release(conn) -> tuple[list[tuple[int, str, dict[str, Any]]], int]:
                 repo.release_unfinished(conn, sid)
-                todo = repo.unfinished_trials(conn, sid)
-                total = repo.count_trials(conn, sid)
-            if sweep.sequential is not None:
-                return _run_sequential(
-                    sweep, sid, total, engine, url, max_concurrent, checkpoint_dir, on_start, on_event, session, db
-                )
-            return _run(
-                spec, sid, todo, total, engine, url, max_concurrent, checkpoint_dir, on_start, on_event, session, db
-            )
-    finally:
-        if started:
-            import ray
+                return repo.unfinished_trials(conn, sid), repo.count_trials(conn, sid)
 
-            ray.shutdown()
+            todo, total = session.write(release)
+            ctx = _context(session, spec, url, options, on_start, on_event)
+            return _run_design(ctx, sweep, todo, total)
 
 
-def _run_batch(
-    spec: SweepSpec,
-    batch: list[tuple[int, str, dict[str, Any]]],
-    engine,
-    root: Path,
-    max_concurrent: int | None,
-    on_event,
-    session: DriverSession,
-) -> dict[int, str]:
+def _run_design(ctx: RunContext, sweep: Sweep, to_run: list[tuple[int, str, dict[str, Any]]], total: int) -> RunSummary:
+    """Run the sweep's unfinished trials (``to_run`` of ``total``), look by look for a
+    ``sequential:`` design."""
+    if sweep.sequential is not None:
+        return _run_sequential(ctx, sweep, total)
+    return _run(ctx, to_run, total)
+
+
+def _run_batch(ctx: RunContext, batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
     """Run trials on Ray Tune under the driver session; a database outage that outlasted
     the writer's retries stops the session and surfaces as DatabaseUnavailable, a database
     that is gone (file deleted or replaced, tables dropped) as DatabaseGone."""
     from orchestrator.runner.tune_runner import run_trials
 
+    session = ctx.session
     try:
-        outcomes = run_trials(
-            spec.name,
-            batch,
-            engine=engine,
-            checkpoint_root=root,
-            cpu=spec.resources.cpu,
-            gpu=spec.resources.gpu,
-            max_concurrent=max_concurrent or spec.max_concurrent,
-            retries=spec.retries,
-            pack_seeds=spec.pack_seeds,
-            on_event=on_event,
-            stop=spec.stop.model_dump() if spec.stop else None,
-            session=session,
-        )
+        outcomes = run_trials(ctx, batch)
     except Exception as exc:
         if session.fatal is not None:
             raise session.fatal from None
@@ -280,103 +278,70 @@ def _run_batch(
     return outcomes
 
 
-def _run(
-    spec: SweepSpec,
-    sid: int,
-    to_run: list[tuple[int, str, dict[str, Any]]],
-    total: int,
-    engine,
-    url: str,
-    max_concurrent: int | None,
-    checkpoint_dir: str | None,
-    on_start,
-    on_event,
-    session: DriverSession,
-    db: str | None,
-) -> RunSummary:
+def _started(ctx: RunContext, total: int, todo: list[tuple[int, str, dict[str, Any]]]) -> None:
+    if ctx.on_start:
+        ctx.on_start(describe(ctx.url), total, len(todo), steps=sum(int(p.get("steps") or 0) for _, _, p in todo))
 
-    root = _checkpoints(url, spec, checkpoint_dir, engine, sid)
-    if on_start:
-        on_start(describe(url), total, len(to_run), steps=sum(int(p.get("steps") or 0) for _, _, p in to_run))
-    outcomes = _run_batch(spec, to_run, engine, root, max_concurrent, on_event, session)
-    counts = Counter(outcomes.values())
-    if session.stop_reason is not None:
-        # Tune may end before telling the writer about every stopped trial: the database
-        # (after marking what is still running as interrupted) has the true tally.
-        with engine.begin() as conn:
-            session.interrupt_running(conn)
-            counts = Counter(repo.statuses(conn, [tid for tid, _, _ in to_run]))
+
+def _stopped_tally(ctx: RunContext, tids: list[int]) -> dict[str, int]:
+    """The outcomes of a run the session stopped. Tune may end before telling the writer
+    about every stopped trial: the database (after marking what is still running as
+    interrupted) has the true tally."""
+
+    def tally(conn) -> Counter[str]:
+        ctx.session.interrupt_running(conn)
+        return Counter(repo.statuses(conn, tids))
+
+    return dict(ctx.session.write(tally))
+
+
+def _summary(
+    ctx: RunContext, total: int, pending: int, outcomes: dict[str, int], ran: int | None = None, **more: Any
+) -> RunSummary:
     return RunSummary(
-        sweep=spec.name,
-        db=describe(url),
+        sweep=ctx.name,
+        db=describe(ctx.url),
         total=total,
-        already_done=total - len(to_run),
-        ran=len(to_run),
-        outcomes=dict(counts),
-        stopped=session.stop_reason,
-        db_arg=db,
+        already_done=total - pending,
+        ran=pending if ran is None else ran,
+        outcomes=outcomes,
+        stopped=ctx.session.stop_reason,
+        db_arg=ctx.db_arg,
+        **more,
     )
+
+
+def _run(ctx: RunContext, to_run: list[tuple[int, str, dict[str, Any]]], total: int) -> RunSummary:
+    _started(ctx, total, to_run)
+    outcomes = dict(Counter(_run_batch(ctx, to_run).values()))
+    if ctx.session.stop_reason is not None:
+        outcomes = _stopped_tally(ctx, [tid for tid, _, _ in to_run])
+    return _summary(ctx, total, len(to_run), outcomes)
 
 
 class _LookStopped(Exception):
     """The driver session stopped during a look: no decision on its partial data."""
 
 
-def _run_sequential(
-    sweep: Sweep,
-    sid: int,
-    total: int,
-    engine,
-    url: str,
-    max_concurrent: int | None,
-    checkpoint_dir: str | None,
-    on_start,
-    on_event,
-    session: DriverSession,
-    db: str | None,
-) -> RunSummary:
+def _run_sequential(ctx: RunContext, sweep: Sweep, total: int) -> RunSummary:
     """A sweep with a ``sequential:`` block runs look by look (runner/sequential.py)."""
     from orchestrator.runner.sequential import drive
 
-    spec = sweep.spec
-    root = _checkpoints(url, spec, checkpoint_dir, engine, sid)
-    with engine.connect() as conn:
-        todo = repo.unfinished_trials(conn, sid)
-    pending = len(todo)
-    if on_start:
-        on_start(describe(url), total, pending, steps=sum(int(p.get("steps") or 0) for _, _, p in todo))
+    with ctx.engine.connect() as conn:
+        todo = repo.unfinished_trials(conn, ctx.sweep_id)
+    _started(ctx, total, todo)
 
     def run(batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
-        out = _run_batch(spec, batch, engine, root, max_concurrent, on_event, session)
-        if session.stop_reason is not None:
+        out = _run_batch(ctx, batch)
+        if ctx.session.stop_reason is not None:
             raise _LookStopped  # a look cut short is never tested
         return out
 
+    assert sweep.sequential is not None
     try:
-        res = drive(sweep.sequential, sweep.axes, sweep.thresholds, sid, engine, run)
-    except _LookStopped:
-        with engine.begin() as conn:
-            session.interrupt_running(conn)
-            counts = Counter(repo.statuses(conn, [tid for tid, _, _ in todo]))
-        return RunSummary(
-            sweep=spec.name,
-            db=describe(url),
-            total=total,
-            already_done=total - pending,
-            ran=pending,
-            outcomes=dict(counts),
-            stopped=session.stop_reason,
-            db_arg=db,
+        res = drive(
+            sweep.sequential, sweep.axes, sweep.thresholds, ctx.sweep_id, ctx.engine, run, write=ctx.session.write
         )
-    return RunSummary(
-        sweep=spec.name,
-        db=describe(url),
-        total=total,
-        already_done=total - pending,
-        ran=res.ran,
-        outcomes=res.outcomes,
-        skipped=res.skipped,
-        looks=res.records,
-        stopped=session.stop_reason,
-        db_arg=db,
-    )
+    except _LookStopped:
+        return _summary(ctx, total, len(todo), _stopped_tally(ctx, [tid for tid, _, _ in todo]))
+    return _summary(ctx, total, len(todo), res.outcomes, ran=res.ran, skipped=res.skipped, looks=res.records)

@@ -3,8 +3,9 @@ seed pack (several trials trained as one vectorized model).
 
 A unit resumes each member from its own checkpoint file when there is one (first
 re-reporting the trace the checkpoint holds, so eval rows the database missed are
-back-filled), then reports eval points as they come. Every reported row carries its trial id;
-the driver-side callback writes them.
+back-filled), then reports eval points as they come. Every report is a
+:class:`~orchestrator.runner.messages.Report` (each row carries its trial id); the driver-side
+callback (runner/writer.py) writes them.
 """
 
 from __future__ import annotations
@@ -19,27 +20,24 @@ import torch
 from ray import tune
 
 from orchestrator.runner import checkpoints
+from orchestrator.runner.messages import EvalRow, Placement, Report, StepFailure, StopRecord, TrialFinal
 from orchestrator.status import Status
 from orchestrator.train import Trainer
 from orchestrator.train.device import device_label
 
 
-def _placement(device: torch.device, bf16: bool) -> dict[str, Any]:
+def _report(report: Report) -> None:
+    tune.report(report.to_wire())
+
+
+def _placement(device: torch.device, bf16: bool) -> Placement:
     import ray
 
     try:
         node_id = ray.get_runtime_context().get_node_id()
     except Exception:  # pragma: no cover - outside Ray
         node_id = None
-    return {"host": socket.gethostname(), "node_id": node_id, "device": device_label(device, bf16)}
-
-
-def _row(tid: int, point) -> dict[str, Any]:
-    """An eval row for the store: the loop's ``lr`` (the step's learning rate) is the
-    store's ``step_lr``."""
-    row = {"trial_id": tid, **point.to_dict()}
-    row["step_lr"] = row.pop("lr")
-    return row
+    return Placement(host=socket.gethostname(), node_id=node_id, device=device_label(device, bf16))
 
 
 class ConfigError(Exception):
@@ -59,22 +57,16 @@ def _report_config_error(tids: list[int], exc: ConfigError) -> None:
     # Reported as the unit's final result instead of raised, so Tune does not retry it.
     cause = exc.__cause__ or exc
     line = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
-    tb = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-    tune.report(
-        {
-            "evals": [],
-            "final": {t: ["failed", f"config error: {line}"[:300]] for t in tids},
-            "tracebacks": {t: tb for t in tids},
-            "error_kinds": {t: "config" for t in tids},
-        }
-    )
+    failure = StepFailure("config", "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)))
+    error = f"config error: {line}"[:300]
+    _report(Report(finals=tuple(TrialFinal(t, Status.failed, error, failure=failure) for t in tids)))
 
 
-def _raised(pairs) -> dict[str, Any]:
-    """The tracebacks of members that an exception in their step ended (Trainer.step_raised),
-    for the writer's trial_errors; the console shows only their one-line error."""
-    tbs = {tid: t.error_detail for tid, t in pairs if t.error_detail}
-    return {"tracebacks": tbs, "error_kinds": {tid: "runtime" for tid in tbs}} if tbs else {}
+def _final(tid: int, trainer: Trainer, stop: StopRecord | None = None) -> TrialFinal:
+    """How a member ended; the traceback of an exception that ended it in its step
+    (Trainer.step_raised) goes with it, for the writer's trial_errors."""
+    failure = StepFailure("runtime", trainer.error_detail) if trainer.error_detail else None
+    return TrialFinal(tid, trainer.status, trainer.error, stop=stop, failure=failure)
 
 
 def run_unit(config: dict[str, Any]) -> None:
@@ -105,25 +97,27 @@ def _run_lone(member: dict[str, Any]) -> None:
         return trainer
 
     trainer = _setup(build)
-    tune.report({"evals": [_row(tid, e) for e in trainer.trace], "placement": _placement(trainer.device, trainer.bf16)})
+    _report(
+        Report(evals=tuple(EvalRow(tid, e) for e in trainer.trace), placement=_placement(trainer.device, trainer.bf16))
+    )
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
     for point in trainer.run():
         if point.step == trainer.p.steps or time.monotonic() - last_save >= every:
             checkpoints.save(ckpt, trainer.state_dict())
             last_save = time.monotonic()
-        tune.report({"evals": [_row(tid, point)]})
+        _report(Report(evals=(EvalRow(tid, point),)))
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again. A failed one keeps
     # its last good checkpoint: resume tries it again from there.
     if trainer.status != Status.failed:
         checkpoints.save(ckpt, trainer.state_dict())
     stop = (
-        {"step": trainer.stopped_at, "budget": trainer.p.steps, "reason": trainer.stop_reason}
+        StopRecord(trainer.stopped_at, trainer.p.steps, trainer.stop_reason or "")
         if trainer.stopped_at is not None
         else None
     )
-    tune.report({"evals": [], "final": {tid: [trainer.status.value, trainer.error, stop]}, **_raised([(tid, trainer)])})
+    _report(Report(finals=(_final(tid, trainer, stop),)))
 
 
 def _run_pack(members: list[dict[str, Any]]) -> None:
@@ -141,11 +135,11 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
         for m in members:
             _run_lone(m)
         return
-    tune.report(
-        {
-            "evals": [_row(t, e) for t, m in zip(tids, pack.members) for e in m.trace],
-            "placement": _placement(pack.device, pack.bf16),
-        }
+    _report(
+        Report(
+            evals=tuple(EvalRow(t, e) for t, m in zip(tids, pack.members) for e in m.trace),
+            placement=_placement(pack.device, pack.bf16),
+        )
     )
     every = pack.p.checkpoint_every_s
     last_save = time.monotonic()
@@ -160,12 +154,6 @@ def _run_pack(members: list[dict[str, Any]]) -> None:
         if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every:
             save_all()
             last_save = time.monotonic()
-        tune.report({"evals": [_row(tids[j], point) for j, point in group]})
+        _report(Report(evals=tuple(EvalRow(tids[j], point) for j, point in group)))
     save_all()
-    tune.report(
-        {
-            "evals": [],
-            "final": {t: [m.status.value, m.error] for t, m in zip(tids, pack.members)},
-            **_raised(zip(tids, pack.members)),
-        }
-    )
+    _report(Report(finals=tuple(_final(t, m) for t, m in zip(tids, pack.members))))

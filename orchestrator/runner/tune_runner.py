@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
@@ -24,8 +24,8 @@ from orchestrator.runner import checkpoints
 from orchestrator.runner.writer import StoreWriter
 from ray import tune
 
-if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
-    from sqlalchemy.engine import Engine
+if TYPE_CHECKING:
+    from orchestrator.runner.context import RunContext
 
 # Tune's own JSON/CSV/TensorBoard loggers would duplicate every result on disk; the
 # database is our log. The new console output engine would print tables over our bar.
@@ -123,15 +123,15 @@ def _join_bounded(ray, address: str, kwargs: dict[str, Any]) -> None:
     t.join(timeout)
     if t.is_alive():
         raise fail(f"no answer within {timeout:g} s (ORCH_RAY_JOIN_TIMEOUT_S to change)")
-    exc = box.get("exc")
-    if isinstance(exc, (ConnectionError, RuntimeError, ValueError, TimeoutError, ray.exceptions.RayError)):
+    raised = box.get("exc")
+    if isinstance(raised, (ConnectionError, RuntimeError, ValueError, TimeoutError, ray.exceptions.RayError)):
         from orchestrator.runner.cluster import join_hint
 
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = join_hint(str(exc))
+        first = str(raised).splitlines()[0] if str(raised) else type(raised).__name__
+        hint = join_hint(str(raised))
         raise fail(first + (f"; {hint}" if hint else "")) from None
-    if exc is not None:
-        raise exc
+    if raised is not None:
+        raise raised
 
 
 def check_resources(cpu: float, gpu: float) -> None:
@@ -255,49 +255,37 @@ class _StopWhenSet(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
-        return self.session is not None and self.session.stop_event.is_set()
+        return self.session is not None and self.session.stop_event.is_set()  # None: unpickled
 
     def __getstate__(self) -> dict[str, Any]:
         return {"session": None}  # Tune pickles its config; the session stays here
 
 
-def run_trials(
-    sweep: str,
-    trials: Sequence[tuple[int, str, dict[str, Any]]],
-    *,
-    engine: Engine,
-    checkpoint_root: Path,
-    cpu: float,
-    gpu: float,
-    max_concurrent: int | None,
-    retries: int,
-    pack_seeds: int | str = 1,
-    on_event: Callable[..., None] | None = None,
-    stop: dict[str, Any] | None = None,
-    session=None,
-) -> dict[int, str]:
+def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
     """Run (trial_id, key, params) trials to their end; returns trial_id -> final status."""
     from ray import tune
 
     if not trials:
         return {}
+    spec = ctx.spec
+    cpu, gpu, pack_seeds = spec.resources.cpu, spec.resources.gpu, spec.pack_seeds
     max_cpu, max_gpu = cluster_limits()
     slots = cluster_slots(cpu, gpu) if pack_seeds == "auto" else 0
     units = make_units(
-        sweep,
+        ctx.name,
         trials,
-        checkpoint_root=checkpoint_root,
+        checkpoint_root=ctx.checkpoint_root,
         cpu=cpu,
         gpu=gpu,
         pack_seeds=pack_seeds,
         max_cpu=max_cpu,
         max_gpu=max_gpu,
         slots=slots,
-        stop=stop,
+        stop=ctx.stop_rule(),
     )
-    if on_event is not None and pack_seeds != 1:
+    if ctx.on_event is not None and pack_seeds != 1:
         packs = sum(len(u["members"]) > 1 for u in units)
-        on_event(
+        ctx.on_event(
             "packing",
             None,
             pack_seeds=pack_seeds,
@@ -305,7 +293,8 @@ def run_trials(
             packs=packs,
             units=len(units),
         )
-    writer = StoreWriter(engine, on_event=on_event, session=session)
+    session = ctx.session
+    writer = StoreWriter(session, on_event=ctx.on_event)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
         from orchestrator.runner.trainable import run_unit
@@ -313,13 +302,13 @@ def run_trials(
         tuner = tune.Tuner(
             tune.with_resources(run_unit, _unit_resources),
             param_space={"unit": tune.grid_search(units)},
-            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent, reuse_actors=True),
+            tune_config=tune.TuneConfig(max_concurrent_trials=ctx.max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(
-                name=f"{sweep}-{int(time.time())}",
+                name=f"{ctx.name}-{int(time.time())}",
                 storage_path=storage,
                 verbose=0,
                 callbacks=[writer],
-                failure_config=tune.FailureConfig(max_failures=retries),
+                failure_config=tune.FailureConfig(max_failures=spec.retries),
                 stop=_StopWhenSet(session),
                 log_to_file=False,
             ),
@@ -327,7 +316,7 @@ def run_trials(
         with _tune_logs_quiet():
             tuner.fit()
     finally:
-        if writer.gone is None and (session is None or session.fatal is None):
+        if session.fatal is None:
             writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
     return writer.outcomes

@@ -34,18 +34,29 @@ CHECKPOINT_VERSION = 1
 @dataclass
 class EvalPoint:
     """One row of a trial's trace. ``step`` counts optimizer updates done (the first eval is
-    at step 1); ``train_loss`` is the mean training loss since the previous eval point."""
+    at step 1); ``train_loss`` is the mean training loss since the previous eval point;
+    ``step_lr`` is the learning rate this step ran at (the schedule applied to the trial's
+    ``lr``), the store's ``evals.step_lr``."""
 
     step: int
     acc: float
     loss: float
     train_loss: float | None
-    lr: float
+    step_lr: float
     elapsed_s: float
     metrics: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvalPoint:
+        """A point of a checkpoint's trace; checkpoints written before the field was renamed
+        call ``step_lr`` ``lr``."""
+        d = dict(d)
+        if "lr" in d and "step_lr" not in d:
+            d["step_lr"] = d.pop("lr")
+        return cls(**d)
 
 
 def is_numeric_error(exc: BaseException) -> bool:
@@ -233,7 +244,7 @@ class Trainer:
             self.curriculum.observe(step, probe)
         return True
 
-    def eval_point(self, step: int, lr: float, acc: float, loss: float, metrics: dict[str, float]) -> EvalPoint:
+    def eval_point(self, step: int, step_lr: float, acc: float, loss: float, metrics: dict[str, float]) -> EvalPoint:
         """The eval row at ``step`` from held-out scores (``metrics`` already holds the
         rebinding control's); drains the train-loss accumulator."""
         if self.curriculum is not None:
@@ -244,7 +255,13 @@ class Trainer:
         train_loss = self._loss_sum / self._loss_n if self._loss_n else None
         self._loss_sum, self._loss_n = 0.0, 0
         return EvalPoint(
-            step=step, acc=acc, loss=loss, train_loss=train_loss, lr=lr, elapsed_s=self.elapsed, metrics=metrics
+            step=step,
+            acc=acc,
+            loss=loss,
+            train_loss=train_loss,
+            step_lr=step_lr,
+            elapsed_s=self.elapsed,
+            metrics=metrics,
         )
 
     def accept_eval(self, point: EvalPoint) -> bool:
@@ -387,7 +404,7 @@ class Trainer:
         if self.curriculum is not None and state["curriculum"] is not None:
             self.curriculum.load_state_dict(state["curriculum"])
         self.step = int(state["step"])
-        self.trace = [EvalPoint(**e) for e in state["trace"]]
+        self.trace = [EvalPoint.from_dict(e) for e in state["trace"]]
         self.elapsed = float(state["elapsed"])
         self.anneal_start = state["anneal_start"]
         self._loss_sum, self._loss_n = state["loss_acc"]

@@ -1,0 +1,42 @@
+"""What one driver run shares from its start to its end: the sweep, the database and the
+lease (the driver session, also the one way the runner writes), the checkpoint folder and
+the progress callbacks. Built once by ``submit``/``resume`` (runner/sweep.py) after the lease
+is held; every function below them takes it plus only what is its own (a batch of trials)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
+    from sqlalchemy.engine import Engine
+
+    from orchestrator.runner.lifecycle import DriverSession
+    from orchestrator.spec import SweepSpec
+
+
+@dataclass(frozen=True)
+class RunContext:
+    spec: SweepSpec  # name, resources, retries, pack_seeds, the stop rule
+    sweep_id: int
+    session: DriverSession  # the lease, the stop flags, and ``session.write``
+    url: str  # the database, resolved
+    db_arg: str | None  # what ``--db`` reaches it again (the resume hint), None: the default lookup
+    checkpoint_root: Path
+    max_concurrent: int | None  # ``--max-concurrent``, else the spec's
+    on_start: Callable[..., None] | None = None
+    on_event: Callable[..., None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def engine(self) -> Engine:
+        return self.session.engine
+
+    def stop_rule(self) -> dict[str, Any] | None:
+        """The spec's ``stop:`` block as the trainable takes it."""
+        return self.spec.stop.model_dump() if self.spec.stop else None

@@ -1,0 +1,159 @@
+"""What a unit of work (runner/trainable.py, in a Ray worker) tells the driver's writer
+(runner/writer.py): one :class:`Report` per ``tune.report``.
+
+Tune carries a report as a plain dict and may pass it through JSON on the way (which turns
+int dict keys into strings), so the wire form has no keys but the envelope's: every message
+is a short list, and per-trial entries carry their trial id inside. ``to_wire`` and
+``from_wire`` are the only code that knows the layout; both sides see only these classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from orchestrator.status import Status
+from orchestrator.train.loop import EvalPoint
+
+Wire = list[Any]
+_POINT_FIELDS = fields(EvalPoint)
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One eval point of one trial: the training loop's :class:`EvalPoint` and whose it is."""
+
+    trial_id: int
+    point: EvalPoint
+
+    def store_row(self) -> dict[str, Any]:
+        """The mapping ``store.repo.upsert_evals`` takes (the point's fields are the store's
+        ``evals`` columns)."""
+        return {"trial_id": self.trial_id, **self.point.to_dict()}
+
+    def to_wire(self) -> Wire:
+        # [trial_id, step, acc, loss, train_loss, step_lr, elapsed_s, metrics]
+        return [self.trial_id, *(getattr(self.point, f.name) for f in _POINT_FIELDS)]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> EvalRow:
+        tid, step, *values = w
+        return cls(int(tid), EvalPoint(int(step), *values))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a unit runs (every member of a pack runs there)."""
+
+    host: str | None
+    node_id: str | None
+    device: str | None
+
+    def to_wire(self) -> Wire:
+        return [self.host, self.node_id, self.device]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> Placement:
+        host, node_id, device = w
+        return cls(host, node_id, device)
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    """The spec's stop rule ended a trial at ``step`` of its ``budget`` (``trial_stops``)."""
+
+    step: int
+    budget: int
+    reason: str
+
+    def to_wire(self) -> Wire:
+        return [self.step, self.budget, self.reason]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> StopRecord:
+        step, budget, reason = w
+        return cls(int(step), int(budget), str(reason))
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """The traceback of an exception that ended a trial without a retry: a configuration
+    error (``kind`` "config", before the first step) or one raised in a step ("runtime",
+    Trainer.step_raised). It goes to ``trial_errors``; the console shows the one-line error."""
+
+    kind: str
+    traceback: str
+
+    def to_wire(self) -> Wire:
+        return [self.kind, self.traceback]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> StepFailure:
+        kind, tb = w
+        return cls(str(kind), str(tb))
+
+
+@dataclass(frozen=True)
+class TrialFinal:
+    """How a trial of the unit ended (its last report)."""
+
+    trial_id: int
+    status: Status
+    error: str | None = None
+    stop: StopRecord | None = None
+    failure: StepFailure | None = None
+
+    def to_wire(self) -> Wire:
+        return [
+            self.trial_id,
+            self.status.value,
+            self.error,
+            self.stop.to_wire() if self.stop is not None else None,
+            self.failure.to_wire() if self.failure is not None else None,
+        ]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> TrialFinal:
+        tid, status, error, stop, failure = w
+        return cls(
+            int(tid),
+            Status(status),
+            error,
+            StopRecord.from_wire(stop) if stop is not None else None,
+            StepFailure.from_wire(failure) if failure is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """One ``tune.report`` of a unit: eval rows (possibly none), where it runs (its first
+    report), and at its end each member's :class:`TrialFinal`."""
+
+    evals: tuple[EvalRow, ...] = ()
+    placement: Placement | None = None
+    finals: tuple[TrialFinal, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        # Tune adds its own keys to every result (done, trial_id, ...): ours never clash.
+        out: dict[str, Any] = {"evals": [e.to_wire() for e in self.evals]}
+        if self.placement is not None:
+            out["placement"] = self.placement.to_wire()
+        if self.finals:
+            out["finals"] = [f.to_wire() for f in self.finals]
+        return out
+
+    @classmethod
+    def from_wire(cls, result: Mapping[str, Any] | None) -> Report:
+        """The report in a Tune result (an empty one for a result that holds none)."""
+        result = result or {}
+        placement = result.get("placement")
+        return cls(
+            evals=tuple(EvalRow.from_wire(w) for w in result.get("evals") or ()),
+            placement=Placement.from_wire(placement) if placement is not None else None,
+            finals=tuple(TrialFinal.from_wire(w) for w in result.get("finals") or ()),
+        )
+
+    def final_of(self) -> dict[int, TrialFinal]:
+        """Each reported member's end, by trial id."""
+        return {f.trial_id: f for f in self.finals}
