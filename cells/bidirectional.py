@@ -15,9 +15,12 @@ says bidirectional recall needs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn as nn
+
+from cells.harness import Mixer
 
 
 class Bidirectional(nn.Module):
@@ -35,4 +38,4 @@ class Bidirectional(nn.Module):
 
     def state_elements(self) -> int:
         """Both streams hold a state."""
-        return self.fwd.state_elements() + self.bwd.state_elements()
+        return cast(Mixer, self.fwd).state_elements() + cast(Mixer, self.bwd).state_elements()

@@ -18,9 +18,29 @@ present; mixers may ask for a learning-rate multiplier on their read path) and
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 import torch.nn as nn
+
+
+class Mixer(Protocol):
+    """What the harness reads from a mixer besides ``forward`` (see the module docstring).
+
+    Mixers are ``nn.Module``s too, which Python's types cannot say alongside this protocol
+    (torch types a module's unknown attributes as ``Tensor | Module``), so readers ``cast``."""
+
+    causal: bool
+
+    def state_elements(self) -> int: ...
+
+
+class BlendableMixer(Protocol):
+    """A mixer with a blendable read (:class:`BlendableSequenceModel`)."""
+
+    read_blend: float
+
+    def set_read_blend(self, alpha: float) -> None: ...
 
 
 class MLP(nn.Module):
@@ -91,11 +111,11 @@ class SequenceModel(nn.Module):
     @property
     def causal(self) -> bool:
         """True when no output position reads a later input position."""
-        return all(block.mixer.causal for block in self.blocks)
+        return all(cast(Mixer, block.mixer).causal for block in self.blocks)
 
     def state_elements(self) -> int:
         """Recurrent state elements per layer (layers are identical)."""
-        return self.blocks[0].mixer.state_elements()
+        return cast(Mixer, self.blocks[0].mixer).state_elements()
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
         """Final-norm features ``(B, T, d_model)`` before the readout."""
@@ -154,11 +174,11 @@ class BlendableSequenceModel(SequenceModel):
             raise ValueError(f"read blend must lie in [0, 1], got {alpha}")
         for module in self.modules():
             if module is not self and hasattr(module, "set_read_blend"):
-                module.set_read_blend(alpha)
+                cast(BlendableMixer, module).set_read_blend(alpha)
 
     def read_blend(self) -> float:
         """The current α (all mixers share it)."""
         for module in self.modules():
             if module is not self and hasattr(module, "read_blend"):
-                return float(module.read_blend)
+                return float(cast(BlendableMixer, module).read_blend)
         raise AssertionError("no blendable mixer")  # pragma: no cover

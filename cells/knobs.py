@@ -77,7 +77,7 @@ class Knob:
         elif self.kind == "read":
             ok = isinstance(value, str) and (
                 value in ("raw", "polar", "rls", "st_forward", "st_backward")
-                or (READ_PATTERN.match(value) is not None and int(READ_PATTERN.match(value).group(1)) <= MAX_NS_STEPS)
+                or ((m := READ_PATTERN.match(value)) is not None and int(m.group(1)) <= MAX_NS_STEPS)
             )
         if not ok:
             raise ValueError(self.expects())

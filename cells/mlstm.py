@@ -85,6 +85,7 @@ class MLSTMMixer(nn.Module):
     """xLSTM's mLSTM layer with the scaffold study's read and write variants."""
 
     causal = True
+    frozen_k: torch.Tensor | None  # a buffer with frozen_keys (then k_proj is None), else None
 
     def __init__(
         self,
@@ -170,6 +171,7 @@ class MLSTMMixer(nn.Module):
         if self.k_proj is not None:
             k = self.k_proj(x_c)
         else:
+            assert self.frozen_k is not None
             xh = x_c.reshape(*x_c.shape[:-1], self.heads, self.head_dim)
             k = torch.einsum("...hi,hoi->...ho", xh, self.frozen_k.to(xh.dtype)).reshape(x_c.shape)
         v = self.v_proj(x_m)

@@ -7,7 +7,7 @@ of every input, under one random cotangent so that every gradient path is exerci
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +93,7 @@ def make_inputs(
 def run_with_grads(
     fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     op: str,
-    inputs: dict[str, torch.Tensor | None],
+    inputs: Mapping[str, torch.Tensor | None],
     seed: int = 1,
     **kwargs,
 ) -> dict[str, torch.Tensor]:
@@ -110,11 +110,11 @@ def run_with_grads(
     w_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out.device, out.dtype)
     w_state = torch.randn(state.shape, generator=g, dtype=torch.float64).to(state.device, state.dtype)
     loss = (out * w_out).sum() + (state * w_state).sum()
-    names = [n for n, x in inputs.items() if x is not None and x.requires_grad]
-    grads = torch.autograd.grad(loss, [inputs[n] for n in names], allow_unused=True)
+    wrt = {n: x for n, x in inputs.items() if x is not None and x.requires_grad}
+    grads = torch.autograd.grad(loss, list(wrt.values()), allow_unused=True)
     result = {"out": out.detach(), "state": state.detach()}
-    for n, gr in zip(names, grads):
-        result[f"grad_{n}"] = torch.zeros_like(inputs[n]) if gr is None else gr
+    for n, gr in zip(wrt, grads):
+        result[f"grad_{n}"] = torch.zeros_like(wrt[n]) if gr is None else gr
     return result
 
 

@@ -104,10 +104,10 @@ def probe_atomic_kernel() -> dict:
     opts = {"enable_fp_fusion": triton_scan.FP_FUSION}
     try:
         triton.compile(src, target=GPUTarget("cuda", 61, 32), options=opts)
-        sm61_error = None
+        sm61_error: str | None = None
     except Exception as exc:  # PTXASError; its message carries the ptxas diagnostics
-        sm61_error = str(exc).splitlines()[0:6]
-        sm61_error = " ".join(line for line in sm61_error if "error" in line) or str(exc)[:500]
+        head = str(exc).splitlines()[0:6]
+        sm61_error = " ".join(line for line in head if "error" in line) or str(exc)[:500]
     ptx = triton.compile(src, target=GPUTarget("cuda", 70, 32), options=opts).asm["ptx"]
     return {"sm61_error": sm61_error, "sm70_atomics": _count_atomics(ptx)}
 

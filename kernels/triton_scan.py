@@ -52,6 +52,7 @@ runs the tests and ``orchestrator bench kernels`` when one is lent.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import triton
@@ -386,7 +387,7 @@ class Scan:
     def backward(self, xs: list, s0: torch.Tensor | None, do: torch.Tensor, dsT: torch.Tensor):
         """Returns (dr, dk, dv, dx1, dx2, dx3, ds0); dx* are summed over row blocks."""
         dev, BH, T, NV = do.device, self.B * self.H, self.T, self.NV
-        f32 = dict(device=dev, dtype=torch.float32)
+        f32: dict[str, Any] = dict(device=dev, dtype=torch.float32)
         tile = self.BV * self.BK
         gc = torch.empty(BH * NV * self.NC * tile, **f32)
         scratch = torch.empty(BH * NV * self.chunk * tile, **f32)
@@ -403,6 +404,8 @@ class Scan:
         scal = (NV, self.B, self.H, T)
         dr, dk = torch.empty(vec, **f32), torch.empty(vec, **f32)
         dv = torch.empty(self.B, self.H, T, self.DV, **f32)
+        dx2: torch.Tensor | None  # summed over row blocks below, or None where the op has no such input
+        dx3: torch.Tensor | None
         if self.delta:
             dx1 = torch.empty(scal, **f32)
             dx2 = torch.empty(scal, **f32) if self.has_alpha else dx1

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn, cast
 
 import yaml
 from pydantic import (
@@ -342,8 +342,11 @@ def _memory_check(params: Mapping[str, Any], where: str, fail, node_memory: int)
 
 # ---- parameter names and values ----------------------------------------------------------
 
-# Each field's type with its constraints (ge, gt, ...), to check one axis value at a time.
-_FIELD_ADAPTERS = {n: TypeAdapter(Annotated[f.annotation, f]) for n, f in TrialParams.model_fields.items()}
+# Each field's type with its constraints (ge, gt, ...), to check one axis value at a time. The
+# type is built at run time from the model's fields, so it has no static form (the cast).
+_FIELD_ADAPTERS: dict[str, TypeAdapter[Any]] = {
+    n: TypeAdapter(cast(Any, Annotated[f.annotation, f])) for n, f in TrialParams.model_fields.items()
+}
 
 
 def _check_name(name: Any, where: str, fail) -> None:

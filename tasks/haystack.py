@@ -24,7 +24,7 @@ values (next ``n_values``), ``PAD``, ``MASK``.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from pydantic import Field
@@ -109,12 +109,14 @@ class GapTask(Task):
     collision: bool = False
     supervision = "MASK answer positions only (dense: all N)"
     scoring = "every MASK answer position, at the maximum gap"
+    cfg: GapConfig
 
     def __init__(self, cfg: GapConfig) -> None:
         super().__init__(cfg)
         self.P, self.N = cfg.n_pairs, cfg.dense
         self.max_gap = cfg.max_gap()
-        n_dk = 0 if self.collision else cfg.n_distractor_keys
+        # The collision flag says which config this is: only haystack's has distractor keys.
+        n_dk = 0 if self.collision else cast(HaystackConfig, cfg).n_distractor_keys
         self.distractor_offset = cfg.n_keys
         self.value_offset = cfg.n_keys + n_dk
         self.pad_token = self.value_offset + cfg.n_values
@@ -143,7 +145,9 @@ class GapTask(Task):
             slot = randint(self.P, (batch, gap), gen)
             d_keys = keys.gather(1, slot)
         else:
-            d_keys = randint(self.cfg.n_distractor_keys, (batch, gap), gen) + self.distractor_offset
+            d_keys = (
+                randint(cast(HaystackConfig, self.cfg).n_distractor_keys, (batch, gap), gen) + self.distractor_offset
+            )
         d_values = randint(self.cfg.n_values, (batch, gap), gen)
         query = random_permutation(batch, self.P, gen)[:, : self.N]
         return {"keys": keys, "values": values, "d_keys": d_keys, "d_values": d_values, "query": query, "gap": gap}

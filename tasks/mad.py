@@ -52,6 +52,7 @@ class MADRecall(Task):
 
     name = "mad_recall"
     Config = MADConfig
+    cfg: MADConfig
     supervision = "every position (next-token)"
     scoring = "the final position only (the probe key's value)"
     small = {"seq_len": 96}

@@ -45,6 +45,7 @@ class MQAR(Task):
 
     name = "mqar"
     Config = MQARConfig
+    cfg: MQARConfig
     supervision = "MASK answer positions only"
     scoring = "every MASK answer position"
     small = {"K": 8}

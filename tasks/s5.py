@@ -64,6 +64,7 @@ class S5(Task):
 
     name = "s5"
     Config = S5Config
+    cfg: S5Config
     supervision = "every product slot (MASK positions)"
     scoring = "the final product slot ('final') or every slot of depth >= 2 ('all')"
     has_rebinding = False

@@ -55,6 +55,7 @@ def derangement_check(seed: int = 0, rows: int = 2000) -> Check:
 def task_check(task: Task, label: str, seed: int = 0) -> Check:
     originals = task.eval_batches(seed)
     rebound = task.rebinding_batches(seed)
+    assert rebound is not None, f"{label}: no rebinding control to check"  # callers pass has_rebinding tasks
     problems: list[str] = []
     scored = unscored_rows = 0
     for (x0, y0), (x1, y1) in zip(originals, rebound):

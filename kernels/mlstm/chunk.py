@@ -69,9 +69,11 @@ def _chunk_states(
     states = (w @ outer).unflatten(-1, (dv, dk))
     n = w @ ks if with_n else None
     if m0 is not None:
+        assert c0 is not None  # the carried state comes whole: c0, n0 (with_n) and m0
         a = torch.exp(b + m0.unsqueeze(-1) - m)  # (B, H, L) <= 1
         states = states + a[..., None, None] * c0.unsqueeze(-3)
         if with_n:
+            assert n is not None and n0 is not None
             n = n + a.unsqueeze(-1) * n0.unsqueeze(-2)
     return states, n, m
 

@@ -129,10 +129,10 @@ def mcnemar(trials: pd.DataFrame, cfg: AnalysisConfig) -> TestResult:
     only_a = sum(1 for k in common if pa[k] and not pb[k])
     only_b = sum(1 for k in common if pb[k] and not pa[k])
     n = only_a + only_b
-    p = float(binomtest(only_a, n, 0.5, alternative=cfg.alternative).pvalue) if n else 1.0
+    p_value = float(binomtest(only_a, n, 0.5, alternative=cfg.alternative).pvalue) if n else 1.0
     return TestResult(
         test="mcnemar",
-        p_value=p,
+        p_value=p_value,
         test_statistic=float(only_a),
         groups={
             a: {"locked": sum(pa[k] for k in common), "n": len(common)},

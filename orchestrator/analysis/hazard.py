@@ -125,6 +125,7 @@ def formula_columns(full: str, columns) -> list[str] | None:
                 and node.func.id == "Q"
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
                 and node.args[0].value in cols
             ):
                 used.add(node.args[0].value)

@@ -486,18 +486,18 @@ def analyze(trials: pd.DataFrame, cfg: AnalysisConfig) -> ScalingResult:
 
 def _slope(vfits: list[VocabFit]) -> tuple[float | None, tuple[float, float] | None]:
     """Inverse-variance weighted slope of ln r* on ln ln V over the fitted vocabularies."""
-    ok = [v for v in vfits if v.r_star is not None and v.V > math.e]
+    ok = [(v, v.r_star) for v in vfits if v.r_star is not None and v.V > math.e]
     if len(ok) < 2:
         return None, None
-    x = np.log(np.log([v.V for v in ok]))
-    y = np.log([v.r_star for v in ok])
+    x = np.log(np.log([v.V for v, _ in ok]))
+    y = np.log([r for _, r in ok])
     # ln r* = 2 ln sqrt(r*): its se is 2 se(sqrt r*) / sqrt r*, read back from the CI.
     se = np.array(
         [
-            2 * (math.sqrt(v.r_star_ci[1]) - math.sqrt(v.r_star_ci[0])) / (2 * Z95) / math.sqrt(v.r_star)
+            2 * (math.sqrt(v.r_star_ci[1]) - math.sqrt(v.r_star_ci[0])) / (2 * Z95) / math.sqrt(r)
             if v.r_star_ci
             else float("nan")
-            for v in ok
+            for v, r in ok
         ]
     )
     w = 1 / se**2 if np.all(np.isfinite(se)) and np.all(se > 0) else np.ones(len(ok))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -19,8 +19,18 @@ BENCH_FORMULA = "np.log(t) + C(lr) + C(vocab_size) + C(variant)"
 LRS = (1e-3, 3e-3, 1e-2)
 VOCABS = (80, 88, 96)
 VARIANTS = ("baseline", "ns5")
+
+
+class _Effects(TypedDict):
+    intercept: float
+    log_t: float
+    lr: dict[float, float]
+    vocab: dict[int, float]
+    ns5: float
+
+
 # log hazard-odds effects of the simulated model (intercept at t = 1000 steps).
-TRUE_EFFECTS = {
+TRUE_EFFECTS: _Effects = {
     "intercept": -4.4,
     "log_t": 0.5,
     "lr": {1e-3: 0.0, 3e-3: 1.0, 1e-2: -0.8},

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cells.harness import SequenceModel
 from cells.registry import build, knobs
 
 
@@ -39,7 +40,7 @@ class _FreeMixer(torch.nn.Module):
         return x
 
 
-def harness_of(model: torch.nn.Module) -> torch.nn.Module:
+def harness_of(model: SequenceModel) -> SequenceModel:
     """A copy of ``model`` whose every block's mixer is the identity."""
     import copy
 
@@ -123,7 +124,7 @@ def run_bench(
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
     targets = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
-    models: dict[tuple[str, str], torch.nn.Module] = {}
+    models: dict[tuple[str, str], SequenceModel] = {}
     variants = {arm: parse_variant(arm) for arm in arms}
     for arm, (base, extra) in variants.items():
         default_impl = knobs(base)["impl"]

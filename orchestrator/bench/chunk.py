@@ -50,17 +50,18 @@ def make_inputs(
     return [xs[name] for name in testing.ARG_NAMES[base]]
 
 
-def _call(op: str) -> Callable:
-    return {
+def _call(op: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    calls: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
         "delta_rule": kernels.delta_rule,
         "gated_delta_rule": kernels.delta_rule,
         "dplr_scan": kernels.dplr_scan,
         "ssd_scan": kernels.ssd_scan,
-    }[op]
+    }
+    return calls[op]
 
 
 def _step(op: str, inputs: list, impl: str, chunk_size: int | None, cotangents: dict) -> None:
-    kwargs = {"impl": impl}
+    kwargs: dict[str, str | int] = {"impl": impl}
     if chunk_size is not None and impl == "chunk":
         kwargs["chunk_size"] = chunk_size
     out, state = _call(op)(*inputs, **kwargs)

@@ -97,10 +97,11 @@ def _fwd_bwd(op: str, impl: str, layers: list[list[torch.Tensor]]) -> None:
     import kernels
 
     fn = kernels.delta_rule if op == "delta_rule" else kernels.dplr_scan
-    loss = 0.0
+    loss: torch.Tensor | float = 0.0
     for xs in layers:
         o, state = fn(*xs, impl=impl)
         loss = loss + o.sum() + state.sum()
+    assert isinstance(loss, torch.Tensor)  # one layer at least
     loss.backward()
     for xs in layers:
         for x in xs:

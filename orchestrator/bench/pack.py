@@ -43,6 +43,7 @@ def _lone(args: tuple[int, int]) -> float:
     last = None
     for last in trainer.run():
         pass
+    assert last is not None  # a run evaluates at least once
     return last.acc
 
 

@@ -80,7 +80,7 @@ def cells_cmd(
 
     selected = _split_arms(arms, cells.ARMS) if arms else list(cells.ARMS)
     overrides = _parse_knobs(knob)
-    used = set()
+    used: set[str] = set()
     rows = []
     for arm in selected:
         accepted = cells.knobs(arm)

@@ -6,7 +6,7 @@ import csv
 import json
 import shlex
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -14,6 +14,9 @@ from rich.markup import escape
 from orchestrator.cli.app import DB_HELP, app, console
 from orchestrator.errors import UserError
 from orchestrator.status import ENDED, STALE, Status
+
+if TYPE_CHECKING:
+    from orchestrator.ui.live import BoardProgress, TrialBoard
 
 err = console(stderr=True)
 out = console()
@@ -25,8 +28,8 @@ class _Progress:
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
-        self.bar = None
-        self.board = None
+        self.bar: BoardProgress | None = None
+        self.board: TrialBoard | None = None
         self.counts: dict[str, int] = {s: 0 for s in (Status.running, *ENDED)} | {"retry": 0}
 
     def start(self, db: str, total: int, todo: int, steps: int | None = None) -> None:
@@ -84,7 +87,7 @@ class _Progress:
             self.counts[kind] += 1
         elif kind == "retry":
             self.counts["retry"] += 1
-        if self.bar is None:
+        if self.bar is None or self.board is None:  # both are set together
             return
         members = self._members(trial)
         if kind == "start":

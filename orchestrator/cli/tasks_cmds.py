@@ -44,6 +44,7 @@ def tasks_main(
     from tasks.config import describe_field, field_names
     from tasks.published import PUBLISHED
 
+    rows: list[dict[str, Any]]
     if floors:
         rows = [
             {"task": name, "params": params, "floors": tasks.build(name, **params).floors()}

@@ -81,9 +81,9 @@ def _cross_prob(prev: _Region | None, t: float, lo: float, hi: float, drift: flo
         return float(stats.norm.sf((hi - mu) / sd)), float(stats.norm.cdf((lo - mu) / sd))
     dt = t - prev.t
     sd = math.sqrt(dt)
-    mu = prev.grid + drift * dt
-    up = float(np.dot(prev.dens, special.ndtr((mu - hi) / sd)))
-    down = float(np.dot(prev.dens, special.ndtr((lo - mu) / sd)))
+    mean = prev.grid + drift * dt
+    up = float(np.dot(prev.dens, special.ndtr((mean - hi) / sd)))
+    down = float(np.dot(prev.dens, special.ndtr((lo - mean) / sd)))
     return up, down
 
 
@@ -105,7 +105,7 @@ def _limits(z: float, t: float, sided: int, drift: float) -> tuple[float, float]
     return min(drift * t - _TAIL_SD * math.sqrt(t), hi - 1e-9), hi
 
 
-def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
+def _check_fractions(fractions: Sequence[float] | np.ndarray) -> np.ndarray:
     t = np.asarray(fractions, dtype=float)
     if t.ndim != 1 or t.size == 0:
         raise ValueError("information fractions must be a non-empty list")
@@ -174,7 +174,7 @@ def spending_boundaries(
 
 
 def crossing_probabilities(
-    z: Sequence[float], fractions: Sequence[float], *, sided: int = 2, drift: float = 0.0
+    z: Sequence[float] | np.ndarray, fractions: Sequence[float] | np.ndarray, *, sided: int = 2, drift: float = 0.0
 ) -> np.ndarray:
     """Probability of stopping first at each look, for boundaries ``z`` and a drift.
 

@@ -289,7 +289,7 @@ def decide_look(
         tuple(round(f, 12) for f in fractions), contrast_alpha(spec, n_contrasts), spec.spending, spec.sided
     )
     crossed = abs(z) >= bounds.z[k] if spec.sided == 2 else z >= bounds.z[k]
-    decision = "reject" if crossed else ("accept" if last else "continue")
+    decision: Literal["continue", "reject", "accept"] = "reject" if crossed else ("accept" if last else "continue")
     saved = (spec.looks[-1] - spec.looks[k]) * 2 if decision != "continue" else 0
     return LookRecord(
         look=look,

@@ -193,11 +193,15 @@ def check_text(obj: Any) -> None:
 def _typed_columns() -> dict[str, Any]:
     """The trial columns typed parameters are copied into, by name (``repo.TYPED_PARAMS``),
     and the longest parameter name ``trial_params`` holds."""
+    import sqlalchemy as sa
+
     from orchestrator.store.models import Trial, TrialParam
     from orchestrator.store.repo import TYPED_PARAMS
 
     cols = {c: Trial.__table__.c[c].type for c in TYPED_PARAMS}
-    return {"columns": cols, "name_length": TrialParam.__table__.c["name"].type.length}
+    name_type = TrialParam.__table__.c["name"].type
+    assert isinstance(name_type, sa.String)
+    return {"columns": cols, "name_length": name_type.length}
 
 
 def _typed_value_error(v: Any, col_type: Any) -> str | None:
