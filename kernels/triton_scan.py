@@ -52,7 +52,7 @@ runs the tests and ``orchestrator bench kernels`` when one is lent.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, overload
 
 import torch
 import triton
@@ -338,6 +338,10 @@ def check_device(x: torch.Tensor) -> None:
         )
 
 
+@overload
+def to_f32(x: torch.Tensor) -> torch.Tensor: ...
+@overload
+def to_f32(x: None) -> None: ...
 def to_f32(x: torch.Tensor | None) -> torch.Tensor | None:
     """What a kernel reads: a detached, contiguous float32 copy (None stays None)."""
     return None if x is None else x.detach().to(torch.float32).contiguous()

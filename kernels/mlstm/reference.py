@@ -35,6 +35,7 @@ def _steps(k, v, i, f):
             c = vt.unsqueeze(-1) * kt.unsqueeze(-2)
             n = kt
         else:
+            assert c is not None and n is not None and m is not None  # set at t == 0
             m_new = torch.maximum(logf[:, :, t] + m, it)
             fp = torch.exp(logf[:, :, t] + m - m_new)
             ip = torch.exp(it - m_new)
