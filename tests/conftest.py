@@ -5,11 +5,19 @@ float reductions are the same in every test process.
 
 ``db_url`` runs a test once on a fresh SQLite file and, when ``ORCH_TEST_POSTGRES_URL`` is set
 (``.ci/run`` sets it), once on PostgreSQL in a schema of its own that is dropped afterwards.
+
+``shared_ray`` is the session's one local Ray: a test that runs sweeps but is not about Ray's
+own start-up asks for it, and the product, finding Ray initialised, runs on it and leaves it
+running (a start and stop costs ~10 s). ``own_ray`` is for the tests of start-up itself.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import tempfile
 import uuid
 from urllib.parse import quote
 
@@ -74,6 +82,105 @@ def db_url(request, tmp_path):
         drop()
 
 
+def fill_sweep(engine: sa.engine.Engine, name: str = "s1", n_trials: int = 3, n_steps: int = 4) -> tuple[int, dict]:
+    """A sweep of ``n_trials`` trials (arms alternating, seeds 0..), each with an eval every
+    10 steps up to ``n_steps * 10``, written through the store; (sweep id, {key: trial id})."""
+    from orchestrator.store import repo
+
+    with engine.begin() as conn:
+        sid = repo.upsert_sweep(conn, name, f"name: {name}", "h")
+        trials = [
+            (
+                f"k{i}",
+                {
+                    "arm": "armed_gdn" if i % 2 else "gated_deltanet",
+                    "task": "mqar",
+                    "seed": i,
+                    "lr": 1e-3,
+                    "batch_size": 8,
+                    "steps": n_steps * 10,
+                    "eval_every": 10,
+                    "model.conv": 4,
+                    "task.K": 16,
+                    "tag.v": "x",
+                },
+            )
+            for i in range(n_trials)
+        ]
+        ids = repo.add_trials(conn, sid, trials)
+        rows = [
+            {
+                "trial_id": ids[f"k{i}"],
+                "step": 10 * s,
+                "acc": 0.1 * s + 0.01 * i,
+                "loss": 1.0 / (s + 1),
+                "train_loss": 2.0,
+                "step_lr": 1e-3,
+                "elapsed_s": float(s),
+                "metrics": {"rebind_acc": 0.04},
+            }
+            for i in range(n_trials)
+            for s in range(1, n_steps + 1)
+        ]
+        repo.upsert_evals(conn, rows)
+    return sid, ids
+
+
+def query(url: str, sql: str, **params: object) -> list[sa.Row]:
+    """The rows of one statement on the database at ``url`` (its own engine, disposed after)."""
+    from orchestrator.store.engine import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql), params).all()
+    finally:
+        engine.dispose()
+
+
+def sweep_evals(url: str) -> list[tuple]:
+    """Every stored eval value but ``elapsed_s``, by trial key and step, metrics parsed
+    (SQLite returns JSON as text): what an interrupted and resumed run must reproduce."""
+    rows = query(
+        url,
+        "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics "
+        "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step",
+    )
+    return [tuple(r[:-1]) + (json.loads(r[-1]) if isinstance(r[-1], str) else r[-1],) for r in rows]
+
+
+def backend_url(tmp_path, backend: str) -> tuple[str, callable]:
+    """A fresh database on ``backend`` (sqlite or postgresql; skips without a server) and a
+    function that drops it."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'sweep.db'}", (lambda: None)
+    if not POSTGRES_URL:
+        pytest.skip("ORCH_TEST_POSTGRES_URL not set")
+    return make_pg_schema_url()
+
+
+def migrate(engine: sa.engine.Engine, revision: str, *, down: bool = False) -> None:
+    """Move ``engine``'s schema up (or ``down``) to ``revision``."""
+    from alembic import command
+
+    from orchestrator.store.engine import _alembic_config
+
+    with engine.begin() as conn:
+        (command.downgrade if down else command.upgrade)(_alembic_config(conn), revision)
+
+
+def old_database(db_url: str, revision: str) -> sa.engine.Engine:
+    """An engine on a database migrated only to ``revision`` and holding one sweep, ``s``
+    (id 1): the migration tests write old rows into it, then upgrade."""
+    from orchestrator.store.engine import make_engine
+
+    engine = make_engine(db_url)
+    migrate(engine, revision)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
+    return engine
+
+
 @pytest.fixture(scope="session")
 def two_arm_reference_db(tmp_path_factory) -> str:
     """A SQLite URL holding one uninterrupted run of :func:`two_arm_spec`, made once per
@@ -86,23 +193,141 @@ def two_arm_reference_db(tmp_path_factory) -> str:
     spec = tmp / "spec.yaml"
     spec.write_text(two_arm_spec("reference", retries=2))
     url = f"sqlite:///{tmp / 'ref.db'}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # A driver process of its own, as the runs it is compared with; on the session's Ray.
     cmd = [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", url, "--quiet"]
+    cmd += ["--address", ensure_shared_ray()]
     res = subprocess.run(
         cmd + ["--checkpoint-dir", str(tmp / "ck")], env=env, capture_output=True, text=True, timeout=600
     )
     assert res.returncode == 0, res.stderr
+    assert len(sweep_evals(url)) == 6 * 13
     return url
+
+
+# The tiny trial the loop, pack and non-finite tests train (armed_gdn on MQAR K = 8, d 16,
+# 30 steps, an eval every 10): about half a second of CPU.
+TINY_TRIAL = {
+    "arm": "armed_gdn",
+    "task": "mqar",
+    "task.K": 8,
+    "task.eval_size": 64,
+    "d_model": 16,
+    "n_layers": 1,
+    "batch_size": 16,
+    "steps": 30,
+    "eval_every": 10,
+    "lr": 3e-3,
+}
+
+
+# The arms with a rank-one (delta-rule family) state update: 1024 state elements each at the
+# factorial setting (d_model 32, one layer).
+RANK1_ARMS = (
+    "deltanet",
+    "gated_deltanet",
+    "armed_gdn",
+    "armed_gdn_fwd",
+    "dg_rank",
+    "dg_diag",
+    "armed_dg_rank",
+    "armed_dg_diag",
+)
+
+
+def fate_trace(
+    fate: tuple, steps: list[int], *, solved: float, mid: float, chance: float, collapsed: float, loss_drop: float
+) -> list[dict]:
+    """The eval points of a simulated trial whose ``fate`` is (outcome, escape step or None,
+    collapse step or None): chance accuracy, ``solved`` from its escape, ``collapsed`` from
+    its collapse, ``mid`` at the last step of a 'mid' trial; loss 4 - loss_drop * acc."""
+    kind, esc, col = fate
+    out = []
+    for s in steps:
+        if col is not None and s >= col:
+            a = collapsed
+        elif esc is not None and s >= esc:
+            a = solved
+        elif kind == "mid" and s == steps[-1]:
+            a = mid
+        else:
+            a = chance
+        out.append({"step": s, "acc": a, "loss": 4.0 - loss_drop * a})
+    return out
+
+
+# The `fixed:` block of the small MQAR sweeps the end-to-end tests run (TINY_TRIAL's trial
+# but for its arm and budget).
+TINY_FIXED = "fixed:\n  task: mqar\n  task.K: 8\n  task.eval_size: 64\n  d_model: 16\n  n_layers: 1\n  batch_size: 16\n"
 
 
 def two_arm_spec(name: str, *, retries: int | None = None) -> str:
     """The small two-arm, three-seed MQAR sweep the runner, lifecycle and fault tests kill,
     cancel and resume (240 steps, an eval every 20: 13 rows a trial, checkpoint every step)."""
     return (
-        f"\nname: {name}\n"
-        "fixed:\n  task: mqar\n  task.K: 8\n  task.eval_size: 64\n  d_model: 16\n  n_layers: 1\n"
-        "  batch_size: 16\n  checkpoint_every_s: 0\n"
+        f"\nname: {name}\n" + TINY_FIXED + "  checkpoint_every_s: 0\n"
         "axes:\n  arm: [gated_deltanet, armed_gdn]\n  seed: 0..2\n"
         "budget: {steps: 240, eval_every: 20}\nresources: {cpu: 1}\nmax_concurrent: 2\n"
         + (f"retries: {retries}\n" if retries is not None else "")
     )
+
+
+# ---- one Ray for the session ------------------------------------------------------------------
+
+# A fixed, small cluster: the same two CPUs on every machine, so what fits a slot does not
+# depend on where the suite runs. Its own short temp folder (Ray's socket paths must stay under
+# ~107 characters), so no `ray_current_cluster` file of it is left where other drivers look.
+SHARED_RAY_CPUS = 2
+_shared_ray_dir: list[str] = []
+
+
+def ensure_shared_ray() -> str:
+    """Start the session's local Ray unless this process already has one; its GCS address
+    (for subprocess drivers: ``submit --address``)."""
+    import ray
+
+    if not ray.is_initialized():
+        if not _shared_ray_dir:
+            _shared_ray_dir.append(tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp"))
+        ray.init(
+            address="local",
+            num_cpus=SHARED_RAY_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=256 * 1024**2,  # sweeps pass small results; the machine is shared
+            _temp_dir=_shared_ray_dir[0],
+        )
+    return ray.get_runtime_context().gcs_address
+
+
+@pytest.fixture
+def shared_ray() -> str:
+    """The session's one local Ray, started on first use and kept until the session ends:
+    in-process sweeps run on it (the product reuses a running Ray and does not stop it)."""
+    return ensure_shared_ray()
+
+
+@pytest.fixture
+def own_ray() -> None:
+    """No Ray in this process, so the product under test starts (and stops) its own: for the
+    tests of Ray's start-up. A later ``shared_ray`` starts the session's Ray again."""
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    for d in _shared_ray_dir:
+        shutil.rmtree(d, ignore_errors=True)

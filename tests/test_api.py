@@ -27,6 +27,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", readme_example()], cwd=tmp_path, capture_output=True, text=True, timeout=300
@@ -59,6 +60,7 @@ def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
     assert "trial_key" not in trials.columns and trials["key"].str.len().eq(16).all()
 
 
+@pytest.mark.slow
 def test_import_orchestrator_is_light():
     code = (
         "import sys, orchestrator; "

@@ -9,6 +9,7 @@ from orchestrator.bench import pack
 from orchestrator.cli import main
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fewer_than_two_seeds_per_core_make_fewer_larger_packs():
     # 2 seeds on 2 cores used to be split [0] + [1]: packs of one, refused by PackTrainer.

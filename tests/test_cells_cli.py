@@ -5,18 +5,8 @@ from __future__ import annotations
 import json
 
 import cells
+from conftest import RANK1_ARMS
 from orchestrator.cli import main
-
-RANK1 = {
-    "deltanet",
-    "gated_deltanet",
-    "armed_gdn",
-    "armed_gdn_fwd",
-    "dg_rank",
-    "dg_diag",
-    "armed_dg_rank",
-    "armed_dg_diag",
-}
 
 
 def _json(capsys, argv):
@@ -30,7 +20,7 @@ def test_cells_json_lists_every_arm_at_the_factorial_setting(capsys):
     rows = _json(capsys, ["cells", "--json"])
     assert [r["arm"] for r in rows] == list(cells.ARMS)
     by_arm = {r["arm"]: r for r in rows}
-    for arm in RANK1 | {"mamba2_ref", "mamba2_ref_noconv"}:
+    for arm in (*RANK1_ARMS, "mamba2_ref", "mamba2_ref_noconv"):
         assert by_arm[arm]["state_elements"] == 1024, arm
     assert by_arm["mamba2_ref"]["knobs"]["d_state"] == 16
     assert by_arm["armed_gdn"]["knobs"]["conv"] == 4
@@ -83,26 +73,8 @@ def test_cells_user_errors(capsys):
 
 
 def test_bench_cells_json(capsys):
-    data = _json(
-        capsys,
-        [
-            "bench",
-            "cells",
-            "--json",
-            "--arms",
-            "gated_deltanet",
-            "--arms",
-            "mlstm",
-            "--seq-len",
-            "12",
-            "--d-model",
-            "16",
-            "--batch",
-            "2",
-            "--repeats",
-            "1",
-        ],
-    )
+    argv = "bench cells --json --arms gated_deltanet --arms mlstm --seq-len 12 --d-model 16 --batch 2 --repeats 1"
+    data = _json(capsys, argv.split())
     assert [r["arm"] for r in data["rows"]] == ["gated_deltanet", "mlstm"]
     for row in data["rows"]:
         assert set(row) == {

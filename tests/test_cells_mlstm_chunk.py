@@ -147,26 +147,8 @@ def test_bench_cells_times_mlstm_read_variants(capsys):
     from orchestrator.cli import main
 
     labels = ["mlstm:heads=2", "mlstm:heads=2:read=ns5", "mlstm:heads=2:read=polar", "mlstm:heads=2:read=rls"]
-    assert (
-        main(
-            [
-                "bench",
-                "cells",
-                "--json",
-                "--arms",
-                ",".join(labels),
-                "--seq-len",
-                "9",
-                "--d-model",
-                "16",
-                "--batch",
-                "2",
-                "--repeats",
-                "1",
-            ]
-        )
-        == 0
-    )
+    argv = ["bench", "cells", "--json", "--arms", ",".join(labels), *"--seq-len 9 --d-model 16 --batch 2".split()]
+    assert main([*argv, "--repeats", "1"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["arm"] for r in rows] == labels
     for row in rows:

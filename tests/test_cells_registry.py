@@ -7,36 +7,13 @@ import torch
 
 import cells
 from cells.registry import SPECS
+from conftest import RANK1_ARMS
 
-RANK1_ARMS = (
-    "deltanet",
-    "gated_deltanet",
-    "armed_gdn",
-    "armed_gdn_fwd",
-    "dg_rank",
-    "dg_diag",
-    "armed_dg_rank",
-    "armed_dg_diag",
-)
 FACTORIAL_VOCAB = 91  # 64 keys + 26 values + mask
 
 
 def test_registered_arms():
-    expected = {
-        "deltanet",
-        "gated_deltanet",
-        "armed_gdn",
-        "armed_gdn_fwd",
-        "dg_rank",
-        "dg_diag",
-        "armed_dg_rank",
-        "armed_dg_diag",
-        "mamba2_ref",
-        "mamba2_ref_noconv",
-        "attention",
-        "mlstm",
-        "linear_mamba",
-    }
+    expected = {*RANK1_ARMS, "mamba2_ref", "mamba2_ref_noconv", "attention", "mlstm", "linear_mamba"}
     assert set(cells.ARMS) == expected
     assert isinstance(cells.ARMS, tuple)
 

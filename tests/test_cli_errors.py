@@ -37,6 +37,7 @@ def test_usage_errors_print_usage_and_exit_2(argv, msg, capsys, tmp_path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_usage_error_through_the_installed_entry_point(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "submit", "--nope"],

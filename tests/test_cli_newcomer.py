@@ -53,6 +53,7 @@ def test_every_help_has_purpose_option_texts_and_an_example(path, cmd):
         assert line.strip().startswith("$ ") and "orchestrator " in line, line
 
 
+@pytest.mark.slow
 def test_submit_help_as_printed():
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
     out = subprocess.run(ORCH + ["submit", "--help"], capture_output=True, text=True, env=env)
@@ -137,15 +138,11 @@ def test_db_upgrade_refuses_unknown_revision_and_foreign_tables(tmp_path, capsys
 
 def test_db_upgrade_stamps_and_refuses_on_every_backend(db_url, capsys):
     """The same two cases through SQLAlchemy, on SQLite and (when configured) PostgreSQL."""
-    from alembic import command
+    from conftest import old_database
+    from orchestrator.store.engine import VERSION_TABLE, head_revision
 
-    from orchestrator.store.engine import VERSION_TABLE, _alembic_config, head_revision, make_engine
-
-    engine = make_engine(db_url)
+    engine = old_database(db_url, "0001_initial")
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0001_initial")
-    with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 'x', 'h')"))
         conn.execute(sa.text(f"DROP TABLE {VERSION_TABLE}"))
     assert main(["db", "upgrade", "--db", db_url]) == 0
     assert f"unversioned (stamped 0001_initial) -> {head_revision()}" in capsys.readouterr().out

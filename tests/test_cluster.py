@@ -118,28 +118,20 @@ def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
         spec = tmp / "two_nodes.yaml"
         spec.write_text(SPEC)
 
+        def submit(env: dict[str, str]) -> subprocess.CompletedProcess:
+            argv = ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"]
+            return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+
         # A driver without the token: refused in one line naming the fix, nothing written.
         bare = {**auth, "RAY_AUTH_MODE": "disabled"}
         bare.pop("RAY_AUTH_TOKEN_PATH")
-        r = subprocess.run(
-            ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"],
-            env=bare,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        r = submit(bare)
         assert r.returncode == 2, r.stderr[-2000:]
         err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
         assert len(err) == 1 and "cannot join the Ray cluster" in err[0]
         assert "RAY_AUTH_MODE=token" in err[0] and "auth_token" in err[0]
 
-        r = subprocess.run(
-            ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"],
-            env=auth,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        r = submit(auth)
         assert r.returncode == 0, r.stderr[-3000:]
         engine = sa.create_engine(url)
         with engine.connect() as c:

@@ -17,8 +17,6 @@ from orchestrator.design.sequential import LookRecord, decide_look, parse_sequen
 from orchestrator.spec import load
 from orchestrator.store.engine import make_engine
 
-pytestmark = pytest.mark.slow
-
 SPEC = Path(__file__).resolve().parents[1] / "sweeps" / "sequential_quick.yaml"
 
 
@@ -30,7 +28,8 @@ def _looks(engine):
         ]
 
 
-def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys):
+@pytest.mark.slow
+def test_real_sequential_sweep_decides_skips_and_resumes(tmp_path, capsys, shared_ray):
     url = f"sqlite:///{tmp_path / 'seq.db'}"
     assert main(["submit", str(SPEC), "--db", url, "-q"]) == 0
     engine = make_engine(url)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import sqlalchemy as sa
 
 from orchestrator.cli import main
-from orchestrator.store.engine import make_engine
+from conftest import query
 from orchestrator.train import Trainer
 
 # armed_gdn on masked MQAR K = 4 escapes within ~150 steps at lr 3e-3 (acc 0.92 at step 150).
@@ -30,12 +29,22 @@ PARAMS = {
 }
 
 
-def test_loop_stops_n_evals_after_a_sustained_escape_and_keeps_the_prefix():
+RULE = {"after_escape_evals": 1, "escape_at": 0.8}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The full 300-step run and the same trial under the stop rule, each trained once for
+    the tests below: (full trace, the stopped Trainer, its trace)."""
     full = Trainer(PARAMS)
     full_trace = [(p.step, p.acc) for p in full.run()]
     assert full.stopped_at is None and full_trace[-1][0] == 300
-    stopped = Trainer(PARAMS, stop={"after_escape_evals": 1, "escape_at": 0.8})
-    trace = [(p.step, p.acc) for p in stopped.run()]
+    stopped = Trainer(PARAMS, stop=RULE)
+    return full_trace, stopped, [(p.step, p.acc) for p in stopped.run()]
+
+
+def test_loop_stops_n_evals_after_a_sustained_escape_and_keeps_the_prefix(runs):
+    full_trace, stopped, trace = runs
     # Independent reading of the rule on the full trace: the first eval (after the first)
     # from which acc >= 0.8 holds for this eval and the next one; stop at the next one.
     accs = full_trace
@@ -49,13 +58,12 @@ def test_loop_stops_n_evals_after_a_sustained_escape_and_keeps_the_prefix():
     assert [p.step for p in never.run()][-1] == 300 and never.stopped_at is None
 
 
-def test_stopped_state_survives_a_checkpoint_round_trip():
-    t = Trainer(PARAMS, stop={"after_escape_evals": 1, "escape_at": 0.8})
-    list(t.run())
+def test_stopped_state_survives_a_checkpoint_round_trip(runs):
+    _, t, _ = runs
     state = t.state_dict()
-    again = Trainer(PARAMS, stop={"after_escape_evals": 1, "escape_at": 0.8})
+    again = Trainer(PARAMS, stop=RULE)
     again.load_state_dict(state)
-    assert again.stopped_at == t.stopped_at and list(again.run()) == []
+    assert again.stopped_at == t.stopped_at is not None and list(again.run()) == []
 
 
 SPEC = """
@@ -72,19 +80,16 @@ analysis: {by: [seed], lockin: 0.9, escape_at: 0.8}
 
 
 @pytest.mark.slow
-def test_sweep_with_stop_rule_records_refuses_and_imputes(tmp_path, capsys):
+def test_sweep_with_stop_rule_records_refuses_and_imputes(tmp_path, capsys, shared_ray):
     spec = tmp_path / "stop.yaml"
     spec.write_text(SPEC)
     url = f"sqlite:///{tmp_path / 'stop.db'}"
     assert main(["submit", str(spec), "--db", url, "-q"]) == 0
-    engine = make_engine(url)
-    with engine.connect() as c:
-        rows = c.execute(
-            sa.text(
-                "SELECT t.status, t.final_step, s.step, s.budget, s.reason FROM trials t "
-                "JOIN trial_stops s ON s.trial_id = t.id ORDER BY t.seed"
-            )
-        ).all()
+    rows = query(
+        url,
+        "SELECT t.status, t.final_step, s.step, s.budget, s.reason FROM trials t "
+        "JOIN trial_stops s ON s.trial_id = t.id ORDER BY t.seed",
+    )
     assert len(rows) == 2
     for status, final_step, step, budget, reason in rows:
         assert status == "completed" and final_step == step < budget == 300 and "escape" in reason

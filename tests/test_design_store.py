@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
 
-from orchestrator.store.engine import _alembic_config, current_revision, make_engine
+from conftest import migrate, old_database
+from orchestrator.store.engine import current_revision
 
 
 def test_designs_migration_keeps_data_and_widens_the_status_check(db_url):
-    engine = make_engine(db_url)
+    engine = old_database(db_url, "0002_step_lr")
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0002_step_lr")
-    with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
         conn.execute(
             sa.text(
                 "INSERT INTO trials (sweep_id, key, params, status) VALUES "
@@ -28,8 +25,7 @@ def test_designs_migration_keeps_data_and_widens_the_status_check(db_url):
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin_nested():
                 conn.execute(sa.text("UPDATE trials SET status = 'skipped' WHERE key = 'b'"))
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0004_designs")
+    migrate(engine, "0004_designs")
     assert current_revision(engine) == "0004_designs"
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE trials SET status = 'skipped' WHERE key = 'b'"))
@@ -47,8 +43,7 @@ def test_designs_migration_keeps_data_and_widens_the_status_check(db_url):
         assert conn.execute(sa.text("SELECT count(*) FROM evals")).scalar_one() == 2
         assert dict(conn.execute(sa.text("SELECT key, status FROM trials")).all()) == {"a": "completed", "b": "skipped"}
         assert conn.execute(sa.text("SELECT count(*) FROM trial_stops")).scalar_one() == 1
-    with engine.begin() as conn:
-        command.downgrade(_alembic_config(conn), "0002_step_lr")
+    migrate(engine, "0002_step_lr", down=True)
     with engine.connect() as conn:
         assert dict(conn.execute(sa.text("SELECT key, status FROM trials")).all()) == {"a": "completed", "b": "pending"}
         assert conn.execute(sa.text("SELECT count(*) FROM evals")).scalar_one() == 2

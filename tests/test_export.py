@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import sqlalchemy as sa
 
 from orchestrator.cli import main
@@ -55,6 +56,7 @@ def _db(tmp_path) -> str:
     return db
 
 
+@pytest.mark.slow
 def test_export_parquet_reads_without_orchestrator(tmp_path, capsys):
     db = _db(tmp_path)
     out = tmp_path / "out"

@@ -15,7 +15,6 @@ runs only with ``ORCH_TEST_PG_RESTART=1`` (``.ci/run`` sets it).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -30,7 +29,7 @@ import sqlalchemy as sa
 
 from orchestrator.store.engine import make_engine
 
-from conftest import POSTGRES_URL, make_pg_schema_url, two_arm_spec
+from conftest import POSTGRES_URL, backend_url, make_pg_schema_url, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -56,12 +55,6 @@ def _q(url: str, q: str, default=None):
         eng.dispose()
 
 
-def _evals(url: str):
-    """Every column but elapsed_s; metrics parsed (SQLite returns JSON as text)."""
-    rows = _q(url, f"SELECT {COLS} FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step")
-    return [tuple(r[:-1]) + (json.loads(r[-1]) if isinstance(r[-1], str) else r[-1],) for r in rows]
-
-
 def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
     return subprocess.Popen(
         CLI + args + ["--db", url, "--quiet", "--checkpoint-dir", str(ck)],
@@ -75,17 +68,7 @@ def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def reference(two_arm_reference_db):
-    rows = _evals(two_arm_reference_db)
-    assert len(rows) == N_EVALS
-    return rows
-
-
-def _backend(tmp_path: Path, backend: str):
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'f.db'}", (lambda: None)
-    if not POSTGRES_URL:
-        pytest.skip("ORCH_TEST_POSTGRES_URL not set")
-    return make_pg_schema_url()
+    return sweep_evals(two_arm_reference_db)
 
 
 def _eval_count(url: str) -> int:
@@ -100,7 +83,7 @@ def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, refere
         )
     )
     rng = random.Random(11)
-    url, drop = _backend(tmp_path, backend)
+    url, drop = backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
@@ -135,7 +118,7 @@ def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, refere
         p = _start(["resume", "faults"], url, tmp_path / "ck")
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
-        got = _evals(url)
+        got = sweep_evals(url)
         print(
             f"\n{backend}: {sum(1 for e in log if e[0] != 'finished')} kills at "
             f"(eval rows stored, last step of each running trial) {log}; "
@@ -185,7 +168,7 @@ def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path
     assert killed is not None, "no worker caught mid-trial"
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
-    assert _evals(url) == reference
+    assert sweep_evals(url) == reference
     assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
     # The lost attempt is on record: a retry, its error kept in full.
     errors = _q(url, "SELECT kind, error FROM trial_errors")
@@ -295,7 +278,7 @@ def test_postgres_outage_mid_sweep(tmp_path, reference, outage):
         else:
             assert p.returncode == 0, err
         assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
-        assert _evals(url) == reference  # 0 lost, 0 duplicated (the key is (trial, step))
+        assert sweep_evals(url) == reference  # 0 lost, 0 duplicated (the key is (trial, step))
     finally:
         if not _pg_up():
             _pg_ctl("start")

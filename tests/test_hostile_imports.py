@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
 
+from conftest import query
 from orchestrator.analysis.data import load_sweep
 from orchestrator.cli import main
 from orchestrator.store import repo
@@ -162,6 +163,7 @@ def test_a_file_name_that_is_not_utf8_is_imported_under_an_escaped_name(db_url, 
         )
 
 
+@pytest.mark.slow
 def test_bad_import_through_a_real_process(tmp_path):
     r = subprocess.run(
         [
@@ -293,14 +295,11 @@ def test_diverged_traces_are_stored_whole_as_diverged(db_url, tmp_path, capsys):
     assert code == 0, err
     assert "4 diverged" in out
     engine, _ = open_store_engine(db_url, auto_create=False)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT t.seed, t.status, t.final_step, t.final_acc, t.final_loss, "
-                "(SELECT count(*) FROM evals e WHERE e.trial_id = t.id) FROM trials t "
-                "ORDER BY t.seed"
-            )
-        ).all()
+    rows = query(
+        db_url,
+        "SELECT t.seed, t.status, t.final_step, t.final_acc, t.final_loss, "
+        "(SELECT count(*) FROM evals e WHERE e.trial_id = t.id) FROM trials t ORDER BY t.seed",
+    )
     # Every point is kept; a non-finite value is NULL, its point marked (the final figures
     # are the last point's, as stored).
     assert [tuple(r) for r in rows] == [
@@ -310,13 +309,11 @@ def test_diverged_traces_are_stored_whole_as_diverged(db_url, tmp_path, capsys):
         (4, "diverged", 2, None, None, 2),
         (5, "completed", 2, 0.6, 1.0, 2),
     ]
-    with engine.connect() as conn:
-        marks = conn.execute(
-            sa.text(
-                "SELECT t.seed, e.step, e.acc, e.loss, e.nonfinite FROM evals e JOIN trials t ON t.id = e.trial_id "
-                "WHERE e.nonfinite IS NOT NULL OR e.loss IS NULL ORDER BY t.seed, e.step"
-            )
-        ).all()
+    marks = query(
+        db_url,
+        "SELECT t.seed, e.step, e.acc, e.loss, e.nonfinite FROM evals e JOIN trials t ON t.id = e.trial_id "
+        "WHERE e.nonfinite IS NOT NULL OR e.loss IS NULL ORDER BY t.seed, e.step",
+    )
     assert [tuple(r) for r in marks] == [
         (1, 3, 0.0, None, "loss=nan"),
         (2, 2, 0.1, None, "loss=inf"),

@@ -54,6 +54,7 @@ def test_bad_spec_is_refused_and_writes_nothing(path, tmp_path, monkeypatch, cap
     assert list(tmp_path.iterdir()) == []  # no database, no runs/ folder, nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["three_axes_of_1000", "latin1", "nested_list_5000", "seed_2_pow_70"])
 def test_bad_spec_through_a_real_process(name, tmp_path):
     r = subprocess.run(

@@ -22,7 +22,7 @@ from orchestrator.spec import SpecError, load
 from orchestrator.store.engine import make_engine
 from orchestrator.store.import_jsonl import IMPORTED_PREFIX
 
-from conftest import two_arm_spec
+from conftest import old_database, query, two_arm_spec
 
 BASE = resolve({"arm": "gated_deltanet", "task": "mqar", "task.K": 8, "seed": 0, "steps": 200, "eval_every": 20})
 
@@ -144,13 +144,8 @@ SMALL = (
 )
 
 
-def _q(url: str, q: str):
-    eng = make_engine(url)
-    try:
-        with eng.connect() as conn:
-            return [tuple(r) for r in conn.execute(sa.text(q)).all()]
-    finally:
-        eng.dispose()
+def _q(url: str, q: str) -> list[tuple]:
+    return [tuple(r) for r in query(url, q)]
 
 
 def _evals(url: str):
@@ -172,8 +167,7 @@ def _one_line(capsys) -> str:
 
 
 @pytest.mark.slow
-def test_resubmit_extends_refuses_a_smaller_budget_and_retags_in_place(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("RAY_ADDRESS", "local")
+def test_resubmit_extends_refuses_a_smaller_budget_and_retags_in_place(tmp_path, capsys, shared_ray):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SMALL)
     url = f"sqlite:///{tmp_path / 'a.db'}"
@@ -245,17 +239,6 @@ def test_resubmit_extends_refuses_a_smaller_budget_and_retags_in_place(tmp_path,
 # ---- migration 0005_identity ---------------------------------------------------------------------
 
 
-def _at_revision(url: str, rev: str) -> None:
-    from alembic import command
-
-    from orchestrator.store.engine import _alembic_config
-
-    eng = make_engine(url)
-    with eng.begin() as conn:
-        command.upgrade(_alembic_config(conn), rev)
-    eng.dispose()
-
-
 def _downgrade(url: str, rev: str) -> None:
     from alembic import command
 
@@ -273,7 +256,6 @@ def test_identity_migration_rekeys_old_trials_and_keeps_data(db_url):
     copy's key while the other becomes superseded under its old key, a trial keyed by hand
     is left alone, and every eval and parameter row survives; downgrading restores the old
     keys."""
-    _at_revision(db_url, "0004_designs")
     p40 = {**BASE, "steps": 40}
     p20 = {**BASE, "steps": 20}
     p1 = {**BASE, "seed": 1, "steps": 40}
@@ -283,9 +265,8 @@ def test_identity_migration_rekeys_old_trials_and_keeps_data(db_url):
         (_old_key(p1), p1, "pending", 2),
     ]
     rows.append(("by-hand", {**BASE, "seed": 9}, "completed", 1))
-    eng = make_engine(db_url)
+    eng = old_database(db_url, "0004_designs")
     with eng.begin() as conn:
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
         for i, (key, params, status, version) in enumerate(rows, start=1):
             conn.execute(
                 sa.text(
@@ -345,12 +326,11 @@ def test_identity_migration_rekeys_old_trials_and_keeps_data(db_url):
 
 
 @pytest.mark.slow
-def test_a_sweep_from_before_the_migration_extends_from_its_old_checkpoints(tmp_path, capsys, monkeypatch):
+def test_a_sweep_from_before_the_migration_extends_from_its_old_checkpoints(tmp_path, capsys, shared_ray):
     """A sweep run under the previous key rule (its trial keys and checkpoint file names the
     old ones), upgraded, then re-submitted with a larger budget: the runner finds each
     checkpoint under its old name and the trials continue from it (the first 40 steps' rows,
     elapsed_s included, unchanged)."""
-    monkeypatch.setenv("RAY_ADDRESS", "local")
     spec = tmp_path / "spec.yaml"
     spec.write_text(SMALL)
     db = tmp_path / "a.db"
@@ -381,14 +361,13 @@ def test_a_sweep_from_before_the_migration_extends_from_its_old_checkpoints(tmp_
 
 
 @pytest.mark.slow
-def test_seed_packs_extend_too(tmp_path, capsys, monkeypatch):
+def test_seed_packs_extend_too(tmp_path, capsys, shared_ray):
     """Two seeds trained as one pack, extended from 40 to 60 steps with --amend: the pack
     resumes both members from their checkpoints (rows of the first 40 steps unchanged,
     elapsed_s included) and runs them to the new budget. On PostgreSQL where it is set up
     (the extension's SQL on the other backend; the SQLite path is the tests above)."""
     from conftest import POSTGRES_URL, make_pg_schema_url
 
-    monkeypatch.setenv("RAY_ADDRESS", "local")
     url, drop = make_pg_schema_url() if POSTGRES_URL else (f"sqlite:///{tmp_path / 'p.db'}", None)
     try:
         spec = tmp_path / "spec.yaml"

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator import analysis as oa
+from conftest import query
 from orchestrator.cli import main
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.repo import upsert_sweep
@@ -66,14 +67,11 @@ def test_import_round_trip_and_idempotent_reimport(db_url, tmp_path, capsys):
     one = evals[evals.trial_id == trials.set_index("seed").loc[0, "trial_id"]]
     assert one["step"].tolist() == GRID
     assert one["acc"].tolist() == [0.02, 0.02, 0.02, 0.95, 0.95]
-    engine, _ = open_store_engine(db_url)
-    with engine.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "SELECT e.metrics, e.train_loss, t.final_acc, t.best_acc, t.key FROM evals e "
-                "JOIN trials t ON t.id = e.trial_id WHERE t.seed = 0 AND e.step = 800"
-            )
-        ).one()
+    (row,) = query(
+        db_url,
+        "SELECT e.metrics, e.train_loss, t.final_acc, t.best_acc, t.key FROM evals e "
+        "JOIN trials t ON t.id = e.trial_id WHERE t.seed = 0 AND e.step = 800",
+    )
     metrics = row[0] if isinstance(row[0], dict) else json.loads(row[0])
     assert metrics == {"c_erank": 3.5} and row[1] == 1.4
     assert (row[2], row[3]) == (0.95, 0.95) and len(row[4]) >= 16
@@ -83,9 +81,7 @@ def test_import_round_trip_and_idempotent_reimport(db_url, tmp_path, capsys):
     code, out, _ = _run(capsys, "import", str(f), "--sweep", "published", "--db", db_url, "--json")
     again = json.loads(out)
     assert code == 0 and (again["new_trials"], again["evals"]) == (0, 15)
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one() == 15
-        assert conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar_one() == 3
+    assert query(db_url, "SELECT (SELECT COUNT(*) FROM evals), (SELECT COUNT(*) FROM trials)") == [(15, 3)]
 
 
 def test_malformed_lines_are_reported_by_number_and_nothing_is_imported(db_url, tmp_path, capsys):
@@ -176,14 +172,11 @@ def test_every_finite_measurement_is_stored(db_url, tmp_path, capsys):
     assert code == 0, err
     res = json.loads(out)
     assert (res["trials"], res["evals"], res["diverged"]) == (2, 10, 1)
-    engine, _ = open_store_engine(db_url)
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT t.seed, t.status, e.step, e.acc, e.loss, e.train_loss, e.metrics, e.nonfinite "
-                "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.seed, e.step"
-            )
-        ).all()
+    rows = query(
+        db_url,
+        "SELECT t.seed, t.status, e.step, e.acc, e.loss, e.train_loss, e.metrics, e.nonfinite "
+        "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.seed, e.step",
+    )
     got = [
         (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if isinstance(r[6], dict) else json.loads(r[6]), r[7]) for r in rows
     ]
@@ -196,10 +189,7 @@ def test_every_finite_measurement_is_stored(db_url, tmp_path, capsys):
     ]
     assert all(r[1] == "completed" and r[4] == 1.5 and r[7] is None for r in got[5:]) and len(got) == 10
     # The trace view shows the mark; the analysis reads every point with its accuracy.
-    with engine.connect() as conn:
-        view = conn.execute(
-            sa.text("SELECT step, acc, loss, nonfinite FROM trial_trace WHERE seed = 0 AND step = 600")
-        ).one()
+    (view,) = query(db_url, "SELECT step, acc, loss, nonfinite FROM trial_trace WHERE seed = 0 AND step = 600")
     assert tuple(view) == (600, 0.95, None, "loss=inf,metrics.c_erank=nan")
     _, evals = oa.load_sweep(db_url, "nan", statuses=["completed", "diverged"])
     assert evals["acc"].notna().all() and evals["nonfinite"].sum() == 3

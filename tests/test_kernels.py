@@ -14,12 +14,17 @@ import torch
 
 import kernels
 from kernels import dispatch
-from kernels.chunking import factorable
 from kernels.delta_rule import delta_rule_chunk, delta_rule_naive
-from kernels.testing import assert_matches_reference, make_inputs, max_abs_differences, run_with_grads
+from kernels.testing import make_inputs, max_abs_differences, run_with_grads
+from kernel_checks import (
+    assert_chunk_matches_naive,
+    assert_bf16_close_to_fp32,
+    assert_exact_on_unfactorable_decays,
+    assert_fp32_chunk_close_to_fp64,
+    assert_state_carry_equals_one_pass,
+)
 
 B, H, T, DK, DV = 2, 3, 37, 6, 5
-TOL = 1e-8
 
 
 def _literal_delta_rule(q, k, v, beta, alpha, initial_state):
@@ -54,10 +59,8 @@ def test_naive_matches_the_equation_with_explicit_matrices(gated):
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, gated, with_state):
     x = make_inputs("delta_rule", B, H, T, DK, DV, gated=gated, with_state=with_state, seed=chunk_size)
-    expected = {"out", "state", "grad_q", "grad_k", "grad_v", "grad_beta"}
-    expected |= {"grad_alpha"} if gated else set()
-    expected |= {"grad_initial_state"} if with_state else set()
-    assert_matches_reference(delta_rule_naive, delta_rule_chunk, "delta_rule", x, expected, TOL, chunk_size=chunk_size)
+    grads = ("q", "k", "v", "beta", "alpha") if gated else ("q", "k", "v", "beta")
+    assert_chunk_matches_naive("delta_rule", delta_rule_naive, delta_rule_chunk, x, grads, chunk_size)
 
 
 @pytest.mark.parametrize("chunk_size", [4, 16])
@@ -65,14 +68,10 @@ def test_chunk_exact_when_decays_are_zero_or_tiny(chunk_size):
     # alpha = 0 (a full reset) and 1e-200 defeat the g_t / g_s factorisation: the segment-product
     # path must take over and stay exact.
     x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=3)
-    with torch.no_grad():
-        x["alpha"][0, 1, 10] = 0.0
-        x["alpha"][1, 2, 3:6] = 1e-200
-    assert not factorable(torch.cumprod(x["alpha"].detach(), -1))
-    ref = run_with_grads(delta_rule_naive, "delta_rule", x)
-    got = run_with_grads(delta_rule_chunk, "delta_rule", x, chunk_size=chunk_size)
-    diffs = max_abs_differences(got, ref)
-    assert max(diffs.values()) <= TOL, diffs
+    zero, tiny = (0, 1, 10), (1, 2, slice(3, 6))
+    assert_exact_on_unfactorable_decays(
+        "delta_rule", delta_rule_naive, delta_rule_chunk, x, "alpha", zero, tiny, chunk_size
+    )
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
@@ -91,38 +90,20 @@ def test_alpha_none_equals_alpha_ones(impl):
 def test_chunk_state_carry_equals_one_pass(split, gated):
     x = make_inputs("delta_rule", B, H, T, DK, DV, gated=gated, with_state=True, seed=5, requires_grad=False)
     args = [x[n] for n in ("q", "k", "v", "beta", "alpha")]
-    full_o, full_s = kernels.delta_rule(*args, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
-    first = [None if a is None else a[:, :, :split] for a in args]
-    second = [None if a is None else a[:, :, split:] for a in args]
-    o1, s1 = kernels.delta_rule(*first, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
-    o2, s2 = kernels.delta_rule(*second, impl="chunk", initial_state=s1, chunk_size=8)
-    torch.testing.assert_close(torch.cat([o1, o2], dim=2), full_o, rtol=0, atol=1e-12)
-    torch.testing.assert_close(s2, full_s, rtol=0, atol=1e-12)
+    assert_state_carry_equals_one_pass(kernels.delta_rule, args, x["initial_state"], split)
 
 
 def test_fp32_chunk_close_to_fp64_naive():
     x64 = make_inputs("delta_rule", B, H, 64, 16, 16, with_state=True, seed=6)
     x32 = make_inputs("delta_rule", B, H, 64, 16, 16, with_state=True, seed=6, dtype=torch.float32)
-    ref = run_with_grads(delta_rule_naive, "delta_rule", x64)
-    got = run_with_grads(kernels.delta_rule, "delta_rule", x32, impl="chunk")
-    assert got["out"].dtype == torch.float32 and got["state"].dtype == torch.float32
-    for key, diff in max_abs_differences(got, ref).items():
-        assert diff <= 2e-4 * max(1.0, ref[key].abs().max().item()), (key, diff)
+    assert_fp32_chunk_close_to_fp64("delta_rule", delta_rule_naive, kernels.delta_rule, x64, x32)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
 def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
     x16 = make_inputs("delta_rule", 2, 2, 40, 16, 16, with_state=True, seed=7, dtype=torch.bfloat16)
-    x32 = {n: None if t is None else t.detach().float().requires_grad_() for n, t in x16.items()}
-    got = run_with_grads(kernels.delta_rule, "delta_rule", x16, impl=impl, chunk_size=16)
-    ref = run_with_grads(kernels.delta_rule, "delta_rule", x32, impl=impl, chunk_size=16)
-    assert got["out"].dtype == torch.bfloat16
-    assert got["state"].dtype == torch.float32  # the carried state is kept in the compute dtype
+    got = assert_bf16_close_to_fp32("delta_rule", kernels.delta_rule, x16, impl)
     assert got["grad_q"].dtype == torch.bfloat16
-    for key in ref:
-        scale = ref[key].abs().max().item()
-        # Inputs are bf16 already, so only the output rounding and the bf16 gradients differ.
-        assert (got[key].float() - ref[key]).abs().max().item() <= 2e-2 * max(scale, 1.0), key
 
 
 def test_autocast_does_not_lower_the_recurrence_precision():

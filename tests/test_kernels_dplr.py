@@ -12,12 +12,17 @@ import pytest
 import torch
 
 import kernels
-from kernels.chunking import factorable
 from kernels.dplr import dplr_scan_chunk, dplr_scan_naive
-from kernels.testing import assert_matches_reference, make_inputs, max_abs_differences, run_with_grads
+from kernels.testing import make_inputs
+from kernel_checks import (
+    assert_chunk_matches_naive,
+    assert_bf16_close_to_fp32,
+    assert_exact_on_unfactorable_decays,
+    assert_fp32_chunk_close_to_fp64,
+    assert_state_carry_equals_one_pass,
+)
 
 B, H, T, DK, DV = 2, 3, 37, 6, 5
-TOL = 1e-8
 NAMES = ("r", "k", "v", "w", "kappa", "a")
 
 
@@ -47,9 +52,7 @@ def test_naive_matches_the_equation_with_explicit_matrices():
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, with_state):
     x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=with_state, seed=chunk_size)
-    expected = {"out", "state"} | {f"grad_{n}" for n in NAMES}
-    expected |= {"grad_initial_state"} if with_state else set()
-    assert_matches_reference(dplr_scan_naive, dplr_scan_chunk, "dplr_scan", x, expected, TOL, chunk_size=chunk_size)
+    assert_chunk_matches_naive("dplr_scan", dplr_scan_naive, dplr_scan_chunk, x, NAMES, chunk_size)
 
 
 @pytest.mark.parametrize("chunk_size", [4, 16])
@@ -57,14 +60,8 @@ def test_chunk_exact_when_decays_are_zero_or_tiny(chunk_size):
     # w = 0 in one channel and 1e-200 in a whole step defeat the D0[t] / D0[s]
     # factorisation: the segment-product path must take over and stay exact.
     x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=True, seed=11)
-    with torch.no_grad():
-        x["w"][0, 1, 10, 2] = 0.0
-        x["w"][1, 2, 3] = 1e-200
-    assert not factorable(torch.cumprod(x["w"].detach(), dim=-2))
-    ref = run_with_grads(dplr_scan_naive, "dplr_scan", x)
-    got = run_with_grads(dplr_scan_chunk, "dplr_scan", x, chunk_size=chunk_size)
-    diffs = max_abs_differences(got, ref)
-    assert max(diffs.values()) <= TOL, diffs
+    zero, tiny = (0, 1, 10, 2), (1, 2, 3)
+    assert_exact_on_unfactorable_decays("dplr_scan", dplr_scan_naive, dplr_scan_chunk, x, "w", zero, tiny, chunk_size)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
@@ -114,35 +111,19 @@ def test_delta_rule_is_the_special_case_w_alpha_kappa_k(impl):
 @pytest.mark.parametrize("split", [16, 21])
 def test_chunk_state_carry_equals_one_pass(split):
     x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=True, seed=14, requires_grad=False)
-    args = _args(x)
-    full_o, full_s = kernels.dplr_scan(*args, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
-    o1, s1 = kernels.dplr_scan(
-        *(t[:, :, :split] for t in args), impl="chunk", initial_state=x["initial_state"], chunk_size=8
-    )
-    o2, s2 = kernels.dplr_scan(*(t[:, :, split:] for t in args), impl="chunk", initial_state=s1, chunk_size=8)
-    torch.testing.assert_close(torch.cat([o1, o2], dim=2), full_o, rtol=0, atol=1e-12)
-    torch.testing.assert_close(s2, full_s, rtol=0, atol=1e-12)
+    assert_state_carry_equals_one_pass(kernels.dplr_scan, _args(x), x["initial_state"], split)
 
 
 def test_fp32_chunk_close_to_fp64_naive():
     x64 = make_inputs("dplr_scan", B, H, 64, 16, 16, with_state=True, seed=15)
     x32 = make_inputs("dplr_scan", B, H, 64, 16, 16, with_state=True, seed=15, dtype=torch.float32)
-    ref = run_with_grads(dplr_scan_naive, "dplr_scan", x64)
-    got = run_with_grads(kernels.dplr_scan, "dplr_scan", x32, impl="chunk")
-    for key, diff in max_abs_differences(got, ref).items():
-        assert diff <= 2e-4 * max(1.0, ref[key].abs().max().item()), (key, diff)
+    assert_fp32_chunk_close_to_fp64("dplr_scan", dplr_scan_naive, kernels.dplr_scan, x64, x32)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
 def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
     x16 = make_inputs("dplr_scan", 2, 2, 40, 16, 16, with_state=True, seed=16, dtype=torch.bfloat16)
-    x32 = {n: t.detach().float().requires_grad_() for n, t in x16.items()}
-    got = run_with_grads(kernels.dplr_scan, "dplr_scan", x16, impl=impl, chunk_size=16)
-    ref = run_with_grads(kernels.dplr_scan, "dplr_scan", x32, impl=impl, chunk_size=16)
-    assert got["out"].dtype == torch.bfloat16 and got["state"].dtype == torch.float32
-    for key in ref:
-        scale = ref[key].abs().max().item()
-        assert (got[key].float() - ref[key]).abs().max().item() <= 2e-2 * max(scale, 1.0), key
+    assert_bf16_close_to_fp32("dplr_scan", kernels.dplr_scan, x16, impl)
 
 
 def test_bad_shapes_are_rejected():

@@ -11,12 +11,16 @@ import pytest
 import torch
 
 import kernels
-from kernels.chunking import factorable
 from kernels.ssd import ssd_scan_chunk, ssd_scan_naive
-from kernels.testing import assert_matches_reference, make_inputs, max_abs_differences, run_with_grads
+from kernels.testing import make_inputs
+from kernel_checks import (
+    assert_chunk_matches_naive,
+    assert_bf16_close_to_fp32,
+    assert_exact_on_unfactorable_decays,
+    assert_state_carry_equals_one_pass,
+)
 
 B, H, T, N, P = 2, 3, 37, 6, 5
-TOL = 1e-8
 NAMES = ("x", "a", "b", "c")
 
 
@@ -45,22 +49,14 @@ def test_naive_matches_the_quadratic_closed_form():
 @pytest.mark.parametrize("with_state", [False, True])
 def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, with_state):
     x = make_inputs("ssd_scan", B, H, T, N, P, with_state=with_state, seed=chunk_size)
-    expected = {"out", "state"} | {f"grad_{n}" for n in NAMES}
-    expected |= {"grad_initial_state"} if with_state else set()
-    assert_matches_reference(ssd_scan_naive, ssd_scan_chunk, "ssd_scan", x, expected, TOL, chunk_size=chunk_size)
+    assert_chunk_matches_naive("ssd_scan", ssd_scan_naive, ssd_scan_chunk, x, NAMES, chunk_size)
 
 
 @pytest.mark.parametrize("chunk_size", [4, 16])
 def test_chunk_exact_when_decays_are_zero_or_tiny(chunk_size):
     x = make_inputs("ssd_scan", B, H, T, N, P, with_state=True, seed=21)
-    with torch.no_grad():
-        x["a"][0, 1, 10] = 0.0
-        x["a"][1, 2, 3:6] = 1e-200
-    assert not factorable(torch.cumprod(x["a"].detach(), dim=-1))
-    ref = run_with_grads(ssd_scan_naive, "ssd_scan", x)
-    got = run_with_grads(ssd_scan_chunk, "ssd_scan", x, chunk_size=chunk_size)
-    diffs = max_abs_differences(got, ref)
-    assert max(diffs.values()) <= TOL, diffs
+    zero, tiny = (0, 1, 10), (1, 2, slice(3, 6))
+    assert_exact_on_unfactorable_decays("ssd_scan", ssd_scan_naive, ssd_scan_chunk, x, "a", zero, tiny, chunk_size)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
@@ -78,26 +74,13 @@ def test_equals_dplr_scan_with_scalar_decay_and_no_removal(impl):
 @pytest.mark.parametrize("split", [16, 23])
 def test_chunk_state_carry_equals_one_pass(split):
     x = make_inputs("ssd_scan", B, H, T, N, P, with_state=True, seed=23, requires_grad=False)
-    args = _args(x)
-    full_y, full_h = kernels.ssd_scan(*args, impl="chunk", initial_state=x["initial_state"], chunk_size=8)
-    y1, h1 = kernels.ssd_scan(
-        *(t[:, :, :split] for t in args), impl="chunk", initial_state=x["initial_state"], chunk_size=8
-    )
-    y2, h2 = kernels.ssd_scan(*(t[:, :, split:] for t in args), impl="chunk", initial_state=h1, chunk_size=8)
-    torch.testing.assert_close(torch.cat([y1, y2], dim=2), full_y, rtol=0, atol=1e-12)
-    torch.testing.assert_close(h2, full_h, rtol=0, atol=1e-12)
+    assert_state_carry_equals_one_pass(kernels.ssd_scan, _args(x), x["initial_state"], split)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
 def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
     x16 = make_inputs("ssd_scan", 2, 2, 40, 16, 16, with_state=True, seed=24, dtype=torch.bfloat16)
-    x32 = {n: t.detach().float().requires_grad_() for n, t in x16.items()}
-    got = run_with_grads(kernels.ssd_scan, "ssd_scan", x16, impl=impl, chunk_size=16)
-    ref = run_with_grads(kernels.ssd_scan, "ssd_scan", x32, impl=impl, chunk_size=16)
-    assert got["out"].dtype == torch.bfloat16 and got["state"].dtype == torch.float32
-    for key in ref:
-        scale = ref[key].abs().max().item()
-        assert (got[key].float() - ref[key]).abs().max().item() <= 2e-2 * max(scale, 1.0), key
+    assert_bf16_close_to_fp32("ssd_scan", kernels.ssd_scan, x16, impl)
 
 
 def test_bad_shapes_are_rejected():

@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
-from conftest import POSTGRES_URL, make_pg_schema_url, two_arm_spec
+from conftest import backend_url, query, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -30,23 +29,6 @@ CLI = [sys.executable, "-m", "orchestrator.cli"]
 # RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
 # (or engineer) left running on this machine.
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", "ORCH_LEASE_TTL_S": "4"}
-
-
-def _q(url: str, q: str):
-    eng = make_engine(url)
-    try:
-        with eng.connect() as conn:
-            return conn.execute(sa.text(q)).all()
-    finally:
-        eng.dispose()
-
-
-def _evals(url: str):
-    return _q(
-        url,
-        "SELECT t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics "
-        "FROM evals e JOIN trials t ON t.id = e.trial_id ORDER BY t.key, e.step",
-    )
 
 
 def _submit(spec: Path, url: str, ck: Path, *extra: str) -> subprocess.Popen:
@@ -64,7 +46,7 @@ def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         try:
-            if _q(
+            if query(
                 url,
                 "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
                 "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
@@ -81,22 +63,12 @@ def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
 @pytest.fixture(scope="module")
 def reference(two_arm_reference_db):
     """The uninterrupted run every interrupted one must equal."""
-    rows = _evals(two_arm_reference_db)
-    assert len(rows) == 6 * 13
-    return rows
-
-
-def _backend_url(tmp_path: Path, backend: str):
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'life.db'}", (lambda: None)
-    if not POSTGRES_URL:
-        pytest.skip("ORCH_TEST_POSTGRES_URL not set")
-    return make_pg_schema_url()
+    return sweep_evals(two_arm_reference_db)
 
 
 @pytest.mark.parametrize("how,backend", [("sigint", "sqlite"), ("cancel", "postgresql"), ("sigterm", "sqlite")])
 def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_path, reference, how, backend):
-    url, drop = _backend_url(tmp_path, backend)
+    url, drop = backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
@@ -117,9 +89,9 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_pa
         assert time.time() - t0 < 60
         last = [ln for ln in err.splitlines() if ln.strip()][-1]
         assert "stopped" in last and f"orchestrator resume life --db {shlex.quote(url)}`" in last  # pasteable
-        by_status = dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
+        by_status = dict(query(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
         assert "running" not in by_status and by_status.get("interrupted", 0) >= 1
-        assert _q(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
+        assert query(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
         res = subprocess.run(
             CLI + ["resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")],
             env=ENV,
@@ -128,8 +100,8 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_pa
             timeout=600,
         )
         assert res.returncode == 0, res.stderr
-        assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
-        got = _evals(url)
+        assert dict(query(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
+        got = sweep_evals(url)
         assert [r[:6] for r in got] == [r[:6] for r in reference]  # row for row, bit for bit
     finally:
         drop()
@@ -137,7 +109,7 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_pa
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backend):
-    url, drop = _backend_url(tmp_path, backend)
+    url, drop = backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
         # The full budget: the winner must still hold the sweep when the loser asks.
@@ -151,21 +123,20 @@ def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backen
         loser = err_a if a.returncode == 2 else err_b
         lines = [ln for ln in loser.splitlines() if ln.strip()]
         assert len(lines) == 1 and "is being run by driver" in lines[0] and "pid" in lines[0]
-        assert _q(url, "SELECT status, attempts, COUNT(*) FROM trials GROUP BY status, attempts") == [
+        assert query(url, "SELECT status, attempts, COUNT(*) FROM trials GROUP BY status, attempts") == [
             ("completed", 1, 6)
         ]
-        assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 13
+        assert query(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 13
     finally:
         drop()
 
 
-def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, monkeypatch):
+def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, shared_ray):
     """A trial whose setup fails (here: an unreadable checkpoint) fails on its first
     attempt although retries is 2; the others complete."""
     from orchestrator import spec as specs
     from orchestrator.runner import checkpoints
 
-    monkeypatch.setenv("RAY_ADDRESS", "local")
     text = SPEC.replace("seed: 0..2", "seed: 0..0").replace("steps: 240", "steps: 40")
     spec = tmp_path / "spec.yaml"
     spec.write_text(text)
@@ -176,12 +147,12 @@ def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, mo
     bad.write_bytes(b"not a checkpoint")
     url = f"sqlite:///{tmp_path / 'c.db'}"
     assert main(["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")]) == 1
-    rows = {r.key: r for r in _q(url, "SELECT key, status, attempts, error FROM trials")}
+    rows = {r.key: r for r in query(url, "SELECT key, status, attempts, error FROM trials")}
     assert rows[bad_key].status == "failed" and rows[bad_key].attempts == 1
     err = rows[bad_key].error
     assert "\n" not in err and err.startswith("config error: UnpicklingError")
     assert {r.status for k, r in rows.items() if k != bad_key} == {"completed"}
-    tb = _q(
+    tb = query(
         url,
         f"SELECT e.kind, e.traceback FROM trial_errors e JOIN trials t ON t.id = e.trial_id WHERE t.key = '{bad_key}'",
     )
@@ -191,10 +162,9 @@ def test_config_error_fails_at_once_one_line_traceback_kept(tmp_path, capsys, mo
     assert "failed 1" in capsys.readouterr().out
 
 
-def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, monkeypatch):
+def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, shared_ray):
     import torch
 
-    monkeypatch.setenv("RAY_ADDRESS", "local")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     spec = tmp_path / "spec.yaml"
@@ -207,13 +177,12 @@ def test_cuda_without_gpu_is_refused_by_dry_run_and_submit(tmp_path, capsys, mon
     assert not db.exists()
 
 
-def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatch):
+def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, shared_ray):
     """Re-submitting with another model size: refused (exit 2, one line naming the change,
     nothing written) without --amend; with it the old trials are kept as superseded,
     never run, listed by status and left out of analysis."""
     from orchestrator.analysis.data import load_sweep
 
-    monkeypatch.setenv("RAY_ADDRESS", "local")
     small = SPEC.replace("seed: 0..2", "seed: 0..0").replace("steps: 240", "steps: 40")
     spec = tmp_path / "spec.yaml"
     spec.write_text(small)
@@ -223,10 +192,10 @@ def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatc
 
     def snapshot():
         return (
-            _q(url, "SELECT key, status, steps, spec_version FROM trials ORDER BY key"),
-            _q(url, "SELECT COUNT(*) FROM evals"),
-            _q(url, "SELECT spec_text FROM sweeps"),
-            _q(url, "SELECT version, spec_hash FROM sweep_specs"),
+            query(url, "SELECT key, status, steps, spec_version FROM trials ORDER BY key"),
+            query(url, "SELECT COUNT(*) FROM evals"),
+            query(url, "SELECT spec_text FROM sweeps"),
+            query(url, "SELECT version, spec_hash FROM sweep_specs"),
         )
 
     before = snapshot()
@@ -238,14 +207,14 @@ def test_changed_design_needs_amend_then_supersedes(tmp_path, capsys, monkeypatc
     assert "--amend" in err[0]
     assert snapshot() == before
     assert main(args + ["--amend"]) == 0
-    rows = _q(
+    rows = query(
         url,
         "SELECT d_model, status, spec_version, COUNT(*) FROM "
         "(SELECT json_extract(params, '$.d_model') AS d_model, status, spec_version FROM trials) "
         "GROUP BY d_model, status, spec_version ORDER BY d_model",
     )
     assert [tuple(r) for r in rows] == [(8, "completed", 2, 2), (16, "superseded", 1, 2)]
-    assert len(_q(url, "SELECT version FROM sweep_specs")) == 2
+    assert len(query(url, "SELECT version FROM sweep_specs")) == 2
     capsys.readouterr()
     assert main(["status", "life", "--db", url]) == 0
     assert "superseded 2" in capsys.readouterr().out

@@ -13,61 +13,17 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from conftest import fill_sweep, migrate, old_database
 from orchestrator.cli import main
 from orchestrator.store import lease, repo
 from orchestrator.store.engine import current_revision, head_revision, make_engine, open_store_engine
 
 
-def _fill(engine, name="s1", n_trials=3, n_steps=4):
-    with engine.begin() as conn:
-        sid = repo.upsert_sweep(conn, name, f"name: {name}", "h")
-        trials = [
-            (
-                f"k{i}",
-                {
-                    "arm": "gated_deltanet",
-                    "task": "mqar",
-                    "seed": i,
-                    "lr": 1e-3,
-                    "batch_size": 8,
-                    "steps": n_steps * 10,
-                    "eval_every": 10,
-                },
-            )
-            for i in range(n_trials)
-        ]
-        ids = repo.add_trials(conn, sid, trials)
-        repo.upsert_evals(
-            conn,
-            [
-                {
-                    "trial_id": ids[f"k{i}"],
-                    "step": 10 * s,
-                    "acc": 0.1 * s,
-                    "loss": 1.0,
-                    "train_loss": 2.0,
-                    "step_lr": 1e-3,
-                    "elapsed_s": 0.5,
-                }
-                for i in range(n_trials)
-                for s in range(1, n_steps + 1)
-            ],
-        )
-    return sid, ids
-
-
 def test_lifecycle_migration_keeps_data(db_url):
     """A database written at 0002 upgrades through 0003 to head with every row intact; the new statuses
     are accepted after, and a downgrade back to 0002 keeps the rows too."""
-    from alembic import command
-
-    from orchestrator.store.engine import _alembic_config
-
-    engine = make_engine(db_url)
+    engine = old_database(db_url, "0002_step_lr")
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0002_step_lr")
-    with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
         conn.execute(
             sa.text(
                 "INSERT INTO trials (sweep_id, key, params, status, steps) VALUES "
@@ -109,8 +65,7 @@ def test_lifecycle_migration_keeps_data(db_url):
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin_nested():
                 conn.execute(sa.text("UPDATE trials SET status = 'bogus' WHERE key = 'b'"))
-    with engine.begin() as conn:
-        command.downgrade(_alembic_config(conn), "0002_step_lr")
+    migrate(engine, "0002_step_lr", down=True)
     after = snapshot()
     assert after[1:] == before[1:]
     assert [tuple(r) for r in after[0]] == [(1, "a", "pending", 20), (2, "b", "completed", 20)]
@@ -119,7 +74,7 @@ def test_lifecycle_migration_keeps_data(db_url):
 
 def test_lease_is_exclusive_expires_and_frees_a_dead_holder(db_url, monkeypatch):
     engine, _ = open_store_engine(db_url)
-    sid, _ = _fill(engine)
+    sid, _ = fill_sweep(engine)
     with engine.begin() as conn:
         assert lease.claim(conn, sid, "A", ttl=2)
     with engine.begin() as conn:
@@ -155,7 +110,7 @@ def test_lease_is_exclusive_expires_and_frees_a_dead_holder(db_url, monkeypatch)
 
 def test_racing_claimers_have_exactly_one_winner(db_url):
     engine, _ = open_store_engine(db_url)
-    sid, _ = _fill(engine)
+    sid, _ = fill_sweep(engine)
     engine.dispose()
     n = 8
     barrier = threading.Barrier(n)
@@ -188,7 +143,7 @@ def test_racing_claimers_have_exactly_one_winner(db_url):
 def test_running_trial_without_heartbeat_is_stale(db_url, monkeypatch, capsys):
     monkeypatch.setenv("ORCH_LEASE_TTL_S", "2")
     engine, _ = open_store_engine(db_url)
-    sid, ids = _fill(engine)
+    sid, ids = fill_sweep(engine)
     with engine.begin() as conn:
         repo.mark_running(conn, ids["k0"])
         repo.mark_running(conn, ids["k1"])
@@ -222,7 +177,7 @@ def test_running_trial_without_heartbeat_is_stale(db_url, monkeypatch, capsys):
 
 def test_status_counts_failed_as_failed_not_as_steps_done(db_url, capsys):
     engine, _ = open_store_engine(db_url)
-    sid, ids = _fill(engine, n_steps=2)  # each trial: steps 20, evals at 10 and 20
+    sid, ids = fill_sweep(engine, n_steps=2)  # each trial: steps 20, evals at 10 and 20
     with engine.begin() as conn:
         repo.finish_trial(conn, ids["k0"], "completed")
         repo.finish_trial(conn, ids["k1"], "failed", "ValueError: x")
@@ -237,8 +192,8 @@ def test_status_counts_failed_as_failed_not_as_steps_done(db_url, capsys):
 
 def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsys):
     engine, _ = open_store_engine(db_url)
-    sid, ids = _fill(engine, "gone")
-    _fill(engine, "kept")
+    sid, ids = fill_sweep(engine, "gone")
+    fill_sweep(engine, "kept")
     with engine.begin() as conn:
         repo.add_trial_error(conn, ids["k0"], "runtime", "E: x", "Traceback...")
         repo.record_spec_version(conn, sid, "name: gone", "h1")
@@ -252,7 +207,7 @@ def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsy
             )
 
     full = counts()
-    assert full == (2, 6, 42, 24, 1, 2)
+    assert full == (2, 6, 60, 24, 1, 2)  # 10 parameters a trial
     # Unknown sweep, no --yes (stdin is not a terminal), leased: one line, exit 2, no change.
     assert main(["delete", "nope", "--db", db_url, "--yes"]) == 2
     assert main(["cancel", "nope", "--db", db_url]) == 2
@@ -267,7 +222,7 @@ def test_delete_removes_everything_and_refuses_bad_input(db_url, tmp_path, capsy
     with engine.begin() as conn:
         lease.release(conn, sid, "live-driver")
     assert main(["delete", "gone", "--db", db_url, "--yes"]) == 0
-    assert counts() == (1, 3, 21, 12, 0, 0)
+    assert counts() == (1, 3, 30, 12, 0, 0)
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT name FROM sweeps")).scalar_one() == "kept"
     engine.dispose()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
@@ -54,6 +56,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_everything_works_without_triton():
     r = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(ROOT / "sweeps" / "quickstart.yaml")],

@@ -12,25 +12,13 @@ import math
 import sqlalchemy as sa
 import torch
 
+from conftest import TINY_TRIAL, migrate, old_database
 from orchestrator.runner.messages import EvalRow
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
 from orchestrator.train import Trainer
 
-BASE = {
-    "arm": "armed_gdn",
-    "task": "mqar",
-    "task.K": 8,
-    "d_model": 16,
-    "n_layers": 1,
-    "batch_size": 16,
-    "steps": 30,
-    "eval_every": 10,
-    "lr": 3e-3,
-    "seed": 1,
-    "task.eval_size": 64,
-    "rebinding": True,
-}
+BASE = {**TINY_TRIAL, "seed": 1, "rebinding": True}
 
 
 class EvalLossOverflows(Trainer):
@@ -78,24 +66,18 @@ def test_the_loop_keeps_the_point_that_went_non_finite(db_url, tmp_path):
 
 
 def test_upgrading_a_0005_database_adds_the_column_and_keeps_rows(db_url):
-    from alembic import command
+    from orchestrator.store.engine import head_revision, current_revision
 
-    from orchestrator.store.engine import _alembic_config, head_revision, current_revision, make_engine
-
-    engine = make_engine(db_url)
+    engine = old_database(db_url, "0005_identity")
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0005_identity")
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 'x', 'h')"))
         conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params) VALUES (1, 'k', '{}')"))
         conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc, loss) VALUES (1, 1, 0.5, 2.0)"))
-    with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "head")
+    migrate(engine, "head")
     assert current_revision(engine) == head_revision() == "0006_nonfinite"
     with engine.connect() as conn:
         got = conn.execute(sa.text("SELECT step, acc, loss, nonfinite FROM trial_trace")).all()
     assert [tuple(r) for r in got] == [(1, 0.5, 2.0, None)]
-    with engine.begin() as conn:
-        command.downgrade(_alembic_config(conn), "0005_identity")
+    migrate(engine, "0005_identity", down=True)
     with engine.connect() as conn:
         cols = [c["name"] for c in sa.inspect(conn).get_columns("evals")]
         assert "nonfinite" not in cols

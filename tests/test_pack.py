@@ -6,26 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import TINY_TRIAL
 from orchestrator.train import Trainer
 from orchestrator.train.pack import PackTrainer, pack_signature
 
-BASE = {
-    "arm": "armed_gdn",
-    "task": "mqar",
-    "task.K": 8,
-    "task.eval_size": 64,
-    "d_model": 16,
-    "n_layers": 1,
-    "batch_size": 16,
-    "steps": 30,
-    "eval_every": 10,
-    "lr": 3e-3,
-    "rebinding": True,
-}
+BASE = {**TINY_TRIAL, "rebinding": True}
+
+
+_LONE: dict[tuple, list] = {}
 
 
 def _lone(params):
-    return [(p.step, p.acc, p.loss, p.train_loss, p.metrics["rebind_acc"]) for p in Trainer(params).run()]
+    """The trace of a lone trial, trained once per module (a seed's lone run is the reference
+    of several tests; traces are deterministic, test_train_loop checks it)."""
+    key = tuple(sorted(params.items()))
+    if key not in _LONE:
+        _LONE[key] = [(p.step, p.acc, p.loss, p.train_loss, p.metrics["rebind_acc"]) for p in Trainer(params).run()]
+    return _LONE[key]
 
 
 def _packed(members):

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here runs the CLI in a subprocess (the plugin must reach a fresh interpreter).
+pytestmark = pytest.mark.slow
+
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 
 CELLS = '''

@@ -1,6 +1,7 @@
 """Ray start-up: without --address the driver always starts its own local Ray, whatever a
 dead `ray start` cluster left in the temp folder; with --address, a cluster that does not
-answer is one line within the bounded join time."""
+answer is one line within the bounded join time; a sweep started from a process that
+already runs Ray (a notebook, the test session) runs on that Ray and leaves it running."""
 
 from __future__ import annotations
 
@@ -70,6 +71,7 @@ def test_submit_without_address_ignores_a_stale_cluster_file(stale_ray_tmp, tmp_
     eng.dispose()
 
 
+@pytest.mark.slow
 def test_address_of_a_dead_cluster_is_one_line(stale_ray_tmp, tmp_path):
     # (Not `--address auto`: Ray's "auto" also joins any live cluster it finds on the machine.)
     root, env = stale_ray_tmp
@@ -84,3 +86,20 @@ def test_address_of_a_dead_cluster_is_one_line(stale_ray_tmp, tmp_path):
         assert len(lines) == 1 and "cannot join the Ray cluster" in lines[0], r.stderr[-2000:]
         assert took < 60
         assert not (tmp_path / "o.db").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_in_a_process_running_ray_uses_it_and_leaves_it_running(shared_ray, tmp_path):
+    import ray
+
+    import orchestrator
+
+    node = ray.get_runtime_context().get_node_id()
+    for name in ("first", "second"):  # the second finds the Ray the first must not have stopped
+        run = orchestrator.submit(
+            SPEC.replace("name: tiny", f"name: {name}"), db=str(tmp_path / "o.db"), checkpoint_dir=str(tmp_path / "ck")
+        )
+        assert run.outcomes == {"completed": 1}
+        assert ray.is_initialized(), "the sweep shut down a Ray it did not start"
+        ctx = ray.get_runtime_context()
+        assert (ctx.gcs_address, ctx.get_node_id()) == (shared_ray, node)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fate_trace
 from orchestrator import analysis as oa
 from orchestrator.store.import_jsonl import write_records
 from orchestrator.cli import main
@@ -40,18 +41,8 @@ def records():
         for lr in LRS:
             for vocab in VOCABS:
                 for seed in SEEDS:
-                    kind, esc, col = fate(variant, lr, vocab, seed)
-                    accs = []
-                    for s in GRID:
-                        if col is not None and s >= col:
-                            a = 0.0
-                        elif esc is not None and s >= esc:
-                            a = 0.97
-                        elif kind == "mid" and s == GRID[-1]:
-                            a = 0.6
-                        else:
-                            a = 0.012
-                        accs.append({"step": s, "acc": a, "loss": 4.0 - 3.0 * a})
+                    levels = dict(solved=0.97, mid=0.6, chance=0.012, collapsed=0.0, loss_drop=3.0)
+                    accs = fate_trace(fate(variant, lr, vocab, seed), GRID, **levels)
                     out.append(
                         {
                             "params": {
@@ -219,6 +210,7 @@ def _images_loaded(page: Path, profile: Path) -> tuple[int, int]:
     return int(m[1]), int(m[2])
 
 
+@pytest.mark.slow
 def test_report_html_loads_every_figure_in_headless_chromium(tmp_path, capsys):
     db = f"sqlite:///{tmp_path / 'r.db'}"
     engine, _ = open_store_engine(db)

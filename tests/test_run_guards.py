@@ -130,6 +130,15 @@ def _gone_run(tmp_path: Path, url: str, every: int, ready, act) -> tuple[subproc
     return subprocess.CompletedProcess(cmd, p.returncode, out, err), took
 
 
+def _stopped_line(res: subprocess.CompletedProcess, took: float, what: str) -> str:
+    """The driver's one error line, once it is known to have exited 74 within 20 s of ``what``."""
+    line = _one_error_line(res.stderr)
+    print(f"\n{line} (exit {res.returncode}, {took:.1f} s after the {what})")
+    assert res.returncode == 74, res.stderr
+    assert took < 20
+    return line
+
+
 @pytest.mark.slow
 def test_sqlite_file_deleted_mid_sweep_stops_the_driver(tmp_path):
     """Deleted while the trials train between evals (an eval every 2000 steps): no write is
@@ -143,15 +152,11 @@ def test_sqlite_file_deleted_mid_sweep_stops_the_driver(tmp_path):
         time.sleep(1.0)
         db.unlink()
 
-    res, took = _gone_run(tmp_path, str(db), 2000, ready, act)
-    line = _one_error_line(res.stderr)
-    print(f"\n{line} (exit {res.returncode}, {took:.1f} s after the delete)")
-    assert res.returncode == 74, res.stderr
+    line = _stopped_line(*_gone_run(tmp_path, str(db), 2000, ready, act), "delete")
     assert line == (
         f"error: database file {db} was deleted while the sweep ran; the sweep stopped and wrote nothing "
         "more (trial checkpoints are kept)"
     )
-    assert took < 20
     assert not db.exists()  # the driver did not create an empty file in its place
     assert _checkpoint_steps(tmp_path / "ck") == [1, 1]  # stopped before the step-2000 eval
 
@@ -173,15 +178,11 @@ def test_sqlite_file_replaced_mid_sweep_stops_the_driver_and_the_new_file_is_unt
         for suffix in ("-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
 
-    res, took = _gone_run(tmp_path, str(db), 20, ready, act)
-    line = _one_error_line(res.stderr)
-    print(f"\n{line} (exit {res.returncode}, {took:.1f} s after the replace)")
-    assert res.returncode == 74, res.stderr
+    line = _stopped_line(*_gone_run(tmp_path, str(db), 20, ready, act), "replace")
     assert line == (
         f"error: database file {db} was replaced by another file while the sweep ran; the sweep stopped "
         "and wrote nothing more (trial checkpoints are kept)"
     )
-    assert took < 20
     assert max(_checkpoint_steps(tmp_path / "ck")) < 4000
     eng = make_engine(f"sqlite:///{db}")
     try:
@@ -219,16 +220,13 @@ def test_postgres_schema_dropped_mid_sweep_stops_the_driver(tmp_path):
     finally:
         if not dropped:  # a second drop fails: its reader role is gone
             drop()
-    line = _one_error_line(res.stderr)
-    print(f"\n{line} (exit {res.returncode}, {took:.1f} s after the drop)")
-    assert res.returncode == 74, res.stderr
+    line = _stopped_line(res, took, "drop")
     # Whichever finds it first names the table it missed: the writer (evals) or the lease thread.
     assert re.fullmatch(
         r"error: database postgresql\+psycopg://\S+ lost the sweep's tables while it ran \(relation "
         r"\"(evals|sweeps|trials)\" does not exist[^)]*\); the sweep stopped and wrote nothing more",
         line,
     ), line
-    assert took < 20
     assert max(_checkpoint_steps(tmp_path / "ck")) < 4000
     admin = sa.create_engine(url.split("?")[0])
     try:
@@ -527,23 +525,21 @@ def test_a_raising_step_ends_lone_and_packed_trials_by_their_parameters():
     with pytest.raises(RuntimeError, match="out of memory"):
         list(t.run())  # not the loop's to judge: Ray retries it
 
-    # The issue's `lr: 1.0e+300` (refused by the spec now, so set past validation here; the
-    # loop still must not retry it): AdamW's weight decay sends the parameters to inf, then
-    # its step overflows a float.
-    def huge_lr(params: dict) -> Trainer:
+    # The issue's `lr: 1.0e+300` (refused at validation now, by the spec and the trial's
+    # parameters; the loop still must not retry it), set on the optimizer behind their back:
+    # AdamW's weight decay sends the parameters to inf, then its step overflows a float.
+    def at_lr_1e300(params: dict) -> Trainer:
         t = Trainer(params)
-        scale = 1e300 / t.p.lr
-        t.p = t.p.model_copy(update={"lr": 1e300})
         for g in t.optimizer.param_groups:
-            g["base_lr"] *= scale
+            g["base_lr"] = 1e300
         return t
 
-    t = huge_lr({**base, "seed": 0})
+    t = at_lr_1e300({**base, "seed": 0})
     assert list(t.run()) == [] and t.status.value == "diverged"
     assert t.error == (
         "non-finite parameters at step 1 (RuntimeError: value cannot be converted to type float without overflow)"
     )
-    t = huge_lr({**base, "seed": 0, "weight_decay": 0.0})
+    t = at_lr_1e300({**base, "seed": 0, "weight_decay": 0.0})
     assert list(t.run()) == [] and t.status.value == "failed"
     assert t.error == "RuntimeError: value cannot be converted to type float without overflow (at step 1)"
 

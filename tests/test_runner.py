@@ -9,22 +9,18 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from conftest import TINY_FIXED
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
 
-pytestmark = pytest.mark.slow
+# Sweeps on the session's Ray (tests/conftest.py): none of these is about Ray's start-up.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
-SPEC = """
-name: e2e
-fixed:
-  task: mqar
-  task.K: 8
-  task.eval_size: 64
-  d_model: 16
-  n_layers: 1
-  batch_size: 16
-axes:
+SPEC = (
+    "\nname: e2e\n"
+    + TINY_FIXED
+    + """axes:
   arm: [gated_deltanet, armed_gdn]
   lr: [1.0e-3, 3.0e-3]
   seed: 0..2
@@ -33,6 +29,7 @@ resources: {cpu: 1}
 max_concurrent: 2
 retries: 1
 """
+)
 
 
 def _write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:

@@ -148,6 +148,7 @@ def test_bad_spec_is_one_line_exit_2_and_no_db_write(case, tmp_path, capsys):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_missing_file_and_real_entry_point(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: []"))

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from conftest import fill_sweep, old_database
 from orchestrator.cli import main
 from orchestrator.errors import UserError
 from orchestrator.store import repo
@@ -23,46 +24,6 @@ from orchestrator.store.engine import (
 )
 from orchestrator.store.models import Base, Trial
 from orchestrator.store.readonly import readonly_query
-
-
-def _fill(engine, n_trials=3, n_steps=4):
-    with engine.begin() as conn:
-        sid = repo.upsert_sweep(conn, "s1", "name: s1", "h")
-        trials = [
-            (
-                f"k{i}",
-                {
-                    "arm": "armed_gdn" if i % 2 else "gated_deltanet",
-                    "task": "mqar",
-                    "seed": i,
-                    "lr": 1e-3,
-                    "batch_size": 8,
-                    "steps": n_steps * 10,
-                    "eval_every": 10,
-                    "model.conv": 4,
-                    "task.K": 16,
-                    "tag.v": "x",
-                },
-            )
-            for i in range(n_trials)
-        ]
-        ids = repo.add_trials(conn, sid, trials)
-        rows = [
-            {
-                "trial_id": ids[f"k{i}"],
-                "step": 10 * s,
-                "acc": 0.1 * s + 0.01 * i,
-                "loss": 1.0 / (s + 1),
-                "train_loss": 2.0,
-                "step_lr": 1e-3,
-                "elapsed_s": float(s),
-                "metrics": {"rebind_acc": 0.04},
-            }
-            for i in range(n_trials)
-            for s in range(1, n_steps + 1)
-        ]
-        repo.upsert_evals(conn, rows)
-    return sid, ids
 
 
 def test_migrate_empty_to_head_and_models_match(db_url):
@@ -85,7 +46,7 @@ def test_migrate_empty_to_head_and_models_match(db_url):
 
 def test_upserts_are_idempotent_and_views_answer(db_url):
     engine, _ = open_store_engine(db_url)
-    sid, ids = _fill(engine)
+    sid, ids = fill_sweep(engine)
     with engine.begin() as conn:
         # Re-reporting a step rewrites it; it never duplicates it.
         repo.upsert_evals(conn, [{"trial_id": ids["k0"], "step": 40, "acc": 0.99, "loss": 0.1}])
@@ -154,7 +115,7 @@ def _snapshot(engine):
 
 def test_sql_is_read_only(db_url):
     engine, url = open_store_engine(db_url)
-    _fill(engine)
+    fill_sweep(engine)
     before = _snapshot(engine)
     got = readonly_query(url, "SELECT arm, COUNT(*) AS n FROM trial_final GROUP BY arm ORDER BY arm")
     cols, rows = got.columns, got.rows
@@ -167,7 +128,7 @@ def test_sql_is_read_only(db_url):
 
 def test_sql_command_csv_and_refusal(db_url, capsys):
     engine, url = open_store_engine(db_url)
-    _fill(engine)
+    fill_sweep(engine)
     assert (
         main(["sql", "SELECT key, step, acc FROM trial_trace WHERE key = 'k2' ORDER BY step", "--db", url, "--csv"])
         == 0
@@ -187,7 +148,7 @@ def test_db_upgrade_command(db_url, capsys):
 
 def test_ls_and_status_commands(db_url, capsys):
     engine, url = open_store_engine(db_url)
-    _fill(engine)
+    fill_sweep(engine)
     assert main(["ls", "--db", url, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["name"] == "s1" and rows[0]["trials"] == 3
@@ -201,15 +162,9 @@ def test_ls_and_status_commands(db_url, capsys):
 def test_step_lr_migration_keeps_data(db_url):
     """A database written at 0001 (evals.lr) upgrades to head with every eval value under
     evals.step_lr, and the trace view still calls it step_lr."""
-    from alembic import command
 
-    from orchestrator.store.engine import _alembic_config
-
-    engine = make_engine(db_url)
+    engine = old_database(db_url, "0001_initial")
     with engine.begin() as conn:
-        command.upgrade(_alembic_config(conn), "0001_initial")
-    with engine.begin() as conn:
-        conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
         conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params, lr) VALUES (1, 'k', '{}', 0.003)"))
         conn.execute(
             sa.text("INSERT INTO evals (trial_id, step, acc, lr) VALUES (1, 1, 0.5, 0.0015), (1, 2, 0.75, 0.003)")
@@ -233,7 +188,7 @@ def test_status_members_are_stored_as_their_strings(db_url):
     from orchestrator.status import ALL, Status
 
     engine, _ = open_store_engine(db_url)
-    _, ids = _fill(engine, n_trials=len(ALL))
+    _, ids = fill_sweep(engine, n_trials=len(ALL))
     with engine.begin() as conn:
         for (key, tid), st in zip(sorted(ids.items()), ALL):
             conn.execute(sa.update(Trial).where(Trial.id == tid).values(status=st))
@@ -255,6 +210,7 @@ def _open_schema(url: str) -> str:
         return f"{type(exc).__name__}: {exc}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_drivers_opening_one_fresh_database_together_all_get_the_schema(tmp_path, backend):
     """Every process that opens a new database at once must find it at head: never tables

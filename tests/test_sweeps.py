@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import fate_trace
 from orchestrator import spec as specs
 from orchestrator.store.import_jsonl import write_records
 from orchestrator.cli import main
@@ -246,19 +247,7 @@ def _fate(params: dict) -> tuple[str, int | None, int | None]:
 
 
 def _trace(fate) -> list[dict]:
-    kind, esc, col = fate
-    out = []
-    for s in EVAL_STEPS:
-        if col is not None and s >= col:
-            a = 0.001
-        elif esc is not None and s >= esc:
-            a = 0.98
-        elif kind == "mid" and s == EVAL_STEPS[-1]:
-            a = 0.55
-        else:
-            a = 0.013
-        out.append({"step": s, "acc": a, "loss": 4.0 - 3.5 * a})
-    return out
+    return fate_trace(fate, EVAL_STEPS, solved=0.98, mid=0.55, chance=0.013, collapsed=0.001, loss_drop=3.5)
 
 
 def test_report_prints_the_basin_map_table_layout(tmp_path, capsys):

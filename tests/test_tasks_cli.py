@@ -1,4 +1,5 @@
-"""``orchestrator tasks``, ``orchestrator tasks --floors``, ``tasks selftest``, ``bench tasks``."""
+"""``orchestrator tasks``, ``orchestrator tasks --floors``, ``bench tasks`` (``tasks selftest``:
+tests/test_cli_smoke.py)."""
 
 from __future__ import annotations
 
@@ -49,13 +50,6 @@ def test_floors_json_at_published_settings(capsys):
         assert r["floors"] == tasks.build(r["task"], **r["params"]).floors()
 
 
-def test_selftest_passes(capsys):
-    code, out, _ = _run(capsys, "tasks", "selftest", "--json")
-    report = json.loads(out)
-    assert code == 0 and report["ok"] is True
-    assert any(c["name"].startswith("rebinding collision") for c in report["checks"])
-
-
 def test_bench_tasks_prints_figures(capsys):
     code, out, err = _run(capsys, "bench", "tasks", "--json", "--only", "s5", "--reps", "1", "--batch", "4")
     assert code == 0, err
@@ -63,7 +57,8 @@ def test_bench_tasks_prints_figures(capsys):
     assert [r["params"]["depth"] for r in rows] == [2, 4, 8, 16]
     for r in rows:
         assert r["gen_ms"] > 0 and r["step_ms"] > 0
-        assert r["gen_pct_of_step"] == pytest.approx(100 * r["gen_ms"] / r["step_ms"], rel=0.01)
+        # (printed to 3 decimals: a share under 0.05 % is within rounding, not within 1 %)
+        assert r["gen_pct_of_step"] == pytest.approx(100 * r["gen_ms"] / r["step_ms"], rel=0.01, abs=5e-4)
 
 
 def test_bench_rejects_unknown_task(capsys):

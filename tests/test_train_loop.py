@@ -8,22 +8,11 @@ import math
 import pytest
 import torch
 
+from conftest import TINY_TRIAL
 from orchestrator.train import Trainer
 from orchestrator.train.schedule import lr_multiplier
 
-BASE = {
-    "arm": "armed_gdn",
-    "task": "mqar",
-    "task.K": 8,
-    "d_model": 16,
-    "n_layers": 1,
-    "batch_size": 16,
-    "steps": 30,
-    "eval_every": 10,
-    "lr": 3e-3,
-    "seed": 1,
-    "task.eval_size": 64,
-}
+BASE = {**TINY_TRIAL, "seed": 1}
 
 
 def _trace(tr):

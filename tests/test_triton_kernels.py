@@ -399,6 +399,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_triton_kernels_compile_for_pascal_sm61_without_atomics_or_bf16():
     """Lower every kernel variant to a cubin for sm_61 (ptxas included), no GPU needed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

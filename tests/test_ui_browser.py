@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POSTGRES_URL, make_pg_schema_url
+from conftest import POSTGRES_URL, TINY_FIXED, make_pg_schema_url
 from ui_support import ROOT, chromium, get_json, ui_server, wait_for as _wait
 
 pytestmark = [
@@ -20,23 +20,17 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed"),
 ]
 
-SPEC = """
-name: watched
-description: a sweep watched while it runs
-fixed:
-  task: mqar
-  task.K: 8
-  task.eval_size: 64
-  d_model: 16
-  n_layers: 1
-  batch_size: 16
-axes:
+SPEC = (
+    "\nname: watched\ndescription: a sweep watched while it runs\n"
+    + TINY_FIXED
+    + """axes:
   arm: [gated_deltanet, armed_gdn]
   seed: 0..1
 budget: {steps: 1000, eval_every: 50}
 resources: {cpu: 1}
 max_concurrent: 2
 """
+)
 N_TRIALS = 4
 SHOT = Path("/tmp/orchestrator-ui-sweep.png")
 
@@ -52,7 +46,7 @@ return [lines, points, Array.from(legend).sort()];
 """
 
 
-def _watch(db_url: str, tmp_path: Path) -> None:
+def _watch(db_url: str, tmp_path: Path, address: str) -> None:
     spec = tmp_path / "watched.yaml"
     spec.write_text(SPEC)
     log = open(tmp_path / "submit.log", "w")
@@ -68,6 +62,8 @@ def _watch(db_url: str, tmp_path: Path) -> None:
             "--quiet",
             "--checkpoint-dir",
             str(tmp_path / "ck"),
+            "--address",  # the session's Ray: this test is about the page, not Ray's start-up
+            address,
         ],
         cwd=ROOT,
         stdout=log,
@@ -183,12 +179,12 @@ def _watch(db_url: str, tmp_path: Path) -> None:
         log.close()
 
 
-def test_dashboard_watches_a_running_sweep(tmp_path):
+def test_dashboard_watches_a_running_sweep(tmp_path, shared_ray):
     # Once, on PostgreSQL where the suite has one (the server CI and clusters use), else on a
     # SQLite file: the page code is the same, and the store's reads are tested on both in test_ui.
     url, drop = make_pg_schema_url() if POSTGRES_URL else (f"sqlite:///{tmp_path / 'watch.db'}", lambda: None)
     try:
-        _watch(url, tmp_path)
+        _watch(url, tmp_path, shared_ray)
     finally:
         drop()
     assert SHOT.exists() and SHOT.stat().st_size > 10_000

@@ -65,7 +65,7 @@ def test_board_and_watch_from_the_database(db_url, capsys):
 
 
 @pytest.mark.slow
-def test_submit_prints_the_ui_command(tmp_path, capsys):
+def test_submit_prints_the_ui_command(tmp_path, capsys, shared_ray):
     spec = tmp_path / "s.yaml"
     spec.write_text(
         "name: tiny\nfixed: {arm: gated_deltanet, task: mqar, task.K: 8, task.eval_size: 32, d_model: 8,"

@@ -15,11 +15,7 @@
 # Then run tests/gpu/figures.sh (the issues' GPU figures: the study step, bench cells).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu_check_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+source tests/gpu/common.sh
 START=$SECONDS
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -47,7 +43,6 @@ if [[ $DRY == 1 ]]; then
     note "DRY RUN on CPU: rehearses the steps, measures nothing worth quoting"
 fi
 
-source tests/gpu/find_python.sh
 if ! find_python "$NEED_CUDA"; then
     note "no python with CUDA torch and triton found (.venv/bin/python, python3, python); nothing to check"
     exit 1

@@ -13,11 +13,7 @@
 # at tiny sizes. Exit status 0 when both steps passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu_check_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+source tests/gpu/common.sh
 SUMMARY="$OUT/figures.txt"
 LOG="$OUT/figures.log"
 : >"$SUMMARY"
@@ -37,7 +33,6 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
     NEED_CUDA='import torch'
     echo "DRY RUN on CPU: rehearses the steps, measures nothing worth quoting" | tee -a "$SUMMARY"
 fi
-source tests/gpu/find_python.sh
 if ! find_python "$NEED_CUDA"; then
     echo "no python with CUDA torch found; nothing to measure" | tee -a "$SUMMARY"
     exit 1
