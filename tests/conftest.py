@@ -8,7 +8,8 @@ float reductions are the same in every test process.
 
 ``shared_ray`` is the session's one local Ray: a test that runs sweeps but is not about Ray's
 own start-up asks for it, and the product, finding Ray initialised, runs on it and leaves it
-running (a start and stop costs ~10 s). ``own_ray`` is for the tests of start-up itself.
+running (a start and stop costs ~10 s). The tests of start-up, kills and clusters run their
+drivers in subprocesses with a Ray of their own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ import sqlalchemy as sa
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Back to one torch thread after every test: a command run in-process may change it
+    (``bench cells --threads 2`` does, even when it then refuses its flags), and every later
+    test would run two threads on a shared 2-core machine, several times slower."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
 
 POSTGRES_URL = os.environ.get("ORCH_TEST_POSTGRES_URL")
 BACKENDS = ["sqlite"] + (["postgresql"] if POSTGRES_URL else [])
@@ -58,12 +70,12 @@ def make_pg_schema_url(*, reader: bool = True) -> tuple[str, callable]:
 
         create_reader(url, role)
 
-    def drop() -> None:
+    def drop() -> None:  # idempotent: a test may drop mid-run and again in its cleanup
         with admin.connect() as c:
             c.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-            if reader:
+            if reader and c.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
                 c.execute(sa.text(f'DROP OWNED BY "{role}"'))
-                c.execute(sa.text(f'DROP ROLE IF EXISTS "{role}"'))
+                c.execute(sa.text(f'DROP ROLE "{role}"'))
         admin.dispose()
 
     return url, drop
@@ -286,6 +298,10 @@ def ensure_shared_ray() -> str:
     (for subprocess drivers: ``submit --address``)."""
     import ray
 
+    # The runner's Ray and Tune settings (environment variables its workers inherit), set on
+    # import, as they are before the product starts a Ray of its own.
+    import orchestrator.runner.tune_runner  # noqa: F401
+
     if not ray.is_initialized():
         if not _shared_ray_dir:
             _shared_ray_dir.append(tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp"))
@@ -306,19 +322,6 @@ def shared_ray() -> str:
     """The session's one local Ray, started on first use and kept until the session ends:
     in-process sweeps run on it (the product reuses a running Ray and does not stop it)."""
     return ensure_shared_ray()
-
-
-@pytest.fixture
-def own_ray() -> None:
-    """No Ray in this process, so the product under test starts (and stops) its own: for the
-    tests of Ray's start-up. A later ``shared_ray`` starts the session's Ray again."""
-    import sys
-
-    if "ray" in sys.modules:
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

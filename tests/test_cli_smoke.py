@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -120,7 +121,7 @@ CASES: list[tuple[str, str, str]] = [
     ("analyze", "smoke hazard --by arm " + READ, "5 escapes, 8 trials"),
     ("analyze", "smoke sequential " + READ, "seeds saved in all: 0"),
     ("analyze", "scale scaling " + READ, "law: kappa = 0.5"),
-    ("report", "smoke --by arm --out {tmp}/report " + READ, "A."),
+    ("report", "smoke --by arm --out {tmp}/report " + READ, "sweep smoke: 8 trials"),
     ("export", "smoke --format csv --out {tmp}/export " + READ, "trials.csv"),
     (
         "import",
@@ -128,23 +129,23 @@ CASES: list[tuple[str, str, str]] = [
         "imported 8 trials (8 new, 40 eval rows)",
     ),
     ("cancel", "smoke " + READ, "0 leftover running trial(s) marked interrupted"),
-    ("delete", "smoke --yes " + READ, "smoke"),
-    ("db upgrade", READ, "schema"),
+    ("delete", "smoke --yes " + READ, "deleted sweep smoke: 8 trials, 40 evals"),
+    ("db upgrade", READ, "copy.db: schema "),
     ("db create-reader", "{role} --db {pg}", "GRANT"),
-    ("cells", "--arms deltanet,armed_gdn", "armed_gdn"),
-    ("tasks", "", "mqar"),
+    ("cells", "--arms deltanet,armed_gdn", "1,024"),
+    ("tasks", "", "Masked MQAR"),
     ("tasks selftest", "--json", '"ok": true'),
-    ("design power", "--test fisher --rates 0.9,0.4", "seeds per group"),
+    ("design power", "--test fisher --rates 0.9,0.4", "fixed design: 17 seeds per group"),
     ("submit", "{dir}/tiny.yaml --dry-run", "sweep tiny: 2 trials"),
     ("resume", "--help", "from their checkpoints"),
     ("ui", "--help", "read-only"),
-    ("bench analysis", "--trials 20 --evals 5", "hazard"),
+    ("bench analysis", "--trials 20 --evals 5", "hazard fit straight from the DB"),
     ("bench store", "--rows 200 --steps 2 --sweep-trials 0", "SQLite ingest"),
     ("bench pack", "--help", "seed pack"),
     ("bench ui", "--trials 30 --evals 5 --repeats 1 --json", '"eval_rows": 150'),
     ("bench cells", "--arms deltanet --seq-len 8 --d-model 8 --batch 2 --repeats 1", "deltanet"),
-    ("bench kernels", "--quick --device cpu", "delta"),
-    ("bench tasks", "--only s5 --reps 1 --batch 4", "s5"),
+    ("bench kernels", "--quick --device cpu", "dplr_scan   quick_B2"),
+    ("bench tasks", "--only s5 --reps 1 --batch 4", "depth=16"),
 ]
 # The real runs of the commands above that only show their help or a dry run here.
 SLOW_RUNS = {"submit", "resume", "ui", "bench pack"}
@@ -182,8 +183,10 @@ def _argv(command: str, args: str, smoke_dir: Path, tmp_path: Path, pg: tuple[st
     import shlex
 
     db = smoke_dir / "smoke.db"
-    if command in WRITES:  # its own copy: the module's database stays as imported
-        db = Path(shutil.copy(db, tmp_path / "copy.db"))
+    if command in WRITES:  # its own copy (SQLite's backup: the WAL's rows too); the module's stays
+        with closing(sqlite3.connect(db)) as src, closing(sqlite3.connect(tmp_path / "copy.db")) as dst:
+            src.backup(dst)
+        db = tmp_path / "copy.db"
     url, role = pg or ("", "")
     filled = args.format(db=f"sqlite:///{db}", dir=smoke_dir, tmp=tmp_path, pg=url, role=role)
     return [*command.split(), *shlex.split(filled)]
