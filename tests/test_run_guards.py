@@ -142,7 +142,7 @@ def _stopped_line(res: subprocess.CompletedProcess, took: float, what: str) -> s
 @pytest.mark.slow
 def test_sqlite_file_deleted_mid_sweep_stops_the_driver(tmp_path):
     """Deleted while the trials train between evals (an eval every 2000 steps): no write is
-    due, so the lease thread's check finds it, and the trials stop before their next eval."""
+    due, so the lease thread's check finds it, and the trials stop short of their budget."""
     db = tmp_path / "sweep.db"
 
     def ready() -> bool:  # both trials past their step-1 eval (checkpointed there), training on
@@ -158,7 +158,9 @@ def test_sqlite_file_deleted_mid_sweep_stops_the_driver(tmp_path):
         "more (trial checkpoints are kept)"
     )
     assert not db.exists()  # the driver did not create an empty file in its place
-    assert _checkpoint_steps(tmp_path / "ck") == [1, 1]  # stopped before the step-2000 eval
+    # Stopped short of the 4000-step budget (on a quiet machine a trial may reach its step-2000
+    # eval within the seconds the lease thread takes to notice; nothing is written past it).
+    assert all(s < 4000 for s in _checkpoint_steps(tmp_path / "ck"))
 
 
 @pytest.mark.slow
