@@ -9,6 +9,7 @@ backend-neutral. A new backend is a subclass here plus its entry in :data:`DIALE
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import re
 import sqlite3
@@ -567,7 +568,7 @@ class PostgreSQL(Dialect):
                             first = next(stream, None)
                             cols = [d.name for d in cur.description or ()]
                             head = iter(()) if first is None else iter((first,))
-                            rows, cut = collect(_chain(head, stream), limits)
+                            rows, cut = collect(itertools.chain(head, stream), limits)
                         finally:
                             stream.close()  # cancels what is still coming
                 except UserError:
@@ -595,11 +596,6 @@ class PostgreSQL(Dialect):
             raise UserError(f"cannot open database {describe(url)}: {_first_line(exc.orig)}") from None
         finally:
             engine.dispose()
-
-
-def _chain(*its: Iterator[Any]) -> Iterator[Any]:
-    for it in its:
-        yield from it
 
 
 def _first_line(exc: BaseException | None) -> str:
