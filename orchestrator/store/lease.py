@@ -166,6 +166,9 @@ def request_cancel(conn: Connection, sweep: int) -> None:
 def interrupt_running(conn: Connection, sweep: int) -> int:
     """Trials left ``running`` (by a driver stopping, or one found dead) become
     ``interrupted``; resume runs them again from their checkpoints. Returns how many."""
+    from orchestrator.store import attempts
+
+    attempts.close_sweep_attempts(conn, sweep, Status.running.value, Status.interrupted.value)
     res = conn.execute(
         sa.update(Trial)
         .where(Trial.sweep_id == sweep, Trial.status == Status.running.value)
