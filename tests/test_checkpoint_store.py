@@ -249,6 +249,10 @@ def test_a_database_with_file_checkpoints_is_upgraded_and_resumed_from_them(tmp_
     migrate(engine, "0006_nonfinite", down=True)
     engine.dispose()
     files = {p.stem for p in folder.rglob("*.pt")}
+    upgrade = subprocess.run(
+        CLI + ["db", "upgrade", "--db", url], capture_output=True, text=True, env=_env(tmp_path / "b")
+    )
+    assert upgrade.returncode == 0, upgrade.stderr
     b = _driver(["resume", "files"], url, tmp_path / "b")  # no --checkpoint-dir: the default folder
     _, err = b.communicate(timeout=600)
     assert b.returncode == 0, err
