@@ -77,3 +77,9 @@ def test_submit_prints_the_ui_command(tmp_path, capsys, shared_ray):
     err = capsys.readouterr().err
     assert f"watch it live: orchestrator ui --db {db}" in err
     assert "40/40 steps" in err
+    # --quiet: no bar, no notes, and still the one outcome line on stdout.
+    assert main(["resume", "tiny", "--db", str(db), "--checkpoint-dir", str(tmp_path / "ck"), "-q"]) == 0
+    got = capsys.readouterr()
+    assert got.err == ""
+    assert got.out.startswith("sweep tiny: nothing ran; query it with `orchestrator sql") and got.out.count("\n") == 1
+
