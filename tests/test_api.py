@@ -41,7 +41,7 @@ def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
 
     from orchestrator import load
 
-    trials, evals = load(str(db), "api_demo")
+    trials, evals = load("api_demo", db=str(db))
     with sqlite3.connect(db) as c:
         final = pd.read_sql("SELECT key, final_acc, best_acc FROM trial_final WHERE sweep = 'api_demo'", c)
         ev = pd.read_sql(
@@ -94,7 +94,7 @@ def test_every_analysis_result_has_summary_and_to_dict(tmp_path, kind):
 
     db = str(tmp_path / "syn.db")
     _synthetic(db)
-    res = analyze(db, "syn", kind, by=["tag.g"])
+    res = analyze("syn", kind, db=db, by=["tag.g"])
     assert isinstance(res.summary, pd.DataFrame) and len(res.summary) >= 1
     d = res.to_dict()
     json.dumps(d)  # plain JSON
@@ -112,6 +112,6 @@ def test_analyze_uses_the_stored_analysis_block(tmp_path):
         conn.execute(
             sa.text("UPDATE sweeps SET spec_text = :t"), {"t": "name: syn\nanalysis:\n  by: [tag.g]\n  lockin: 0.99\n"}
         )
-    res = analyze(db, "syn", "lockin")
+    res = analyze("syn", "lockin", db=db)
     assert set(res["group"]) == {"a", "b"}  # not one group "all"
     assert res.to_dict()["rows"][0]["k"] == 0  # 0.95 < 0.99: the stored threshold applied
