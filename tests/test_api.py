@@ -1,4 +1,4 @@
-"""The Python API: the README's example runs as written (a real sweep on a local Ray),
+"""The Python API: the guide's example (docs/how-to/python-api.md) runs as written (a real sweep on a local Ray),
 ``load`` matches the SQL tables column for column, ``import orchestrator`` stays light, and
 every analysis result has ``.summary`` and ``.to_dict()``."""
 
@@ -18,19 +18,17 @@ import sqlalchemy as sa
 
 from orchestrator.store.import_jsonl import write_records
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "python-api.md"
 
 
-def readme_example() -> str:
-    text = README.read_text()
-    section = text.split("## Python API", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def guide_example() -> str:
+    return re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S).group(1)
 
 
 @pytest.mark.slow
-def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
+def test_guide_python_example_runs_and_load_matches_sql(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-c", readme_example()], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", guide_example()], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
