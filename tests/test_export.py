@@ -127,3 +127,7 @@ def test_every_parameter_kept_and_placement_in_its_own_columns(tmp_path, capsys)
     with open(out / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["device"], r["placement_device"]) for r in rows] == [("auto", "cpu (fp32)"), ("auto", "cuda:0 (bf16)")]
+    # The Python API's export writes the same files.
+    paths = orchestrator.export("pl", db=db, out=tmp_path / "py", format="csv")
+    assert [p.name for p in paths] == ["trials.csv", "evals.csv", "spec.yaml"]
+    assert (tmp_path / "py" / "trials.csv").read_text() == (out / "trials.csv").read_text()
