@@ -1,4 +1,4 @@
-"""A real two-node Ray cluster on this machine, as the README's recipe builds it: ``ray start
+"""A real two-node Ray cluster on this machine, as docs/how-to/clusters.md builds it: ``ray start
 --head`` and a second ``ray start --address`` (separate raylets, free ports, token
 authentication with a token file), a driver that lacks the token refused in one line that
 names the fix, then a sweep on PostgreSQL whose trials ran on both nodes. The test stops

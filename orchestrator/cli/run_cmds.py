@@ -41,9 +41,10 @@ class _Progress:
             err.print(escape(f"watch it live: {ui_command(db)}"), soft_wrap=True)  # copy-pasteable
         if self.quiet or todo == 0:
             return
-        from orchestrator.ui.live import BoardProgress, TrialBoard
+        from orchestrator.cli.live_eta import RateBoard
+        from orchestrator.ui.live import BoardProgress
 
-        self.board = TrialBoard(total_steps=steps or 0)
+        self.board = RateBoard(total_steps=steps or 0)
         self.bar = BoardProgress(self.board, console=err, transient=False)
         self.bar.start()
 
@@ -183,13 +184,14 @@ def _finish(summary, quiet: bool) -> int:
             soft_wrap=True,
         )
         return EXIT_INTERRUPTED
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
+    # The result, on stdout, --quiet or not: one line however long, the command inside it
+    # copy-pasteable.
+    out.print(
+        escape(f"sweep {summary.sweep}: {parts}; query it with `{query_hint(summary.sweep, summary.db_arg)}`"),
+        soft_wrap=True,
+    )
     if not quiet:
-        parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
-        # The result, on stdout: one line however long, the command inside it copy-pasteable.
-        out.print(
-            escape(f"sweep {summary.sweep}: {parts}; query it with `{query_hint(summary.sweep, summary.db_arg)}`"),
-            soft_wrap=True,
-        )
         for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
             st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())
             err.print(
@@ -225,7 +227,7 @@ def submit(
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
     max_trials: int = typer.Option(100_000, "--max-trials", min=1, help="refuse a design with more trials than this"),
     takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
     allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
@@ -326,7 +328,7 @@ def resume(
     address: Optional[str] = typer.Option(None, "--address"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
     takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
     allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
 ) -> int:
@@ -360,9 +362,7 @@ def status(
     if watch:
         if sweep is None:
             raise UserError("--watch needs a sweep name: orchestrator status SWEEP --watch")
-        from orchestrator.ui.live import watch as watch_board
-
-        watch_board(engine, sweep, interval, out)
+        _watch(engine, sweep, interval)
     report = progress_report(engine, sweep)
     if as_json:
         out.print_json(json.dumps(report, default=str))
@@ -453,6 +453,31 @@ def _trial_status(engine, sweep: str, key: str, as_json: bool) -> int:
         table.add_row(*("" if a[c] is None else escape(str(a[c])) for c in shown))
     out.print(table if tried else "  no attempts recorded (it has not started, or ran before attempts were recorded)")
     return 0
+
+
+def _watch(engine, sweep: str, interval: float) -> None:
+    """Redraw the sweep's board from the database every ``interval`` seconds until no trial
+    is pending or running (or Ctrl-C), its ETA from the recent rate of the steps read."""
+    import time
+
+    from orchestrator.cli.live_eta import RateBoard
+    from orchestrator.eta import RateWindow
+    from orchestrator.ui.live import BoardProgress, board_from_db, counts_detail
+
+    window = RateWindow()
+    board, st = board_from_db(engine, sweep)
+    with BoardProgress(RateBoard.of(board, window), console=out, auto_refresh=False, transient=False) as prog:
+        try:
+            while True:
+                prog.sync(counts_detail(st["counts"]))
+                prog.refresh()
+                if not (st["counts"].get(Status.running) or st["counts"].get(Status.pending)):
+                    return
+                time.sleep(interval)
+                board, st = board_from_db(engine, sweep)
+                prog.board = RateBoard.of(board, window)
+        except KeyboardInterrupt:
+            return
 
 
 @app.command("ls")

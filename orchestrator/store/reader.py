@@ -205,6 +205,11 @@ TRIAL_COLUMNS = (
     "started_at",
     "finished_at",
 )
+# Where a trial ran, under names of their own: ``device`` is also a parameter (``auto``,
+# ``cpu``, ``cuda``: what was asked), beside which ``placement_device`` is what it got.
+PLACEMENT = {"host": "placement_host", "node_id": "placement_node_id", "device": "placement_device"}
+# The trials frame's own columns, before one column per parameter.
+TRIAL_FRAME_COLUMNS = tuple(PLACEMENT.get(c, c) for c in TRIAL_COLUMNS)
 EVAL_COLUMNS = ("trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s")
 
 
@@ -244,9 +249,12 @@ class SweepFrames:
 
 def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
     """Every trial (any status) and every eval point of ``sweep``. Column names are the SQL
-    ones (``key``, ``step_lr``, ...); every parameter is one column under its full dotted
-    name (no short or formula aliases: those are the analysis's conveniences); ``metrics``
-    is expanded into one ``metrics.<name>`` column per metric."""
+    ones (``key``, ``step_lr``, ...), except where the trial ran: ``placement_host``,
+    ``placement_node_id``, ``placement_device`` (:data:`PLACEMENT`); every parameter is one
+    column under its full dotted name (no short or formula aliases: those are the
+    analysis's conveniences), ``device`` included (an imported parameter named like one of
+    the columns above is ``params.<name>``); ``metrics`` is expanded into one
+    ``metrics.<name>`` column per metric."""
     import pandas as pd
 
     t = Trial.__table__
@@ -272,8 +280,12 @@ def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
             .where(Trial.sweep_id == sid)
             .order_by(Eval.trial_id, Eval.step)
         ).all()
-    trials = pd.DataFrame({c: [r[c] for r in trows] for c in TRIAL_COLUMNS})
-    pcols, params = param_columns([r["params"] for r in trows], trials.index, skip=TRIAL_COLUMNS)
+    trials = pd.DataFrame({PLACEMENT.get(c, c): [r[c] for r in trows] for c in TRIAL_COLUMNS})
+    pcols, params = param_columns([r["params"] for r in trows], trials.index)
+    # No parameter of a spec is named like these columns; an imported trace's may be: it
+    # is kept too, as ``params.<name>``.
+    clash = {n: f"params.{n}" for n in params if n in TRIAL_FRAME_COLUMNS}
+    pcols, params = pcols.rename(columns=clash), [clash.get(n, n) for n in params]
     trials = pd.concat([trials, pcols], axis=1)
     evals = pd.DataFrame([tuple(r[:7]) for r in erows], columns=list(EVAL_COLUMNS))
     evals = evals.astype(
