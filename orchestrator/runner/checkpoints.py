@@ -154,7 +154,11 @@ class Loader:
             path = trial_path(folder, self.sweep, key)
             if path.exists():
                 data = path.read_bytes()
-                found.append(Found(data, int(deserialize(data)["step"]), FILE))
+                try:
+                    step = int(deserialize(data)["step"])
+                except Exception:  # unreadable: the unit fails on it, as a configuration error
+                    step = -1
+                found.append(Found(data, step, FILE))
                 break
         return max(found, key=lambda f: f.step) if found else None
 
