@@ -321,3 +321,41 @@ def test_the_code_change_guard_refuses_then_allows_and_records(tmp_path, shared_
         (2, 40, "completed"),
     ]
     assert all(a["code_version"] != "git:0ther" and a["torch_version"] for a in tried)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_analyze_groups_and_filters_by_the_attempts_code_host_and_device(tmp_path, backend):
+    """The confound check is one command: ``--by code_version`` (and ``host``, ``device`` in
+    ``--where``), from each trial's newest attempt, checked against counts made here."""
+    import orchestrator
+    from orchestrator.analysis.data import load_sweep
+    from orchestrator.spec import load
+
+    url, drop = backend_url(tmp_path, backend)
+    try:
+        engine, _ = open_store_engine(url)
+        sweep = load("<t>", text=two_arm_spec("conf"))
+        sid = repo.ensure_sweep(engine, "conf", sweep.text, sweep.hash)
+        finals = {}
+        with engine.begin() as conn:
+            ids = repo.add_trials(conn, sid, sweep.trials)
+            for i, (key, tid) in enumerate(sorted(ids.items())):
+                code = "git:old" if i < 2 else "git:new"
+                device = "NVIDIA A100" if i % 2 else "cpu"
+                # a first attempt elsewhere, then the one that produced the trace
+                attempts.begin_attempt(conn, tid, None, {**ENV, "code_version": "git:lost", "host": "gone"}, "d")
+                attempts.begin_attempt(conn, tid, None, {**ENV, "code_version": code, "device": device}, "d")
+                acc = 0.95 if i % 3 == 0 else 0.2
+                finals[key] = (code, device, acc >= 0.9)
+                repo.upsert_evals(conn, [{"trial_id": tid, "step": s, "acc": acc, "loss": 1.0} for s in (0, 20, 240)])
+                repo.finish_trial(conn, tid, "completed")
+        engine.dispose()
+        got = orchestrator.analyze("conf", "lockin", db=url, by="code_version", lockin=0.9)
+        for code in ("git:old", "git:new"):
+            mine = [locked for c, _, locked in finals.values() if c == code]
+            row = got.summary.set_index("group").loc[code]
+            assert (row["n"], row["k"]) == (len(mine), sum(mine))
+        on_gpu = load_sweep(url, "conf", where="device = 'NVIDIA A100' AND host = 'h1'")
+        assert len(on_gpu.trials) == sum(d == "NVIDIA A100" for _, d, _ in finals.values()) > 0
+    finally:
+        drop()
