@@ -219,7 +219,9 @@ def test_grid_rates_are_the_cli_lockin_table(db_url, capsys):
         trials = _trial_params(db_url, ids)
         for (arm, lr), c in cells.items():
             assert (c["k"], c["n"]) == (cli[arm, lr]["k"], cli[arm, lr]["n"])
-            assert c["rate"] == pytest.approx(cli[arm, lr]["rate"]) and c["ci_low"] == pytest.approx(cli[arm, lr]["ci_low"])
+            assert c["rate"] == pytest.approx(cli[arm, lr]["rate"]) and c["ci_low"] == pytest.approx(
+                cli[arm, lr]["ci_low"]
+            )
             assert c["ci_high"] == pytest.approx(cli[arm, lr]["ci_high"])
             # Independently: the design's own lock-in rule, and statsmodels' Clopper-Pearson.
             mine = [p for p in trials.values() if p["arm"] == arm and f"{p['lr']:g}" == lr]
@@ -237,7 +239,9 @@ def test_grid_rates_are_the_cli_lockin_table(db_url, capsys):
         for c in m["panels"][0]["cells"]:
             mine = [p for p in trials.values() if p["arm"] == c["y"] and f"{p['lr']:g}" == c["x"]]
             esc = [100 * (2 + p["seed"] % 3) for p in mine if quick_final(p["arm"], p["lr"], p["seed"]) > 0.9]
-            kmf = KaplanMeierFitter().fit(esc + [600] * (len(mine) - len(esc)), [1] * len(esc) + [0] * (len(mine) - len(esc)))
+            kmf = KaplanMeierFitter().fit(
+                esc + [600] * (len(mine) - len(esc)), [1] * len(esc) + [0] * (len(mine) - len(esc))
+            )
             want = kmf.median_survival_time_
             assert c["k"] == len(esc)
             assert (c["median"] is None and want == float("inf")) or c["median"] == want
@@ -282,7 +286,7 @@ def test_compare_and_csv_of_every_view(tmp_path):
     engine, _ = open_store_engine(url)
     with engine.begin() as conn:  # a stored string a spreadsheet would run as a formula
         sid = repo.upsert_sweep(conn, "formula", "name: formula", "h")
-        p = {"arm": "=HYPERLINK(\"http://x\")", "seed": 0, "lr": 1e-3, "steps": 10}
+        p = {"arm": '=HYPERLINK("http://x")', "seed": 0, "lr": 1e-3, "steps": 10}
         tid = repo.add_trials(conn, sid, [(trial_key(p), p)])[trial_key(p)]
         repo.upsert_evals(conn, [{"trial_id": tid, "step": 1, "acc": 0.5, "loss": 1.0}])
     engine.dispose()
@@ -317,7 +321,7 @@ def test_compare_and_csv_of_every_view(tmp_path):
         assert len(body.decode().splitlines()) == 1 + 20 * 7
         code, _, body = asgi_get(app, "/api/sweeps/formula/csv/trials")
         (row,) = csv.DictReader(io.StringIO(body.decode()))
-        assert row["param.arm"] == "'=HYPERLINK(\"http://x\")"
+        assert row["param.arm"] == '\'=HYPERLINK("http://x")'
         assert _json(app, f"/api/sweeps/{QUICK}/csv/nope")[0] == 400
     finally:
         engine.dispose()

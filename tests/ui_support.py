@@ -201,9 +201,10 @@ def make_markup_db(url: str, tmp: Path) -> dict[str, str]:
     return {IMPORTED: imported_failed, SPECCED: failed}
 
 
-def chromium(*, console_log: bool = False):
+def chromium(*, console_log: bool = False, webgl: bool = False):
     """Headless Debian Chromium through Selenium (``console_log``: keep the page's console
-    messages, CSP violations included, for ``driver.get_log("browser")``)."""
+    messages, CSP violations included, for ``driver.get_log("browser")``; ``webgl``: with
+    software WebGL, for the pages that draw with scattergl)."""
     import shutil
 
     from selenium import webdriver
@@ -211,8 +212,9 @@ def chromium(*, console_log: bool = False):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1800"):
         opts.add_argument(a)
+    opts.add_argument("--enable-unsafe-swiftshader" if webgl else "--disable-gpu")
     if console_log:
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -248,14 +250,16 @@ def quick_final(arm: str, lr: float, seed: int) -> float:
     return 0.97 if locked else 0.15 + 0.01 * seed
 
 
-def make_quick_db(url: str) -> dict[str, int]:
-    """The quickstart-like sweep: 20 finished trials, eval every 100 steps to 600; a locked
-    trial escapes (acc >= 0.8) at step 100 * (2 + seed % 3). Returns key -> trial id."""
+def make_quick_db(url: str, name: str = QUICK, seeds: int = 5) -> dict[str, int]:
+    """The quickstart-like sweep: 4 x ``seeds`` finished trials, eval every 100 steps to
+    600; a locked trial escapes (acc >= 0.8) at step 100 * (2 + seed % 3). Returns key ->
+    trial id."""
     from orchestrator import spec
     from orchestrator.store import repo
     from orchestrator.store.engine import open_store_engine
 
-    sweep = spec.load(text=QUICK_SPEC)
+    text = QUICK_SPEC.replace(f"name: {QUICK}", f"name: {name}").replace("seed: 0..4", f"seed: 0..{seeds - 1}")
+    sweep = spec.load(text=text)
     engine, _ = open_store_engine(url)
     try:
         with engine.begin() as conn:

@@ -192,11 +192,18 @@ def create_app(engine, url: str) -> Starlette:
         ids = None
         if where or key:
             ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
-        return _JSON(q.traces(engine, name, since=args.get("since"), trial_ids=ids, full=args.get("full") == "1"))
+        mp = args.get("max_points") or "0"
+        if not (mp.isascii() and mp.isdigit() and len(mp) < 10):
+            raise UserError(f"max_points={mp[:20]!r}: expected a whole number")
+        return _JSON(
+            q.traces(
+                engine, name, since=args.get("since"), trial_ids=ids, full=args.get("full") == "1", max_points=int(mp)
+            )
+        )
 
     @guarded
     def api_traces_get(request: Request) -> Response:
-        args = {k: arg(request, k) for k in ("where", "key", "since", "full")}
+        args = {k: arg(request, k) for k in ("where", "key", "since", "full", "max_points")}
         return traces_answer(request.path_params["name"], args)
 
     async def api_traces(request: Request) -> Response:
@@ -214,7 +221,7 @@ def create_app(engine, url: str) -> Starlette:
             data = None
         if not isinstance(data, dict) or not all(isinstance(v, (str, type(None))) for v in data.values()):
             return _JSON({"error": "error: the body must be a JSON object of strings"}, status_code=400)
-        args = {k: (data.get(k) or None) for k in ("where", "key", "since", "full")}
+        args = {k: (data.get(k) or None) for k in ("where", "key", "since", "full", "max_points")}
         name = request.path_params["name"]
         return await run_in_threadpool(guarded(lambda _r: traces_answer(name, args)), request)
 

@@ -26,9 +26,15 @@ function plotText(v) {
     .replace(/"/g, "&#34;").replace(/%/g, "&#37;");
 }
 
+// Resolved once the document is parsed, i.e. every script (plotly.min.js, last) has run.
+const DOM_READY = new Promise(resolve => {
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", resolve); else resolve();
+});
+
 async function getJSON(url) {
   const r = await fetch(url);
   const body = await r.json();
+  await DOM_READY;
   if (!r.ok) throw new Error(body.error || (r.status + " " + r.statusText));
   return body;
 }
@@ -60,6 +66,7 @@ function fmt(v, digits) {
 async function postJSON(url, obj) {
   const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(obj) });
   const body = await r.json();
+  await DOM_READY;
   if (!r.ok) throw new Error(body.error || (r.status + " " + r.statusText));
   return body;
 }

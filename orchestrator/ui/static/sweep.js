@@ -10,6 +10,10 @@ const PAGE_ROWS = 100;
 // Above these, the traces are drawn with WebGL (scattergl); below, as SVG (crisper, and each
 // point's hover text names its trial).
 const GL_TRIALS = 300, GL_POINTS = 30000, HOVER_KEYS_MAX = 3000;
+const PLOT_CONFIG = { displaylogo: false, responsive: true, plotGlPixelRatio: 1 };
+// The first load asks the server to thin the traces past this many points (every k-th eval
+// of each trial and its last; the trial page and the CSV have every point).
+const MAX_POINTS = 250000;
 
 // Own properties only: a parameter named "constructor" is a parameter, not Object's.
 const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
@@ -76,6 +80,8 @@ function updateCSVLinks() {
 function groupedTraces(trials, g, groups, smooth, gl, axis) {
   const byGroup = new Map();
   const withKeys = trials.length <= HOVER_KEYS_MAX;
+  // The break between two trials: SVG lines break at null, WebGL lines only at NaN.
+  const gap = gl ? NaN : null;
   for (const t of trials) {
     const tr = state.traces[t.trial_id];
     if (!tr || !tr.step.length) continue;
@@ -83,7 +89,7 @@ function groupedTraces(trials, g, groups, smooth, gl, axis) {
     let e = byGroup.get(gv);
     if (!e) { e = { x: [], acc: [], loss: [], text: [], n: 0 }; byGroup.set(gv, e); }
     const acc = ema(tr.acc, smooth), loss = ema(tr.loss, smooth), who = plotText(t.key);
-    if (e.n) { e.x.push(null); e.acc.push(null); e.loss.push(null); if (withKeys) e.text.push(""); }
+    if (e.n) { e.x.push(gap); e.acc.push(gap); e.loss.push(gap); if (withKeys) e.text.push(""); }
     for (let i = 0; i < tr.step.length; i++) {
       e.x.push(tr.step[i]); e.acc.push(acc[i]); e.loss.push(loss[i]); if (withKeys) e.text.push(who);
     }
@@ -93,21 +99,28 @@ function groupedTraces(trials, g, groups, smooth, gl, axis) {
   for (const gv of groups) {
     const e = byGroup.get(gv);
     if (!e) continue;
-    const color = PALETTE[groups.indexOf(gv) % PALETTE.length];
+    const gi = groups.indexOf(gv), color = PALETTE[gi % PALETTE.length];
     // Names and hover text are Plotly's pseudo-HTML: stored strings go in through plotText.
     const name = plotText(gv), who = withKeys ? "%{text} " : "";
-    const common = { type: type, mode: "lines", x: e.x, name: name, legendgroup: gv, connectgaps: false,
+    // uids and legend groups end up in Plotly's CSS selectors: numbers, never a stored string.
+    const common = { type: type, mode: "lines", x: e.x, name: name, legendgroup: "g" + gi, connectgaps: false,
                      line: { color: color, width: gl ? 1 : 1.2 }, meta: { trials: e.n } };
     if (withKeys) common.text = e.text;
-    data.push(Object.assign({}, common, { uid: "acc-" + axis + "-" + gv, y: e.acc, xaxis: "x", yaxis: "y", showlegend: true,
+    data.push(Object.assign({}, common, { uid: "acc-" + axis + "-" + gi, y: e.acc, xaxis: "x", yaxis: "y", showlegend: true,
       hovertemplate: who + plotText(g) + "=" + name + "<br>step %{x}: acc %{y:.3f}<extra></extra>" }));
-    loss.push(Object.assign({}, common, { uid: "loss-" + axis + "-" + gv, y: e.loss, xaxis: "x2", yaxis: "y2", showlegend: false,
+    loss.push(Object.assign({}, common, { uid: "loss-" + axis + "-" + gi, y: e.loss, xaxis: "x2", yaxis: "y2", showlegend: false,
       hovertemplate: who + "<br>step %{x}: loss %{y:.3f}<extra></extra>" }));
   }
   return data.concat(loss);
 }
 
+// Ask for a WebGL context as the page starts: the first one a browser makes can take a
+// while (a software renderer starting), and Plotly gives up on a context that is not there
+// when it draws. A page whose WebGL still fails draws SVG instead (see drawTraces).
+const GL_PROBE = (() => { try { return Boolean(document.createElement("canvas").getContext("webgl")); } catch (e) { return false; } })();
+
 function useGL() {
+  if (!GL_PROBE || state.glFailed >= GL_RETRIES) return false;
   let points = 0;
   for (const id in state.traces) points += state.traces[id].step.length;
   return state.trials.length > GL_TRIALS || points > GL_POINTS;
@@ -133,6 +146,7 @@ function drawTraces() {
   const wanted = facets.map((v, i) => "facet-" + i);
   // Reuse facet divs across refreshes: Plotly.react then only diffs the data.
   [...holder.children].forEach(d => { if (!wanted.includes(d.id)) { Plotly.purge(d); d.remove(); } });
+  const drawn = [];
   const width = facets.length > 1 ? Math.max(420, Math.floor((window.innerWidth - 60) / Math.min(facets.length, 3))) : null;
   facets.forEach((fv, i) => {
     let div = document.getElementById("facet-" + i);
@@ -140,9 +154,28 @@ function drawTraces() {
     div.style.width = facets.length > 1 ? "" : "100%";
     const mine = f ? state.trials.filter(t => label(param(t, f)) === fv) : state.trials;
     const data = groupedTraces(mine, g, groups, smooth, gl, i);
-    const title = f ? plotText(f + " = " + fv) : "accuracy and loss per trial" + (smooth ? " (EMA " + smooth + ")" : "");
-    Plotly.react(div, data, traceLayout(title, plotText(g), width), { displaylogo: false, responsive: true });
+    const note = (smooth ? " (EMA " + smooth + ")" : "") + (state.stride > 1 ? " (1 eval in " + state.stride + " shown)" : "");
+    const title = (f ? plotText(f + " = " + fv) : "accuracy and loss per trial") + note;
+    // plotGlPixelRatio 1: a quarter of the pixels to a WebGL canvas (Plotly's default is 2),
+    // which a software renderer needs for 10,000 lines.
+    drawn.push(Plotly.react(div, data, traceLayout(title, plotText(g), width), PLOT_CONFIG)
+      .then(() => { if (div.querySelector(".no-webgl")) failedGL(div); }));
   });
+  // The first time the traces are on screen (the table is drawn first): the figure
+  // `orchestrator bench ui --browser` and the browser tests read.
+  Promise.all(drawn).then(() => { if (!state.glRetry && !document.body.dataset.drawn) document.body.dataset.drawn = String(performance.now()); });
+}
+
+// Plotly could not set up WebGL (seen in headless Chromium's software renderer while a big
+// page loads): try again from scratch after 0.5 s, then draw SVG instead.
+const GL_RETRIES = 2;
+function failedGL(div) {
+  Plotly.purge(div);
+  div.replaceChildren();  // purge leaves Plotly's "WebGL is not supported" box behind
+  if (state.glRetry) return;
+  state.glFailed = (state.glFailed || 0) + 1;
+  const wait = 500 * Math.pow(2, state.glFailed - 1);
+  state.glRetry = setTimeout(() => { state.glRetry = null; drawTraces(); drawCell(); }, wait);
 }
 
 // ---- the trial table (paged: a 10,000-row table is ten thousand rows of DOM) -------------------
@@ -273,8 +306,10 @@ async function drawGrid() {
       text[r][k] = head + "<br>" + c.k + "/" + c.n;
       custom[r][k] = [c.k, c.n, c.ci_low, c.ci_high, c.median];
     });
-    const hover = "x %{x}<br>y %{y}<br>k/n %{customdata[0]}/%{customdata[1]}<br>rate %{z:.3f}" +
-      "<br>95% CI [%{customdata[2]:.3f}, %{customdata[3]:.3f}]<br>median escape %{customdata[4]}<extra></extra>";
+    const rate = shown === "escape_median" ? "" : "<br>rate %{z:.3f}";
+    const hover = "x %{x}<br>y %{y}<br>k/n %{customdata[0]}/%{customdata[1]}" + rate +
+      "<br>95% CI [%{customdata[2]:.3f}, %{customdata[3]:.3f}]" +
+      (shown === "escape_median" ? "<br>median escape step %{customdata[4]}" : "") + "<extra></extra>";
     const trace = {
       type: "heatmap", x: xs.map(plotText), y: ys.map(plotText), z: z, text: text, customdata: custom,
       texttemplate: "%{text}", hovertemplate: hover, xgap: 2, ygap: 2, colorscale: "Viridis",
@@ -316,11 +351,13 @@ function drawCell() {
   const g = state.grid, ids = new Set(cell.trial_ids);
   const mine = state.trials.filter(t => ids.has(t.trial_id));
   const colour = $("group").value, groups = groupsOf(colour, mine);
-  const data = groupedTraces(mine, colour, groups, Number($("smooth").value) || 0, mine.length > GL_TRIALS, "cell");
+  const gl = mine.length > GL_TRIALS && GL_PROBE && !(state.glFailed >= GL_RETRIES);
+  const data = groupedTraces(mine, colour, groups, Number($("smooth").value) || 0, gl, "cell");
   const where = (g.facet ? g.facet + " = " + state.cell.f + ", " : "") + g.y + " = " + state.cell.y + ", " + g.x + " = " + state.cell.x;
   $("cell-caption").textContent = "cell " + where + ": " + cell.k + " of " + cell.n + " (rate " + cell.rate.toFixed(3) +
     ", 95% CI " + fmt(cell.ci_low) + " to " + fmt(cell.ci_high) + (cell.median !== null ? ", median escape step " + cell.median : "") + ")";
-  Plotly.react(div, data, traceLayout(plotText("cell " + where), plotText(colour), null, 420), { displaylogo: false, responsive: true });
+  Plotly.react(div, data, traceLayout(plotText("cell " + where), plotText(colour), null, 420), PLOT_CONFIG)
+    .then(() => { if (div.querySelector(".no-webgl")) failedGL(div); });
 }
 
 // Colour-by lists the parameters that vary first, then the rest; facet-by and the grid's axes
@@ -331,6 +368,10 @@ function fillControls(t) {
   const rest = t.params.filter(p => !t.varying.includes(p));
   t.varying.concat(rest).forEach(p => g.add(new Option(p, p)));
   t.varying.forEach(p => { f.add(new Option(p, p)); $("gx").add(new Option(p, p)); $("gy").add(new Option(p, p)); $("gf").add(new Option(p, p)); });
+  // Colour by default by the varying parameter with the fewest values (a handful of groups
+  // reads; seed with hundreds does not, and costs a trace per group).
+  const counts = t.varying.filter(p => p !== "seed").map(p => [groupsOf(p, t.trials).length, p]).sort((a, b) => a[0] - b[0]);
+  if (counts.length) g.value = counts[0][1];
   choose(g, INITIAL.get("color")); choose(f, INITIAL.get("facet"));
   // Default grid: lr across when it varies, the first other varying non-seed parameter down.
   const axes = t.varying.filter(p => p !== "seed");
@@ -344,16 +385,16 @@ async function reload() {
   const w = $("where").value.trim();
   const q = new URLSearchParams(); if (w) q.set("where", w);
   try {
-    const t = await getJSON(apiBase() + "/trials?" + q);
-    const tr = await getJSON(apiBase() + "/traces?" + q);
+    const qt = new URLSearchParams(q); qt.set("max_points", String(MAX_POINTS));
+    const [t, tr] = await Promise.all([getJSON(apiBase() + "/trials?" + q), getJSON(apiBase() + "/traces?" + qt)]);
+    state.stride = tr.stride;
     state.where = w;
     state.trials = t.trials; state.varying = t.varying; state.traces = {}; state.cursor = null;
     fillControls(t);
     mergeTraces(state.traces, tr); state.cursor = tr.cursor;
     showError("");
   } catch (e) { showError(e.message); return; }
-  drawTraces(); drawTable(); drawGrid(); drawKM(); saveURL();
-  document.body.dataset.drawn = String(performance.now());
+  drawTable(); drawTraces(); drawGrid(); drawKM(); saveURL();
 }
 
 async function poll() {
