@@ -442,8 +442,8 @@ def grid(
     panels = []
     for fv in facets:
         mine = [r for r in rows if facet is None or r[facet] == fv]
-        cells = [{"x": r[x], "y": r[y], "label": r["label"], **_cell(r)} for r in mine]
-        panels.append({"value": fv, "cells": cells})
+        shown = [{"x": r[x], "y": r[y], "label": r["label"], **_cell(r)} for r in mine]
+        panels.append({"value": fv, "cells": shown})
     return {
         "x": x,
         "y": y,
