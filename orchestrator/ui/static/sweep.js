@@ -10,6 +10,7 @@ const PAGE_ROWS = 100;
 // Above these, the traces are drawn with WebGL (scattergl); below, as SVG (crisper, and each
 // point's hover text names its trial).
 const GL_TRIALS = 300, GL_POINTS = 30000, HOVER_KEYS_MAX = 3000;
+const SVG_POINTS = 60000;
 const PLOT_CONFIG = { displaylogo: false, responsive: true, plotGlPixelRatio: 1 };
 // The first load asks the server to thin the traces past this many points (every k-th eval
 // of each trial and its last; the trial page and the CSV have every point).
@@ -82,6 +83,10 @@ function groupedTraces(trials, g, groups, smooth, gl, axis) {
   const withKeys = trials.length <= HOVER_KEYS_MAX;
   // The break between two trials: SVG lines break at null, WebGL lines only at NaN.
   const gap = gl ? NaN : null;
+  // SVG (no WebGL) past SVG_POINTS: every k-th point of each trial and its last.
+  let total = 0;
+  if (!gl) for (const t of trials) { const tr = state.traces[t.trial_id]; if (tr) total += tr.step.length; }
+  const every = gl ? 1 : Math.max(1, Math.ceil(total / SVG_POINTS));
   for (const t of trials) {
     const tr = state.traces[t.trial_id];
     if (!tr || !tr.step.length) continue;
@@ -90,7 +95,9 @@ function groupedTraces(trials, g, groups, smooth, gl, axis) {
     if (!e) { e = { x: [], acc: [], loss: [], text: [], n: 0 }; byGroup.set(gv, e); }
     const acc = ema(tr.acc, smooth), loss = ema(tr.loss, smooth), who = plotText(t.key);
     if (e.n) { e.x.push(gap); e.acc.push(gap); e.loss.push(gap); if (withKeys) e.text.push(""); }
-    for (let i = 0; i < tr.step.length; i++) {
+    const last = tr.step.length - 1;
+    for (let i = 0; i <= last; i++) {
+      if (every > 1 && i % every && i !== last) continue;
       e.x.push(tr.step[i]); e.acc.push(acc[i]); e.loss.push(loss[i]); if (withKeys) e.text.push(who);
     }
     e.n++;
@@ -111,7 +118,9 @@ function groupedTraces(trials, g, groups, smooth, gl, axis) {
     loss.push(Object.assign({}, common, { uid: "loss-" + axis + "-" + gi, y: e.loss, xaxis: "x2", yaxis: "y2", showlegend: false,
       hovertemplate: who + "<br>step %{x}: loss %{y:.3f}<extra></extra>" }));
   }
-  return data.concat(loss);
+  const out = data.concat(loss);
+  out.every = every;  // for the title: how many evals of each trial one drawn point stands for
+  return out;
 }
 
 // Ask for a WebGL context as the page starts: the first one a browser makes can take a
@@ -154,7 +163,8 @@ function drawTraces() {
     div.style.width = facets.length > 1 ? "" : "100%";
     const mine = f ? state.trials.filter(t => label(param(t, f)) === fv) : state.trials;
     const data = groupedTraces(mine, g, groups, smooth, gl, i);
-    const note = (smooth ? " (EMA " + smooth + ")" : "") + (state.stride > 1 ? " (1 eval in " + state.stride + " shown)" : "");
+    const thin = (state.stride || 1) * data.every;
+    const note = (smooth ? " (EMA " + smooth + ")" : "") + (thin > 1 ? " (1 eval in " + thin + " shown)" : "");
     const title = (f ? plotText(f + " = " + fv) : "accuracy and loss per trial") + note;
     // plotGlPixelRatio 1: a quarter of the pixels to a WebGL canvas (Plotly's default is 2),
     // which a software renderer needs for 10,000 lines.
