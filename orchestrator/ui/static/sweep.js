@@ -88,19 +88,20 @@ function groupedTraces(trials, g, groups, smooth, gl, axis) {
   if (!gl) for (const t of trials) { const tr = state.traces[t.trial_id]; if (tr) total += tr.step.length; }
   const every = gl ? 1 : Math.max(1, Math.ceil(total / SVG_POINTS));
   for (const t of trials) {
-    const tr = state.traces[t.trial_id];
-    if (!tr || !tr.step.length) continue;
+    // Every trial counts in its group (meta.trials), a pending one with no points yet too.
     const gv = label(param(t, g));
     let e = byGroup.get(gv);
-    if (!e) { e = { x: [], acc: [], loss: [], text: [], n: 0 }; byGroup.set(gv, e); }
+    if (!e) { e = { x: [], acc: [], loss: [], text: [], n: 0, lines: 0 }; byGroup.set(gv, e); }
+    e.n++;
+    const tr = state.traces[t.trial_id];
+    if (!tr || !tr.step.length) continue;
     const acc = ema(tr.acc, smooth), loss = ema(tr.loss, smooth), who = plotText(t.key);
-    if (e.n) { e.x.push(gap); e.acc.push(gap); e.loss.push(gap); if (withKeys) e.text.push(""); }
+    if (e.lines++) { e.x.push(gap); e.acc.push(gap); e.loss.push(gap); if (withKeys) e.text.push(""); }
     const last = tr.step.length - 1;
     for (let i = 0; i <= last; i++) {
       if (every > 1 && i % every && i !== last) continue;
       e.x.push(tr.step[i]); e.acc.push(acc[i]); e.loss.push(loss[i]); if (withKeys) e.text.push(who);
     }
-    e.n++;
   }
   const type = gl ? "scattergl" : "scatter", data = [], loss = [];
   for (const gv of groups) {
