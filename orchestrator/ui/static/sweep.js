@@ -386,7 +386,8 @@ function fillControls(t) {
   choose(g, INITIAL.get("color")); choose(f, INITIAL.get("facet"));
   // Default grid: lr across when it varies, the first other varying non-seed parameter down.
   const axes = t.varying.filter(p => p !== "seed");
-  const x0 = axes.includes("lr") ? "lr" : axes[0], y0 = axes.find(p => p !== x0);
+  const x0 = axes.includes("lr") ? "lr" : axes[0] || t.varying[0];
+  const y0 = axes.find(p => p !== x0) || t.varying.find(p => p !== x0);  // seed when nothing else varies
   if (x0) $("gx").value = x0;
   if (y0) $("gy").value = y0;
   choose($("gx"), INITIAL.get("gx")); choose($("gy"), INITIAL.get("gy")); choose($("gf"), INITIAL.get("gf"));
