@@ -232,7 +232,7 @@ def test_command_runs_on_a_tiny_input(command, args, says, smoke_dir, tmp_path, 
         assert any(c["name"].startswith("rebinding collision") for c in json.loads(cap.out)["checks"])
     if command == "bench ui":  # (was tests/test_bench_smoke.py) every request timed, every body sent
         got = json.loads(cap.out)
-        assert got["n_trials"] == 30 and any(path.endswith("/traces") for path in got["requests"])
+        assert got["n_trials"] == 30 and any("/traces" in path for path in got["requests"])
         assert all(r["server_s"] > 0 and r["bytes"] > 0 for r in got["requests"].values())
     if command == "delete":
         assert main(["ls", "--db", f"sqlite:///{tmp_path / 'copy.db'}"]) == 0

@@ -4,7 +4,10 @@ database, and that serving never changes the database file."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
+import json
 import urllib.parse
 
 import pytest
@@ -14,7 +17,7 @@ from orchestrator.keys import trial_key
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine, sqlite_path
 
-from ui_support import get, get_json, ui_server
+from ui_support import QUICK, QUICK_SPEC, asgi_get, get, get_json, make_quick_db, post_json, quick_final, ui_server
 
 SPEC = "name: live\ndescription: two trials written by hand\nanalysis: {by: [arm]}\n"
 
@@ -183,3 +186,172 @@ def test_missing_database_is_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no database at" in err[0]
     assert not missing.exists()
+
+
+# ---- the grid, CSV, compare, and the cursor in a POST body (issue 25) ---------------------------
+def _app(url: str):
+    from orchestrator.store.reader import open_reader_engine
+    from orchestrator.ui.app import create_app
+
+    engine, shown = open_reader_engine(url)
+    return create_app(engine, shown), engine
+
+
+def _json(app, path: str) -> tuple[int, dict]:
+    code, _, body = asgi_get(app, path)
+    return code, json.loads(body)
+
+
+def test_grid_rates_are_the_cli_lockin_table(db_url, capsys):
+    from lifelines import KaplanMeierFitter
+    from statsmodels.stats.proportion import proportion_confint
+
+    ids = make_quick_db(db_url)
+    app, engine = _app(db_url)
+    try:
+        code, g = _json(app, f"/api/sweeps/{QUICK}/grid?x=lr&y=arm")
+        assert code == 200 and g["x_values"] == ["0.001", "0.003"] and g["y_values"] == ["armed_gdn", "gated_deltanet"]
+        cells = {(c["y"], c["x"]): c for c in g["panels"][0]["cells"]}
+        # What `orchestrator analyze quickgrid lockin --by arm,lr` prints.
+        assert main(["analyze", QUICK, "lockin", "--by", "arm,lr", "--db", db_url, "--json"]) == 0
+        cli = {tuple(r["group"].split("/")): r for r in json.loads(capsys.readouterr().out)}
+        assert set(cli) == set(cells) and len(cells) == 4
+        trials = _trial_params(db_url, ids)
+        for (arm, lr), c in cells.items():
+            assert (c["k"], c["n"]) == (cli[arm, lr]["k"], cli[arm, lr]["n"])
+            assert c["rate"] == pytest.approx(cli[arm, lr]["rate"]) and c["ci_low"] == pytest.approx(
+                cli[arm, lr]["ci_low"]
+            )
+            assert c["ci_high"] == pytest.approx(cli[arm, lr]["ci_high"])
+            # Independently: the design's own lock-in rule, and statsmodels' Clopper-Pearson.
+            mine = [p for p in trials.values() if p["arm"] == arm and f"{p['lr']:g}" == lr]
+            k = sum(quick_final(p["arm"], p["lr"], p["seed"]) >= 0.9 for p in mine)
+            assert (c["k"], c["n"]) == (k, len(mine)) == (k, 5)
+            lo, hi = proportion_confint(k, 5, alpha=0.05, method="beta")
+            assert c["ci_low"] == pytest.approx(lo, abs=1e-9) and c["ci_high"] == pytest.approx(hi, abs=1e-9)
+            assert sorted(c["trial_ids"]) == sorted(ids[key] for key, p in trials.items() if p in mine)
+        assert [cells[c]["k"] for c in sorted(cells)] == [2, 4, 0, 1]  # the rates differ per cell
+
+        # The median escape step per cell, against lifelines' own Kaplan-Meier median.
+        code, m = _json(app, f"/api/sweeps/{QUICK}/grid?x=lr&y=arm&facet=seed&metric=escape_median")
+        assert code == 200 and len(m["panels"]) == 5
+        code, m = _json(app, f"/api/sweeps/{QUICK}/grid?x=lr&y=arm&metric=escape_median")
+        for c in m["panels"][0]["cells"]:
+            mine = [p for p in trials.values() if p["arm"] == c["y"] and f"{p['lr']:g}" == c["x"]]
+            esc = [100 * (2 + p["seed"] % 3) for p in mine if quick_final(p["arm"], p["lr"], p["seed"]) > 0.9]
+            kmf = KaplanMeierFitter().fit(
+                esc + [600] * (len(mine) - len(esc)), [1] * len(esc) + [0] * (len(mine) - len(esc))
+            )
+            want = kmf.median_survival_time_
+            assert c["k"] == len(esc)
+            assert (c["median"] is None and want == float("inf")) or c["median"] == want
+        assert {c["median"] for c in m["panels"][0]["cells"]} >= {300.0, None}
+
+        # The grid's CSV is the same cells.
+        code, headers, body = asgi_get(app, f"/api/sweeps/{QUICK}/csv/grid?x=lr&y=arm")
+        assert code == 200 and headers["content-type"].startswith("text/csv")
+        assert headers["content-disposition"] == f'attachment; filename="{QUICK}-grid.csv"'
+        rows = list(csv.DictReader(io.StringIO(body.decode())))
+        assert [(r["arm"], r["lr"], int(r["k"]), int(r["n"])) for r in rows] == [
+            (y, x, cells[y, x]["k"], 5) for y, x in sorted(cells)
+        ]
+
+        # Bad input: 400 and one line naming what was wrong.
+        for q, words in (
+            ("x=lr&y=nope", "y 'nope': no such parameter"),
+            ("x=nope&y=arm", "x 'nope': no such parameter"),
+            ("x=lr&y=arm&facet=zzz", "facet 'zzz': no such parameter"),
+            ("x=lr&y=lr", "pick different parameters"),
+            ("x=lr", "grid needs two axes"),
+            ("x=lr&y=arm&metric=mean", "metric 'mean'"),
+            ("x=lr&y=arm&where=" + urllib.parse.quote("nope > 1"), "no such column: nope"),
+        ):
+            code, bad = _json(app, f"/api/sweeps/{QUICK}/grid?{q}")
+            assert code == 400 and words in bad["error"] and "\n" not in bad["error"], (q, bad)
+        assert _json(app, "/api/sweeps/nope/grid?x=lr&y=arm")[0] == 404
+    finally:
+        engine.dispose()
+
+
+def _trial_params(url: str, ids: dict[str, int]) -> dict[str, dict]:
+    from orchestrator import spec
+
+    return {k: p for k, p in spec.load(text=QUICK_SPEC).trials if k in ids}
+
+
+def test_compare_and_csv_of_every_view(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    make_quick_db(url)
+    _write_sweep(url)  # "live": a second sweep sharing arm, lr, seed
+    engine, _ = open_store_engine(url)
+    with engine.begin() as conn:  # a stored string a spreadsheet would run as a formula
+        sid = repo.upsert_sweep(conn, "formula", "name: formula", "h")
+        p = {"arm": '=HYPERLINK("http://x")', "seed": 0, "lr": 1e-3, "steps": 10}
+        tid = repo.add_trials(conn, sid, [(trial_key(p), p)])[trial_key(p)]
+        repo.upsert_evals(conn, [{"trial_id": tid, "step": 1, "acc": 0.5, "loss": 1.0}])
+    engine.dispose()
+    app, engine = _app(url)
+    try:
+        code, c = _json(app, f"/api/compare?a={QUICK}&b=live&by=lr")
+        assert code == 200 and c["by"] == "lr" and "arm" in c["shared"]
+        code, g = _json(app, f"/api/sweeps/{QUICK}/grid?x=lr&y=arm")
+        per_lr = {}
+        for cell in g["panels"][0]["cells"]:
+            k, n = per_lr.get(cell["x"], (0, 0))
+            per_lr[cell["x"]] = (k + cell["k"], n + cell["n"])
+        assert {r["value"]: (r["k"], r["n"]) for r in c["a_cells"]} == per_lr
+        assert [(r["value"], r["n"]) for r in c["b_cells"]] == [("0.001", 1)]  # only the finished trial
+        code, bad = _json(app, f"/api/compare?a={QUICK}&b=live&by=task.K")
+        assert code == 400 and bad["error"].startswith("error: by 'task.K': not a parameter of both sweeps")
+        assert _json(app, f"/api/compare?a={QUICK}&b=nope")[0] == 404
+        code, headers, body = asgi_get(app, f"/api/compare/csv?a={QUICK}&b=live&by=lr")
+        assert code == 200 and body.decode().splitlines()[0] == "sweep,lr,n,k,rate,ci_low,ci_high,median"
+
+        for view, first in (
+            ("trials", "trial_id,key,status"),
+            ("traces", "key,trial_id,step,acc"),
+            ("km?by=arm", "group,step,not_escaped"),
+            ("grid?x=lr&y=arm", "arm,lr,n,k"),
+        ):
+            code, headers, body = asgi_get(app, f"/api/sweeps/{QUICK}/csv/{view}")
+            assert code == 200 and headers["content-type"] == "text/csv; charset=utf-8", view
+            assert headers["x-content-type-options"] == "nosniff"
+            assert body.decode().startswith(first), view
+        code, _, body = asgi_get(app, f"/api/sweeps/{QUICK}/csv/traces")
+        assert len(body.decode().splitlines()) == 1 + 20 * 7
+        code, _, body = asgi_get(app, "/api/sweeps/formula/csv/trials")
+        (row,) = csv.DictReader(io.StringIO(body.decode()))
+        assert row["param.arm"] == '\'=HYPERLINK("http://x")'
+        assert _json(app, f"/api/sweeps/{QUICK}/csv/nope")[0] == 400
+    finally:
+        engine.dispose()
+
+
+def test_the_cursor_of_1500_running_trials_goes_in_a_post_body(tmp_path):
+    """About 600 trials written at once made the cursor longer than 16 KiB, where a request
+    line may be refused (uvicorn's h11 limit, when the request arrives in pieces): the page
+    POSTs it, and a real server takes it."""
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    engine, _ = open_store_engine(url)
+    params = [{"arm": "a", "task": "mqar", "seed": i, "lr": 1e-3, "steps": 5000} for i in range(1500)]
+    keyed = [(trial_key(p), p) for p in params]
+    with engine.begin() as conn:
+        sid = repo.upsert_sweep(conn, "wide", "name: wide", "h")
+        ids = repo.add_trials(conn, sid, keyed)
+        for k, _ in keyed:
+            repo.mark_running(conn, ids[k])
+        repo.upsert_evals(conn, [{"trial_id": i, "step": 1000, "acc": 0.1, "loss": 1.0} for i in ids.values()])
+    engine.dispose()
+    with ui_server(url) as base:
+        code, first = get_json(base + "/api/sweeps/wide/traces")
+        assert code == 200 and first["n"] == 1500 and len(first["cursor"]) > 16 * 1024
+        one = ids[keyed[7][0]]
+        _append(url, one, (2000,))
+        code, new = post_json(base + "/api/sweeps/wide/traces", {"since": first["cursor"]})
+        assert code == 200 and _rows(new) == [(one, 2000)]
+        code, none = post_json(base + "/api/sweeps/wide/traces", {"since": new["cursor"], "where": "seed < 10"})
+        assert code == 200 and none["n"] == 0
+        code, bad = post_json(base + "/api/sweeps/wide/traces", {"since": "garbage"})
+        assert code == 400 and "not a cursor this server gave out" in bad["error"]
+        code, bad = post_json(base + "/api/sweeps/wide/traces", ["not", "an", "object"])
+        assert code == 400 and bad["error"] == "error: the body must be a JSON object of strings"

@@ -35,11 +35,13 @@ N_TRIALS = 4
 SHOT = Path("/tmp/orchestrator-ui-sweep.png")
 
 
-# Acc lines are the traces whose uid starts with "acc-"; their x arrays are the points.
+# Acc traces are those whose uid starts with "acc-", one per colour group holding its trials'
+# lines (meta.trials of them) split by gaps; the points are their x values but the gaps.
 _COUNT_JS = """
 let lines = 0, points = 0, legend = new Set();
 document.querySelectorAll('#plots .facet').forEach(d => {
-  (d.data || []).forEach(t => { if (String(t.uid).startsWith('acc-')) { lines++; points += t.x.length; } });
+  (d.data || []).forEach(t => { if (String(t.uid).startsWith('acc-')) {
+    lines += t.meta.trials; points += t.x.filter(x => x !== null && !Number.isNaN(x)).length; } });
   d.querySelectorAll('.legend .legendtext').forEach(e => legend.add(e.textContent));
 });
 return [lines, points, Array.from(legend).sort()];

@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -36,6 +37,8 @@ from . import db as q
 
 DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
 POLL_MS = 2000
+# A traces POST carries the cursor: a few bytes per trial still being written.
+MAX_BODY = 8 * 1024 * 1024
 _HERE = Path(__file__).resolve().parent
 
 # Scripts and data only from this server; nothing inline but styles (Plotly.js sets style
@@ -106,6 +109,17 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _csv(filename: str, text: str) -> Response:
+    """CSV as a download: ``text/csv`` (with nosniff, never rendered as a page) and a file
+    name made of safe characters only (sweep names are stored strings)."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in filename)
+    return Response(
+        text,
+        media_type="text/csv; charset=utf-8",
+        headers={"content-disposition": f'attachment; filename="{safe}"'},
+    )
+
+
 class _JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
         return json.dumps(content, separators=(",", ":"), default=str, allow_nan=False).encode()
@@ -173,16 +187,89 @@ def create_app(engine, url: str) -> Starlette:
         t = q.trials(engine, request.path_params["name"], where=arg(request, "where"))
         return _JSON({"trials": _clean(t.rows), "params": t.params, "varying": t.varying})
 
-    @guarded
-    def api_traces(request: Request) -> Response:
-        name = request.path_params["name"]
-        where, key = arg(request, "where"), arg(request, "key")
+    def traces_answer(name: str, args: dict[str, str | None]) -> Response:
+        where, key = args.get("where"), args.get("key")
         ids = None
         if where or key:
             ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
+        mp = args.get("max_points") or "0"
+        if not (mp.isascii() and mp.isdigit() and len(mp) < 10):
+            raise UserError(f"max_points={mp[:20]!r}: expected a whole number")
         return _JSON(
-            q.traces(engine, name, since=arg(request, "since"), trial_ids=ids, full=arg(request, "full") == "1")
+            q.traces(
+                engine, name, since=args.get("since"), trial_ids=ids, full=args.get("full") == "1", max_points=int(mp)
+            )
         )
+
+    @guarded
+    def api_traces_get(request: Request) -> Response:
+        args = {k: arg(request, k) for k in ("where", "key", "since", "full", "max_points")}
+        return traces_answer(request.path_params["name"], args)
+
+    async def api_traces(request: Request) -> Response:
+        """GET with the arguments in the query; POST with them as a JSON object, which is how
+        the pages send a cursor: it grows with the trials being written, and a request line
+        past 16 KiB (about 600 running trials) never reaches the app."""
+        if request.method == "GET":
+            return await run_in_threadpool(api_traces_get, request)
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return _JSON({"error": f"error: request body of {len(body)} bytes, more than {MAX_BODY}"}, status_code=400)
+        try:
+            data = json.loads(body or b"{}")
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict) or not all(isinstance(v, (str, type(None))) for v in data.values()):
+            return _JSON({"error": "error: the body must be a JSON object of strings"}, status_code=400)
+        args = {k: (data.get(k) or None) for k in ("where", "key", "since", "full", "max_points")}
+        name = request.path_params["name"]
+        return await run_in_threadpool(guarded(lambda _r: traces_answer(name, args)), request)
+
+    @guarded
+    def api_grid(request: Request) -> Response:
+        g = q.grid(
+            engine,
+            request.path_params["name"],
+            arg(request, "x"),
+            arg(request, "y"),
+            arg(request, "facet"),
+            arg(request, "metric") or "lockin",
+            arg(request, "where"),
+        )
+        return _JSON(_clean(g))
+
+    @guarded
+    def api_csv(request: Request) -> Response:
+        args = {k: arg(request, k) for k in ("where", "by", "x", "y", "facet", "metric")}
+        fname, text = q.csv_view(engine, request.path_params["name"], request.path_params["view"], args)
+        return _csv(fname, text)
+
+    @guarded
+    def compare_page(request: Request) -> Response:
+        return page(request, "compare.html", a=arg(request, "a") or "", b=arg(request, "b") or "")
+
+    def compare_args(request: Request) -> dict[str, Any]:
+        return _clean(
+            q.compare(
+                engine,
+                arg(request, "a") or "",
+                arg(request, "b") or "",
+                arg(request, "by"),
+                arg(request, "metric") or "lockin",
+                arg(request, "where"),
+            )
+        )
+
+    @guarded
+    def api_compare(request: Request) -> Response:
+        return _JSON(compare_args(request))
+
+    @guarded
+    def api_compare_csv(request: Request) -> Response:
+        c = compare_args(request)
+        cols = ["sweep", c["by"], "n", "k", "rate", "ci_low", "ci_high", "median"]
+        rows = [{"sweep": c[s], c["by"]: r["value"], **r} for s in ("a", "b") for r in c[s + "_cells"]]
+        return _csv(f"compare-{c['a']}-{c['b']}.csv", q.to_csv(cols, rows))
 
     @guarded
     def api_km(request: Request) -> Response:
@@ -202,8 +289,13 @@ def create_app(engine, url: str) -> Starlette:
         Route("/sweeps/{name}/trials/{key}", trial_page),
         Route("/api/sweeps", api_sweeps),
         Route("/api/sweeps/{name}/trials", api_trials),
-        Route("/api/sweeps/{name}/traces", api_traces),
+        Route("/api/sweeps/{name}/traces", api_traces, methods=["GET", "POST"]),
         Route("/api/sweeps/{name}/km", api_km),
+        Route("/api/sweeps/{name}/grid", api_grid),
+        Route("/api/sweeps/{name}/csv/{view}", api_csv),
+        Route("/compare", compare_page),
+        Route("/api/compare", api_compare),
+        Route("/api/compare/csv", api_compare_csv),
         Route("/static/plotly.min.js", plotly),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]

@@ -189,10 +189,11 @@ def encode_cursor(t: dt.datetime, last: dict[int, int]) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-# What a cursor may hold. The server gives out cursors of a few bytes per open trial, and a
-# request line beyond 16 KiB never reaches the app (uvicorn's h11 refuses it); the cap keeps
-# a crafted one from costing more than a moment either way.
-MAX_CURSOR_CHARS = 64 * 1024
+# What a cursor may hold. The server gives out cursors of a few bytes per open trial (about
+# 200 KiB for 10,000 running trials): past ~600 of them a cursor no longer fits a request
+# line (16 KiB, uvicorn's h11 refuses more), so the pages POST it. The cap keeps a crafted
+# one from costing more than a moment.
+MAX_CURSOR_CHARS = 4 * 1024 * 1024
 MAX_ID = 2**63 - 1  # the store's integers are 64-bit at most
 EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 CLOCK_SLACK = dt.timedelta(days=1)
@@ -238,12 +239,35 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, dict[int, int]]:
     return when, {_int(k, "a trial id", cursor, key=True): _int(v, "a step", cursor) for k, v in last.items()}
 
 
+def thin(rows: list[tuple], max_points: int) -> tuple[list[tuple], int]:
+    """Every ``stride``-th eval of each trial plus its last, the smallest stride that brings
+    ``rows`` (ordered by trial, step) to at most about ``max_points``; ``(rows, stride)``.
+    A line of 50 evals drawn from 25 looks the same at a page's width, and the page's first
+    load of a 10,000-trial sweep halves."""
+    if max_points <= 0 or len(rows) <= max_points:
+        return rows, 1
+    stride = -(-len(rows) // max_points)
+    out, pos = [], 0
+    for i, r in enumerate(rows):
+        last = i + 1 == len(rows) or rows[i + 1][0] != r[0]
+        if pos % stride == 0 or last:
+            out.append(r)
+        pos = 0 if last else pos + 1
+    return out, stride
+
+
 def traces(
-    engine: Engine, name: str, since: str | None = None, trial_ids: set[int] | None = None, full: bool = False
+    engine: Engine,
+    name: str,
+    since: str | None = None,
+    trial_ids: set[int] | None = None,
+    full: bool = False,
+    max_points: int = 0,
 ) -> dict[str, Any]:
     """Eval rows of a sweep as columns (``trial_id, step, acc, loss``; with ``full`` also
     ``train_loss, step_lr, elapsed_s, metrics``), only those past ``since``, plus the
-    cursor for the next call."""
+    cursor for the next call. ``max_points`` (> 0) thins a first read (:func:`thin`); the
+    answer's ``stride`` says by how much (1: every row)."""
     cols = FULL_COLUMNS if full else TRACE_COLUMNS
     prev_t, prev_last = decode_cursor(since) if since else (None, {})
     with engine.connect() as conn:
@@ -265,9 +289,11 @@ def traces(
     last: dict[int, int] = dict(zip(map(itemgetter(0), rows), map(itemgetter(1), rows)))
     keep = {i: max(last.get(i, -1), prev_last.get(i, -1)) for i in open_ids if trial_ids is None or i in trial_ids}
     keep = {i: s for i, s in keep.items() if s >= 0 or i in last}
+    rows, stride = thin(rows, max_points) if prev_t is None else (rows, 1)
     return {
         "columns": _columns(rows, cols, exact=full),
         "n": len(rows),
+        "stride": stride,
         "cursor": encode_cursor(now, keep),
         "now": now.isoformat(timespec="seconds"),
     }
@@ -360,3 +386,172 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
         lr = survival.logrank(prep.trials, cfg)
         out["logrank"] = {"p_value": lr.p_value, "test_statistic": lr.test_statistic, "kind": lr.details.get("kind")}
     return out
+
+
+# ---- the grid view, the comparison of two sweeps, CSV ------------------------------------------
+GRID_DROPS = ("by", "cells", "strata", "compare", "contrasts", "heatmap", "where")
+CI_METHOD = "Clopper-Pearson exact 95% (scipy.stats.binomtest)"
+
+
+def _grid_prepared(engine: Engine, name: str, where: str | None):
+    """The sweep prepared as ``orchestrator analyze NAME`` prepares it (the stored spec's
+    thresholds and statuses, its horizon), with the page's ``where`` instead of the spec's
+    groups and filter."""
+    from orchestrator.analysis import pipeline
+    from orchestrator.analysis.config import parse_config
+    from orchestrator.analysis.report import apply_horizon
+
+    with engine.connect() as conn:
+        reader.sweep_id(conn, name)
+        block = {k: v for k, v in spec_analysis(conn, name).items() if k not in GRID_DROPS}
+    cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(where=where or None)
+    key = (id(engine), name, "grid", cfg.model_dump_json())
+    return PREPARED.get(engine, name, key, lambda: apply_horizon(pipeline.prepare(engine, name, cfg)))
+
+
+def _cell(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("n", "k", "rate", "ci_low", "ci_high", "median", "trial_ids")}
+
+
+def grid(
+    engine: Engine,
+    name: str,
+    x: str | None,
+    y: str | None,
+    facet: str | None = None,
+    metric: str = "lockin",
+    where: str | None = None,
+) -> dict[str, Any]:
+    """Per cell of ``x`` by ``y`` (per ``facet`` value): n, k, rate and its interval (and
+    the median escape step), from :func:`orchestrator.analysis.grid.grid_cells`."""
+    from orchestrator.analysis.grid import axis_values, grid_cells
+
+    from orchestrator.analysis.groups import check_params
+
+    if not x or not y:
+        raise UserError("grid needs two axes: x=PARAM&y=PARAM")
+    if x == y or facet in (x, y):
+        raise UserError(f"x={x!r}, y={y!r}, facet={facet!r}: pick different parameters")
+    prep = _grid_prepared(engine, name, where)
+    for flag, axis in (("x", x), ("y", y), ("facet", facet)):
+        check_params(prep.trials, [axis] if axis else [], prep.data.params, flag)
+    axes = ([facet] if facet else []) + [y, x]
+    cells = grid_cells(prep.trials, prep.cfg, axes, metric or "lockin", prep.data.params)
+    rows = cells.to_dict("records")
+    facets = axis_values(cells, prep.trials, facet) if facet else [None]
+    panels = []
+    for fv in facets:
+        mine = [r for r in rows if facet is None or r[facet] == fv]
+        shown = [{"x": r[x], "y": r[y], "label": r["label"], **_cell(r)} for r in mine]
+        panels.append({"value": fv, "cells": shown})
+    return {
+        "x": x,
+        "y": y,
+        "facet": facet,
+        "metric": metric or "lockin",
+        "x_values": axis_values(cells, prep.trials, x),
+        "y_values": axis_values(cells, prep.trials, y),
+        "panels": panels,
+        "lockin": prep.cfg.lockin,
+        "escape_at": prep.cfg.escape_at,
+        "statuses": list(prep.cfg.statuses),
+        "ci": CI_METHOD,
+    }
+
+
+def shared_params(engine: Engine, a: str, b: str) -> list[str]:
+    """Parameters both sweeps have, those that vary in either first."""
+    ta, tb = trials(engine, a), trials(engine, b)
+    both = [p for p in ta.params if p in set(tb.params)]
+    vary = set(ta.varying) | set(tb.varying)
+    return [p for p in both if p in vary] + [p for p in both if p not in vary]
+
+
+def compare(
+    engine: Engine, a: str, b: str, by: str | None, metric: str = "lockin", where: str | None = None
+) -> dict[str, Any]:
+    """Two sweeps side by side along a parameter both have: per value, each sweep's n, k,
+    rate and interval (and median escape step), from the same cells as :func:`grid`."""
+    from orchestrator.analysis.grid import grid_cells
+
+    if not a or not b:
+        raise UserError("compare needs two sweeps: a=SWEEP&b=SWEEP")
+    shared = shared_params(engine, a, b)
+    if not by:
+        if not shared:
+            raise UserError(f"sweeps {a!r} and {b!r} share no parameter to compare by")
+        by = shared[0]
+    if by not in shared:
+        raise UserError(f"by {by!r}: not a parameter of both sweeps; shared: {', '.join(shared[:40]) or '(none)'}")
+    out: dict[str, Any] = {"a": a, "b": b, "by": by, "metric": metric or "lockin", "shared": shared, "ci": CI_METHOD}
+    for side, name in (("a", a), ("b", b)):
+        prep = _grid_prepared(engine, name, where)
+        cells = grid_cells(prep.trials, prep.cfg, [by], metric or "lockin", prep.data.params)
+        out[side + "_cells"] = [{"value": r[by], **_cell(r)} for r in cells.to_dict("records")]
+    return out
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP's CSV
+# injection): a stored string is data, so such a cell gets a leading apostrophe.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return ""
+    if isinstance(v, (dict, list)):
+        v = json.dumps(v, sort_keys=True)
+    if isinstance(v, str) and v.startswith(_FORMULA_START):
+        return "'" + v
+    return "" if v is None else v
+
+
+def to_csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    """``rows`` as CSV with a header of ``columns`` (a missing value is an empty cell)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([_csv_value(c) for c in columns])
+    for r in rows:
+        w.writerow([_csv_value(r.get(c)) for c in columns])
+    return buf.getvalue()
+
+
+def csv_view(engine: Engine, name: str, view: str, args: dict[str, str | None]) -> tuple[str, str]:
+    """``(filename, CSV text)`` of the data behind one view of the sweep page: ``trials``
+    (the table), ``traces`` (every eval row shown), ``km`` (the curves), ``grid`` (the cells)."""
+    where = args.get("where")
+    if view == "trials":
+        t = trials(engine, name, where=where)
+        cols = ["trial_id", "key", "status", "steps", "step", "final_acc", "final_loss", "best_acc"]
+        rows = [{**{c: r[c] for c in cols}, **{"param." + p: v for p, v in r["params"].items()}} for r in t.rows]
+        return f"{name}-trials.csv", to_csv(cols + ["param." + p for p in t.params], rows)
+    if view == "traces":
+        t = trials(engine, name, where=where)
+        keys = {r["trial_id"]: r["key"] for r in t.rows}
+        cols = traces(engine, name, trial_ids=set(keys), full=True)["columns"]
+        names = ["trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s"]
+        rows = [{c: cols[c][i] for c in names} for i in range(len(cols["trial_id"]))]
+        for r in rows:
+            r["key"] = keys.get(r["trial_id"])
+        return f"{name}-traces.csv", to_csv(["key", *names], rows)
+    if view == "km":
+        km = escape_times(engine, name, args.get("by"), where)
+        rows = [
+            {"group": g, "step": s, "not_escaped": p, "n": d["n"], "escapes": d["escapes"], "median": d["median"]}
+            for g, d in km["groups"].items()
+            for s, p in d["survival"]
+        ]
+        return f"{name}-km.csv", to_csv(["group", "step", "not_escaped", "n", "escapes", "median"], rows)
+    if view == "grid":
+        g = grid(engine, name, args.get("x"), args.get("y"), args.get("facet"), args.get("metric") or "lockin", where)
+        lead = ([g["facet"]] if g["facet"] else []) + [g["y"], g["x"]]
+        rows = [
+            {**({g["facet"]: p["value"]} if g["facet"] else {}), g["y"]: c["y"], g["x"]: c["x"], **c}
+            for p in g["panels"]
+            for c in p["cells"]
+        ]
+        return f"{name}-grid.csv", to_csv([*lead, "n", "k", "rate", "ci_low", "ci_high", "median"], rows)
+    raise UserError(f"view {view!r}: expected one of trials, traces, km, grid")

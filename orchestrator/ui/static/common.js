@@ -26,9 +26,15 @@ function plotText(v) {
     .replace(/"/g, "&#34;").replace(/%/g, "&#37;");
 }
 
+// Resolved once the document is parsed, i.e. every script (plotly.min.js, last) has run.
+const DOM_READY = new Promise(resolve => {
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", resolve); else resolve();
+});
+
 async function getJSON(url) {
   const r = await fetch(url);
   const body = await r.json();
+  await DOM_READY;
   if (!r.ok) throw new Error(body.error || (r.status + " " + r.statusText));
   return body;
 }
@@ -54,4 +60,40 @@ function fmt(v, digits) {
   if (v === null || v === undefined) return "";
   if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(digits || 3);
   return String(v);
+}
+
+// POST a JSON object (the traces cursor grows with the running trials: it goes in the body).
+async function postJSON(url, obj) {
+  const r = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(obj) });
+  const body = await r.json();
+  await DOM_READY;
+  if (!r.ok) throw new Error(body.error || (r.status + " " + r.statusText));
+  return body;
+}
+
+// The page's state lives in the query string: read it once, write it on every change
+// (replaceState: a reload or a shared link reproduces the view; no history entry per click).
+function urlState() { return new URLSearchParams(window.location.search); }
+function writeURL(values) {
+  const q = new URLSearchParams();
+  Object.entries(values).forEach(([k, v]) => { if (v !== null && v !== undefined && v !== "") q.set(k, String(v)); });
+  const s = q.toString();
+  history.replaceState(null, "", window.location.pathname + (s ? "?" + s : ""));
+}
+
+// Set a <select> to value when it has that option (a link may name one this sweep lacks).
+function choose(select, value) {
+  if (value !== null && value !== undefined && [...select.options].some(o => o.value === value)) select.value = value;
+}
+
+// Exponential moving average of a series (TensorBoard's smoothing, debiased so the first
+// points are not pulled towards zero); nulls stay null and do not move the average.
+function ema(ys, w) {
+  if (!w) return ys.slice();
+  let s = 0, n = 0;
+  return ys.map(v => {
+    if (v === null || v === undefined || !isFinite(v)) return v;
+    s = w * s + (1 - w) * v; n++;
+    return s / (1 - Math.pow(w, n));
+  });
 }
