@@ -355,3 +355,26 @@ def test_the_cursor_of_1500_running_trials_goes_in_a_post_body(tmp_path):
         assert code == 400 and "not a cursor this server gave out" in bad["error"]
         code, bad = post_json(base + "/api/sweeps/wide/traces", ["not", "an", "object"])
         assert code == 400 and bad["error"] == "error: the body must be a JSON object of strings"
+
+
+def test_the_trial_page_lists_its_attempts_as_text(db_url):
+    """Every attempt of a trial, where and with which code it ran and from which step; a
+    stored string (here a host name holding markup) is text on the page."""
+    from orchestrator.store import attempts
+
+    ids = _write_sweep(db_url)
+    engine, _ = open_store_engine(db_url)
+    env = {"host": "<b>h1</b>", "device": "cpu", "precision": "fp32", "code_version": "git:abc123"}
+    with engine.begin() as conn:
+        attempts.begin_attempt(conn, ids["running"], None, env, "drv:1")
+        attempts.begin_attempt(conn, ids["running"], 10, {**env, "code_version": "git:def456"}, "drv:2")
+    engine.dispose()
+    app, engine = _app(db_url)
+    try:
+        code, _, body = asgi_get(app, f"/sweeps/live/trials/{ids['key_running']}")
+    finally:
+        engine.dispose()
+    page = body.decode() if isinstance(body, bytes) else body
+    assert code == 200 and 'id="attempts"' in page
+    assert "git:abc123" in page and "git:def456" in page and "drv:2" in page and ">lost<" in page
+    assert "<b>h1</b>" not in page and "&lt;b&gt;h1&lt;/b&gt;" in page

@@ -170,17 +170,22 @@ def _varies(values) -> bool:
 
 
 def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
-    """One trial: every param, status, error text, placement, timestamps."""
+    """One trial: every param, status, error text, placement, timestamps, and every attempt
+    (``tried``: where, with which code, from which step, how it ended)."""
     with engine.connect() as conn:
         r = reader.trial_row(conn, reader.sweep_id(conn, name), key)
-    if r is None:
-        raise NotFound(f"sweep {name!r} has no trial {key!r}")
+        if r is None:
+            raise NotFound(f"sweep {name!r} has no trial {key!r}")
+        tried = reader.trial_attempts(conn, r.id)
     from orchestrator.params import flatten_params
 
     d = dict(r._mapping)
     d["params"] = flatten_params(_params(d["params"]))
     for k in ("created_at", "started_at", "finished_at", "updated_at"):
         d[k] = _iso(d[k])
+    for a in tried:
+        a["started_at"], a["ended_at"] = _iso(a["started_at"]), _iso(a["ended_at"])
+    d["tried"] = tried
     return d
 
 
