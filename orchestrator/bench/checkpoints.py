@@ -1,8 +1,8 @@
 """`orchestrator bench checkpoints`: what storing checkpoints in the database costs.
 
 1. Sizes: a checkpoint (``Trainer.state_dict`` as ``torch.save`` bytes: model, Adam state,
-   RNG states and the trace) of the first trial of each named spec, after its first eval and
-   at its last (the trace holds every eval point by then).
+   RNG states and the trace) of the first trial of each named spec, after one step and at its
+   last (the trace holds every eval point by then).
 2. Database growth of a whole sweep: trials x (last checkpoint + eval rows x bytes per row),
    bytes per row measured by ingesting rows into a fresh SQLite file.
 3. Streaming slowdown: one quickstart-shaped trial trained side by side (interleaved
@@ -38,7 +38,8 @@ def _spec_path(path: str) -> str:
 
 
 def sizes(spec_path: str) -> dict[str, Any]:
-    """Checkpoint bytes of the spec's first trial after its first eval and at its end."""
+    """Checkpoint bytes of the spec's first trial after one step and at its end (the trace
+    then holds every eval point)."""
     import torch
 
     from orchestrator import spec as specs
@@ -48,7 +49,8 @@ def sizes(spec_path: str) -> dict[str, Any]:
     sweep = specs.load(_spec_path(spec_path), max_trials=10**7)
     key, params = sweep.trials[0]
     evals = int(params["steps"]) // int(params["eval_every"]) + 1
-    trainer = Trainer({**params, "steps": int(params["eval_every"])})
+    # One step is enough: the optimizer's state has its full size after the first.
+    trainer = Trainer({**params, "steps": 1, "eval_every": 1})
     for _ in trainer.run():
         pass
     state = trainer.state_dict()
@@ -60,7 +62,7 @@ def sizes(spec_path: str) -> dict[str, Any]:
         "arm": params.get("arm"),
         "d_model": params.get("d_model"),
         "evals_per_trial": evals,
-        "first_eval_bytes": first,
+        "first_bytes": first,
         "last_bytes": last,
     }
 

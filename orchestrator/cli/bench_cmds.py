@@ -179,8 +179,8 @@ def bench_checkpoints(
         return 0
     for s in result["sizes"]:
         print(
-            f"{s['spec']}: {s['arm']} d {s['d_model']}: checkpoint {s['first_eval_bytes'] / 1e3:,.0f} kB "
-            f"after the first eval, {s['last_bytes'] / 1e3:,.0f} kB at the last ({s['evals_per_trial']} evals)"
+            f"{s['spec']}: {s['arm']} d {s['d_model']}: checkpoint {s['first_bytes'] / 1e3:,.0f} kB "
+            f"after one step, {s['last_bytes'] / 1e3:,.0f} kB at the last ({s['evals_per_trial']} evals)"
         )
     w = result["growth"]
     print(
