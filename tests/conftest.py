@@ -206,10 +206,8 @@ def two_arm_reference_db(tmp_path_factory) -> str:
     spec.write_text(two_arm_spec("reference", retries=2))
     url = f"sqlite:///{tmp / 'ref.db'}"
     # A driver process of its own, as the runs it is compared with; on the session's Ray.
-    # Started first: ray.init sets RAY_AUTH_MODE (token auth) in this process's environment,
-    # which the driver needs to join it.
     address = ensure_shared_ray()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = shared_env({**os.environ, "PYTHONUNBUFFERED": "1"})
     cmd = [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", url, "--quiet"]
     cmd += ["--address", address]
     res = subprocess.run(
@@ -318,6 +316,22 @@ def ensure_shared_ray() -> str:
             _temp_dir=_shared_ray_dir[0],
         )
     return ray.get_runtime_context().gcs_address
+
+
+def shared_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) as a subprocess driver that joins the
+    session's Ray (``submit --address``) needs it. Ray 2.60 turns on token authentication for
+    a new local Ray by setting RAY_AUTH_MODE=token in the process that starts it; a driver
+    joining by address without it is refused. RAY_ADDRESS is dropped: the address is given."""
+    ensure_shared_ray()
+    env = {**(os.environ if base is None else base)}
+    env.pop("RAY_ADDRESS", None)
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"):
+        if k in os.environ:
+            env[k] = os.environ[k]
+        else:
+            env.pop(k, None)
+    return env
 
 
 @pytest.fixture

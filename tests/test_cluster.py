@@ -76,6 +76,19 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def _wait_for_port(port: int, head: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the head's GCS port accepts connections (what a joining node or driver needs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert head.poll() is None, "the head node exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the head's port {port} did not open")
+
+
 def _wait_for_nodes(address: str, env: dict[str, str], n: int, timeout: float = 60) -> None:
     code = (
         "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, "
@@ -86,7 +99,7 @@ def _wait_for_nodes(address: str, env: dict[str, str], n: int, timeout: float = 
         r = subprocess.run([sys.executable, "-c", code, address], env=env, capture_output=True, text=True, timeout=60)
         if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
             return
-        time.sleep(2)
+        time.sleep(1)
     raise AssertionError(f"the cluster did not reach {n} nodes")
 
 
@@ -114,26 +127,31 @@ def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
                 tmp / "head.log",
             )
         )
-        time.sleep(3)
-        nodes.append(_node([f"--address={address}"], auth, tmp / "node.log"))
-        _wait_for_nodes(address, auth, 2)
+        _wait_for_port(port, nodes[0])
         spec = tmp / "two_nodes.yaml"
         spec.write_text(SPEC)
-
-        def submit(env: dict[str, str]) -> subprocess.CompletedProcess:
-            argv = ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"]
-            return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        argv = ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"]
 
         # A driver without the token: refused in one line naming the fix, nothing written.
+        # Ray retries the refused connection for a while before it gives up, so this driver
+        # runs while the second node joins (it needs only the head).
         bare = {**auth, "RAY_AUTH_MODE": "disabled"}
         bare.pop("RAY_AUTH_TOKEN_PATH")
-        r = submit(bare)
-        assert r.returncode == 2, r.stderr[-2000:]
-        err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        refused = subprocess.Popen(argv, env=bare, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            nodes.append(_node([f"--address={address}"], auth, tmp / "node.log"))
+            _wait_for_nodes(address, auth, 2)
+            _, stderr = refused.communicate(timeout=300)
+        finally:
+            if refused.poll() is None:
+                refused.kill()
+                refused.wait()
+        assert refused.returncode == 2, stderr[-2000:]
+        err = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
         assert len(err) == 1 and "cannot join the Ray cluster" in err[0]
         assert "RAY_AUTH_MODE=token" in err[0] and "auth_token" in err[0]
 
-        r = submit(auth)
+        r = subprocess.run(argv, env=auth, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         engine = sa.create_engine(url)
         with engine.connect() as c:

@@ -20,7 +20,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
-from conftest import backend_url, query, sweep_evals, two_arm_spec
+from conftest import backend_url, query, shared_env, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +31,10 @@ CLI = [sys.executable, "-m", "orchestrator.cli"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", "ORCH_LEASE_TTL_S": "4"}
 
 
-def _submit(spec: Path, url: str, ck: Path, *extra: str) -> subprocess.Popen:
+def _submit(spec: Path, url: str, ck: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         CLI + ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(ck), *extra],
-        env=ENV,
+        env=env or ENV,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -66,40 +66,52 @@ def reference(two_arm_reference_db):
     return sweep_evals(two_arm_reference_db)
 
 
-@pytest.mark.parametrize("how,backend", [("sigint", "sqlite"), ("cancel", "postgresql"), ("sigterm", "sqlite")])
-def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_path, reference, how, backend):
+# SIGINT and SIGTERM stop one SQLite sweep in turn (the submit, then a resume of it: the
+# same sweep's run twice, not two runs of it); `cancel` stops a PostgreSQL one.
+@pytest.mark.parametrize("hows,backend", [(("sigint", "sigterm"), "sqlite"), (("cancel",), "postgresql")])
+def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
+    tmp_path, capsys, reference, shared_ray, hows, backend
+):
     url, drop = backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
-        proc = _submit(spec, url, tmp_path / "ck")
-        _wait_mid(url, proc)
-        t0 = time.time()
-        if how == "cancel":
-            res = subprocess.run(
-                CLI + ["cancel", "life", "--db", url], env=ENV, capture_output=True, text=True, timeout=120
-            )
-            assert res.returncode == 0 and "cancel requested" in res.stderr, res.stderr
-        else:
-            # Ctrl-C reaches the whole foreground process group; SIGTERM just the driver.
-            sig = signal.SIGINT if how == "sigint" else signal.SIGTERM
-            (os.killpg if how == "sigint" else os.kill)(proc.pid, sig)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 130, err
-        assert time.time() - t0 < 60
-        last = [ln for ln in err.splitlines() if ln.strip()][-1]
-        assert "stopped" in last and f"orchestrator resume life --db {shlex.quote(url)}`" in last  # pasteable
-        by_status = dict(query(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
-        assert "running" not in by_status and by_status.get("interrupted", 0) >= 1
-        assert query(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
-        res = subprocess.run(
-            CLI + ["resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")],
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert res.returncode == 0, res.stderr
+        for i, how in enumerate(hows):
+            if i == 0:
+                proc = _submit(spec, url, tmp_path / "ck")
+            else:
+                proc = subprocess.Popen(
+                    CLI + ["resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")],
+                    env=ENV,
+                    start_new_session=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            _wait_mid(url, proc)
+            t0 = time.time()
+            if how == "cancel":
+                res = subprocess.run(
+                    CLI + ["cancel", "life", "--db", url], env=ENV, capture_output=True, text=True, timeout=120
+                )
+                assert res.returncode == 0 and "cancel requested" in res.stderr, res.stderr
+            else:
+                # Ctrl-C reaches the whole foreground process group; SIGTERM just the driver.
+                sig = signal.SIGINT if how == "sigint" else signal.SIGTERM
+                (os.killpg if how == "sigint" else os.kill)(proc.pid, sig)
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 130, (how, err)
+            assert time.time() - t0 < 60
+            last = [ln for ln in err.splitlines() if ln.strip()][-1]
+            assert "stopped" in last and f"orchestrator resume life --db {shlex.quote(url)}`" in last  # pasteable
+            by_status = dict(query(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
+            assert "running" not in by_status and by_status.get("interrupted", 0) >= 1, (how, by_status)
+            assert query(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
+        # The stops are the real CLI processes' (signals, exit code); the resume that must equal
+        # the uninterrupted run is not about Ray's start-up: in-process, on the session's Ray.
+        capsys.readouterr()
+        code = main(["resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")])
+        assert code == 0, capsys.readouterr().err
         assert dict(query(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
         got = sweep_evals(url)
         assert [r[:6] for r in got] == [r[:6] for r in reference]  # row for row, bit for bit
@@ -108,14 +120,16 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(tmp_pa
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backend):
+def test_two_drivers_started_together_one_runs_every_trial_once(tmp_path, backend, shared_ray):
     url, drop = backend_url(tmp_path, backend)
     try:
         spec = tmp_path / "spec.yaml"
         # The full budget: the winner must still hold the sweep when the loser asks.
         spec.write_text(SPEC)
-        a = _submit(spec, url, tmp_path / "ck")
-        b = _submit(spec, url, tmp_path / "ck")
+        # Both real driver processes, joining the session's Ray (a Ray of their own each
+        # would be two start-ups at once on 2 cores; this is about the lease, not Ray).
+        a = _submit(spec, url, tmp_path / "ck", "--address", shared_ray, env=shared_env())
+        b = _submit(spec, url, tmp_path / "ck", "--address", shared_ray, env=shared_env())
         _, err_a = a.communicate(timeout=600)
         _, err_b = b.communicate(timeout=600)
         codes = sorted([a.returncode, b.returncode])
