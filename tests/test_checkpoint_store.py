@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from orchestrator.cli import main
 from orchestrator.store import attempts, repo
 from orchestrator.store.engine import make_engine, open_store_engine
 
@@ -208,7 +209,7 @@ def test_a_postgres_sweep_continues_elsewhere_from_its_stored_checkpoints(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_trial_without_its_checkpoint_restarts_clean_never_stitched(tmp_path, two_arm_reference_db):
+def test_a_trial_without_its_checkpoint_restarts_clean_never_stitched(tmp_path, two_arm_reference_db, shared_ray):
     """Before revision 0007 a trial whose checkpoint file could not be seen trained again from
     step 0 while its lost attempt's later rows stayed: a trace stitched from two runs, for good
     when the new run stopped earlier. Now the new attempt deletes them as it starts."""
@@ -240,14 +241,13 @@ def test_a_trial_without_its_checkpoint_restarts_clean_never_stitched(tmp_path, 
         old = {s: v for (k, s), v in first.items() if k == key}
         kept = {s: v for (k, s), v in now.items() if k == key and s > 0 and old.get(s) == v}
         assert not kept, f"{key}: rows of the lost attempt outlived the new one: steps {sorted(kept)}"
-    c = _driver(["resume", "stitch"], url, tmp_path / "c")
-    _, err = c.communicate(timeout=600)
-    assert c.returncode == 0, err
+    # The last resume needs no Ray of its own: in-process, on the session's.
+    assert main(["resume", "stitch", "--db", url, "-q", "--address", shared_ray]) == 0
     assert sweep_evals(url) == _reference(url, two_arm_reference_db)
 
 
 @pytest.mark.slow
-def test_a_database_with_file_checkpoints_is_upgraded_and_resumed_from_them(tmp_path, two_arm_reference_db):
+def test_a_database_with_file_checkpoints_is_upgraded_and_resumed_from_them(tmp_path, two_arm_reference_db, shared_ray):
     url = f"sqlite:///{tmp_path / 'sweep.db'}"
     spec = tmp_path / "spec.yaml"
     spec.write_text(_two_trials("files"))
@@ -260,13 +260,9 @@ def test_a_database_with_file_checkpoints_is_upgraded_and_resumed_from_them(tmp_
     migrate(engine, "0006_nonfinite", down=True)
     engine.dispose()
     files = {p.stem for p in folder.rglob("*.pt")}
-    upgrade = subprocess.run(
-        CLI + ["db", "upgrade", "--db", url], capture_output=True, text=True, env=_env(tmp_path / "b")
-    )
-    assert upgrade.returncode == 0, upgrade.stderr
-    b = _driver(["resume", "files"], url, tmp_path / "b")  # no --checkpoint-dir: the default folder
-    _, err = b.communicate(timeout=600)
-    assert b.returncode == 0, err
+    assert main(["db", "upgrade", "--db", url]) == 0
+    # no --checkpoint-dir: the default folder; in-process, on the session's Ray
+    assert main(["resume", "files", "--db", url, "-q", "--address", shared_ray]) == 0
     assert sweep_evals(url) == _reference(url, two_arm_reference_db)
     started = query(url, "SELECT key, from_step FROM trial_attempts WHERE from_step IS NOT NULL")
     assert {r[0] for r in started} & files, "no trial resumed from its file checkpoint"
@@ -278,7 +274,6 @@ def test_a_database_with_file_checkpoints_is_upgraded_and_resumed_from_them(tmp_
 
 @pytest.mark.slow
 def test_the_code_change_guard_refuses_then_allows_and_records(tmp_path, shared_ray, capsys):
-    from orchestrator.cli import main
 
     def cli(*argv: str) -> tuple[int, str]:
         capsys.readouterr()
