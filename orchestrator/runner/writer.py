@@ -135,10 +135,16 @@ class StoreWriter(tune.Callback):
         if placement is not None:
             self.flush()
             tids = self._tids(trial)
+            unit = trial.config["unit"]
+            # What the unit asked of its GPU, shared by its members (runner/fleet.py).
+            share = float(unit["gpu"]) / len(tids) if unit.get("gpu") else None
+            accelerator = unit.get("accelerator")
 
             def write(conn) -> None:
                 for tid in tids:
-                    repo.set_placement(conn, tid, placement.host, placement.node_id, placement.device)
+                    repo.set_placement(
+                        conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
+                    )
 
             self.session.write(write)
         if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
