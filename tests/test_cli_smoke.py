@@ -142,13 +142,14 @@ CASES: list[tuple[str, str, str]] = [
     ("bench analysis", "--trials 20 --evals 5", "hazard fit straight from the DB"),
     ("bench store", "--rows 200 --steps 2 --sweep-trials 0", "SQLite ingest"),
     ("bench pack", "--help", "seed pack"),
+    ("bench overhead", "--help", "plain Ray Tune"),
     ("bench ui", "--trials 30 --evals 5 --repeats 1 --json", '"eval_rows": 150'),
     ("bench cells", "--arms deltanet --seq-len 8 --d-model 8 --batch 2 --repeats 1", "deltanet"),
     ("bench kernels", "--quick --device cpu", "dplr_scan   quick_B2"),
     ("bench tasks", "--only s5 --reps 1 --batch 4", "depth=16"),
 ]
 # The real runs of the commands above that only show their help or a dry run here.
-SLOW_RUNS = {"submit", "resume", "ui", "bench pack"}
+SLOW_RUNS = {"submit", "resume", "ui", "bench pack", "bench overhead"}
 WRITES = {"cancel", "delete", "db upgrade"}
 
 

@@ -10,10 +10,11 @@ ideal is N*S/slots. The same trials then run through plain Ray Tune at its best 
 Trainer, its eval points reported to Tune and dropped, no database and no checkpoints.
 
 Figures: ``wall_s``, ``ideal_s``, ``overhead`` (wall/ideal - 1) for both; the driver's peak
-RSS (``ru_maxrss`` of the process that ran the sweep, and of plain Tune's); eval rows
-stored per second of wall time; the trials' own mean duration (from their last eval's
-``elapsed_s``), which splits the overhead into the trial's own (model setup, eval) and the
-orchestration's.
+RSS (VmHWM of the process that ran the sweep, and of plain Tune's); eval rows stored per
+second of wall time; the trials' own mean duration (from their last eval's ``elapsed_s``),
+which splits the overhead into the trial's own (model setup, eval) and the orchestration's;
+and the per-trial costs a capacity model scales (docs/SCALING.md): the driver's CPU time,
+database transactions and statements per trial, and the database's size.
 """
 
 from __future__ import annotations
@@ -78,14 +79,33 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
 
     from orchestrator import spec as specs
     from orchestrator.runner.sweep import RunOptions, submit
+    from orchestrator.store import dialect
     from orchestrator.store.engine import open_store_engine
+
+    # What the driver asks of the database: its transactions and statements (lease renewals
+    # and every write of the run), counted on every engine of this process.
+    counts = {"commits": 0, "statements": 0}
+
+    def on_commit(conn) -> None:
+        counts["commits"] += 1
+
+    def on_statement(conn, cursor, statement, parameters, context, executemany) -> None:
+        counts["statements"] += 1
 
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as d:
         url = db or f"sqlite:///{Path(d) / 'overhead.db'}"
         sweep = specs.load(text=spec_text(trials, trial_seconds, slots))
+        sa.event.listen(sa.engine.Engine, "commit", on_commit)
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_statement)
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        summary = submit(sweep, RunOptions(db=url, checkpoint_dir=str(Path(d) / "ck"), max_concurrent=slots))
-        wall = time.perf_counter() - t0
+        try:
+            summary = submit(sweep, RunOptions(db=url, checkpoint_dir=str(Path(d) / "ck"), max_concurrent=slots))
+        finally:
+            wall = time.perf_counter() - t0
+            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+            sa.event.remove(sa.engine.Engine, "commit", on_commit)
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_statement)
         engine, _ = open_store_engine(url)
         with engine.connect() as conn:
             rows, own = conn.execute(
@@ -95,7 +115,9 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
                     "JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = 'bench_overhead'"
                 )
             ).one()
+            size = dialect.for_url(url).database_bytes(conn)
         engine.dispose()
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     return {
         "wall_s": wall,
         "outcomes": summary.outcomes,
@@ -103,6 +125,10 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
         "rows_per_s": rows / wall,
         "trial_own_s": (own or 0.0) / trials,
         "peak_rss_mb": _peak_rss_mb(),
+        "driver_cpu_s": cpu,
+        "db_commits": counts["commits"],
+        "db_statements": counts["statements"],
+        "database_bytes": size,
     }
 
 
@@ -171,6 +197,12 @@ def run(
         eval_rows=p["eval_rows"],
         trial_own_s=p["trial_own_s"],
         outcomes=p["outcomes"],
+        # Per-trial costs on the driver and the database (the capacity model's units).
+        driver_cpu_s=p["driver_cpu_s"],
+        driver_cpu_ms_per_trial=1e3 * p["driver_cpu_s"] / trials,
+        db_commits_per_trial=p["db_commits"] / trials,
+        db_statements_per_trial=p["db_statements"] / trials,
+        database_bytes=p["database_bytes"],
     )
     if tune:
         t = _plain_in_subprocess(trials, trial_seconds, slots)

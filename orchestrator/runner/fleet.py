@@ -165,8 +165,13 @@ def place(units: list[dict[str, Any]], resources: Resources) -> list[dict[str, A
     for the type's Ray resource). A fixed fraction with no accelerator asked is not pinned:
     Ray puts it on any GPU, and the type is recorded when the cluster has only one."""
     nodes = gpu_nodes()
+    return assign(units, node_types(nodes) if resources.gpu == "auto" else _types_unprobed(nodes), resources)
+
+
+def assign(units: list[dict[str, Any]], types: list[NodeType], resources: Resources) -> list[dict[str, Any]]:
+    """:func:`place` on the fleet's node ``types``."""
     auto = resources.gpu == "auto"
-    types = _allowed(node_types(nodes) if auto else _types_unprobed(nodes), resources)
+    types = _allowed(types, resources)
     if not types:
         raise UserError("resources.accelerator: no GPU node of the cluster has the type asked for")
     if not auto and not resources.accelerator:
