@@ -31,8 +31,8 @@ def test_a_tiny_overhead_run_reports_both_paths(capsys, shared_ray):
     per_trial = len({1, *range(EVAL_EVERY, STEPS + 1, EVAL_EVERY), STEPS})
     assert r["eval_rows"] == 4 * per_trial
     assert r["rows_per_s"] == pytest.approx(r["eval_rows"] / r["wall_s"])
-    # The trials trained for their fixed time; the wall includes it (a trial can not be faster).
-    assert 0.2 * 0.8 <= r["trial_own_s"] < 0.2 * 3
+    # The trials trained for (about) their fixed time; more on a loaded machine.
+    assert r["trial_own_s"] >= 0.2 * 0.8
     assert r["wall_s"] > r["ideal_s"] and r["tune_wall_s"] > r["ideal_s"]
     assert r["overhead"] == pytest.approx(r["wall_s"] / r["ideal_s"] - 1)
     assert r["vs_tune"] == pytest.approx(r["wall_s"] / r["tune_wall_s"] - 1)

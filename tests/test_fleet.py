@@ -6,7 +6,8 @@ on the CPU. A ``resources: {gpu: auto}`` sweep of fixed-duration trials (the ben
 scaled down (1 GiB and 2 GiB) so that one trial fits the "GTX 1070" and three share the
 "A100", and the database must show exactly that: each trial's node, accelerator and GPU
 fraction, and at most (and at some moment exactly) that many trials at once on each card.
-A spec asking for an accelerator the fleet lacks is refused before anything is written."""
+A spec asking for an accelerator the fleet lacks is refused before anything is written.
+The driver (this test's subprocess) has no fake card: only the raylets' workers do."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -67,15 +67,14 @@ def test_gpu_auto_places_by_memory_on_a_simulated_mixed_fleet():
     url, drop = make_pg_schema_url(reader=False)
     nodes = []
     try:
-        small = "--object-store-memory=100000000"  # three raylets share this machine's memory
-        head = ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false", small]
-        nodes.append(_node([*head, f"--temp-dir={tmp / 'ray'}", "--num-cpus=0", "--num-gpus=0"], env, tmp / "h.log"))
-        time.sleep(3)
-        for acc, (card, gib, per_gpu) in NODES.items():
-            # One at a time: two raylets starting at once on one machine can both stall.
-            args = [f"--address={address}", f"--num-cpus={per_gpu}", "--num-gpus=1", small]
+        head = ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false"]
+        head.append(f"--temp-dir={tmp / 'ray'}")
+        for acc, (card, gib, per_gpu) in NODES.items():  # the head is the first GPU node
+            args = head if not nodes else [f"--address={address}"]
+            args = [*args, f"--num-cpus={per_gpu}", "--num-gpus=1", "--object-store-memory=100000000"]
             args.append(f'--resources={{"accelerator_type:{acc}": 1}}')
             nodes.append(_node(args, {**env, "ORCH_FAKE_GPU": f"{card}:{gib}GiB"}, tmp / f"{acc}.log"))
+            # One at a time: two raylets starting at once on one machine can both stall.
             _wait_for_nodes(address, env, len(nodes))
 
         def submit(extra: str) -> subprocess.CompletedProcess:
