@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One setup command: creates .venv in the repo and installs the package with its test extras.
+# One setup command: creates .venv in the repo and installs the package with its test and docs
+# extras (and the gpu extra where a CUDA driver is present).
 # Safe to re-run: an existing .venv is reused and pip skips what is already satisfied.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,7 +25,13 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
         "$VPY" -m pip install "$TORCH_SPEC"
     fi
 fi
-"$VPY" -m pip install -q -e ".[test]"
+# The test and docs extras always (the test extras hold Triton for its CPU interpreter tests);
+# `gpu` (Triton) where a CUDA driver is. A plain `pip install .` has neither.
+EXTRAS=test,docs
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    EXTRAS=$EXTRAS,gpu
+fi
+"$VPY" -m pip install -q -e ".[$EXTRAS]"
 # The report test renders the HTML report in headless Chromium (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then

@@ -32,20 +32,31 @@ def _no_max_len(k: Knobs) -> int | None:
 
 @dataclass(frozen=True)
 class Family:
-    """``mixer(k, d)`` is a zero-argument factory of one layer's mixer for resolved knobs
-    ``k`` at width ``d``; ``check(arm, k, d)`` raises a one-line ValueError for knob
-    combinations that can not be built (called before anything is built)."""
+    """A cell family: how to build one layer's mixer, and which knob values cannot be built.
 
+    The mixer (what ``mixer(k, d)()`` returns) is an ``nn.Module`` with
+    ``forward(x) -> y``, both ``(B, T, d)`` float; ``state_elements() -> int``, its
+    recurrent state per layer (what ``orchestrator cells`` reports and the factorial
+    matches); and ``causal: bool`` (True: position ``t`` sees only ``<= t``). See
+    :mod:`cells.harness`, which wraps it (embedding, norms, MLP, readout) for every arm.
+    ``examples/plugin/`` is a complete family written from this class alone.
+    """
+
+    #: The family's name: an :class:`cells.ArmSpec` names its family by it.
     name: str
+    #: Required. ``mixer(k, d)``: a zero-argument factory of one layer's mixer for the arm's
+    #: resolved knobs ``k`` (every knob, defaults filled in) at width ``d`` (d_model).
     mixer: Callable[[Knobs, int], MixerFactory]
+    #: ``check(arm, k, d)`` raises a one-line ValueError for knob combinations that cannot be
+    #: built (called before anything is built; start the message with :func:`where`).
     check: Callable[[str, Knobs, int], None] = _no_check
-    # The mixer handles ``bidirectional`` itself (else the registry wraps it in Bidirectional).
+    #: The mixer handles ``bidirectional`` itself (else the registry wraps it in Bidirectional).
     own_bidirectional: bool = False
-    # Model exposes ``set_read_blend`` (the anneals need it).
+    #: ``blendable(k)``: the model exposes ``set_read_blend`` (the anneals need it).
     blendable: Callable[[Knobs], bool] = _never
-    # Longest sequence learned positions cover (None: no positional table).
+    #: ``max_len(k)``: the longest sequence learned positions cover (None: no positional table).
     max_len: Callable[[Knobs], int | None] = _no_max_len
-    # "fixed": recurrent state per layer; "per_token": KV elements per token (attention).
+    #: "fixed": recurrent state per layer; "per_token": KV elements per token (attention).
     state_scaling: str = "fixed"
 
 

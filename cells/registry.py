@@ -61,7 +61,12 @@ EXPAND = Knob(2, "int", "d_inner = expand * d_model", minimum=1)
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One registered arm."""
+    """One registered arm: ``name`` (unique; what ``arm:`` in a spec names), ``family`` (a
+    :class:`cells.Family`'s name), ``summary`` (one line for ``orchestrator cells``),
+    ``knobs`` (a :class:`cells.KnobSet`: every ``model.<knob>`` the arm takes, with default,
+    kind, bounds and help; it must hold the harness knobs ``mlp``, ``mlp_ratio`` and
+    ``norm``, and ``mlp_hidden`` for ``match_params``: ``HARNESS`` in this module has all four) and
+    the default ``d_model`` and ``n_layers``."""
 
     name: str
     family: str

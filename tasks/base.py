@@ -29,26 +29,48 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class Task:
-    """Base class. Subclasses set ``name``, ``Config``, ``vocab_size``, ``seq_len`` and implement
-    ``_sample`` / ``_assemble`` (and ``_derange`` when the rebinding control applies), and the
-    reference decoder ``_decode`` (and ``_table_values`` with the rebinding control) that the
-    tests and ``orchestrator tasks selftest`` check the generator against.
+    """Base class of every task, built-in or a plugin's (``tasks.register_task``).
 
-    ``supervision``: which positions carry training loss; ``scoring``: which eval positions are
-    scored. Both are human-readable statements of the convention for this task. ``small``: a
-    small, representative setting (``{}``: the defaults) at which the test suite checks every
-    registered task by decoding each sequence.
+    What a subclass defines (each is described where it is declared below):
+
+    * required: ``name`` (unique), ``Config`` (its parameters), ``vocab_size`` and
+      ``seq_len`` (set in ``__init__`` from the config), ``_sample`` and ``_assemble``
+      (the generator), ``floors()``;
+    * with the rebinding control (``has_rebinding = True``, the default): ``value_range``,
+      ``_derange``, and ``_table_values`` for the self-test; set ``has_rebinding = False``
+      to go without;
+    * for the reference checks (``orchestrator tasks selftest``, ``tests/test_tasks.py``):
+      ``_decode`` and ``small``;
+    * optional: ``supervision``/``scoring`` (what ``orchestrator tasks`` prints),
+      ``curriculum`` with ``_train_layout``, ``_eval_layout``, and ``Config.check``.
+
+    The training loop calls only the public methods (``train_batch``, ``eval_batches``,
+    ``rebinding_batches``, ``curriculum``), which this class implements from those hooks.
+    ``examples/plugin/`` is a complete task written from this class alone.
     """
 
+    #: The task's name in specs (``task: NAME``) and in ``orchestrator tasks``; unique.
     name: ClassVar[str] = ""
+    #: Its parameters: a :class:`tasks.config.TaskConfig` subclass (pydantic, strict, unknown
+    #: keys refused), whose fields are the spec's ``task.<param>`` keys; ``eval_size`` is
+    #: inherited. ``Config.check(task)`` may add cross-field checks (one-line ValueError).
     Config: ClassVar[type[TaskConfig]] = TaskConfig
+    #: Which positions carry training loss, in words (shown by ``orchestrator tasks``).
     supervision: ClassVar[str] = "answer positions only"
+    #: Which eval positions are scored, in words (shown by ``orchestrator tasks``).
     scoring: ClassVar[str] = "answer positions"
+    #: A small, representative setting (``{}``: the defaults) at which the test suite checks
+    #: every registered task by decoding each sequence.
     small: ClassVar[dict[str, Any]] = {}
 
+    #: Token ids are ``0 .. vocab_size - 1`` (the model's embedding and readout size); set in
+    #: ``__init__`` from the config.
     vocab_size: int
+    #: Tokens per sequence (every batch is ``(B, seq_len)``); set in ``__init__``.
     seq_len: int
-    value_range: tuple[int, int]  # [lo, hi) of the value tokens (tasks with a rebinding control)
+    #: ``[lo, hi)`` of the value tokens (tasks with the rebinding control: the derangement
+    #: permutes values within it).
+    value_range: tuple[int, int]
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -86,8 +108,10 @@ class Task:
         return out
 
     def floors(self) -> dict[str, float]:
-        """Analytic floors for these parameters (names among ``value_marginal``, ``no_binding``,
-        ``table``, ``positional``)."""
+        """Analytic floors for these parameters: ``{name: accuracy}``, names among
+        ``value_marginal``, ``no_binding``, ``table``, ``positional`` (the accuracy a model
+        reaches without binding, e.g. by always answering the commonest value); ``{}`` when
+        none is known. Required: ``orchestrator tasks --floors`` prints it."""
         raise NotImplementedError
 
     def curriculum(self, total_steps: int) -> Curriculum | None:
@@ -112,31 +136,47 @@ class Task:
         return self._table_values(list(seq))
 
     # ---- subclass hooks ------------------------------------------------------------------------
+    #: Whether the rebinding control applies (then ``value_range``, ``_derange`` and
+    #: ``_table_values`` are needed); ``False``: ``rebinding_batches`` returns None.
     has_rebinding: ClassVar[bool] = True
 
     def _train_layout(self, curriculum_state: dict | None, gen: torch.Generator) -> Any:
-        """Per-batch layout choice (e.g. the gap); tasks without one accept only ``None``."""
+        """Per-batch layout choice (e.g. the gap) handed to ``_sample``; tasks without one
+        accept only ``None``. Override with ``curriculum``."""
         if curriculum_state is not None:
             raise ValueError(f"task {self.name!r} has no curriculum; got state {curriculum_state!r}")
         return None
 
     def _eval_layout(self) -> Any:
+        """The layout handed to ``_sample`` for the eval set (default None)."""
         return None
 
     def _sample(self, batch: int, gen: torch.Generator, layout: Any) -> dict[str, Any]:
+        """Required. ``batch`` sequences' *components* (keys, values, queries, ...: int64
+        tensors with ``batch`` rows, drawn only from ``gen`` and on its device) as a dict
+        that ``_assemble`` and ``_derange`` understand; ``layout``: see ``_train_layout``."""
         raise NotImplementedError
 
     def _assemble(self, comp: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(inputs, train_targets, eval_targets)`` from components."""
+        """Required. ``(inputs, train_targets, eval_targets)`` from components: int64
+        ``(B, seq_len)`` each, tokens in ``[0, vocab_size)``, targets ``IGNORE`` where no
+        loss is taken (train) or nothing is scored (eval); the target at ``t`` is what the
+        logits at ``t`` must predict."""
         raise NotImplementedError
 
     def _derange(self, comp: dict[str, Any], gen: torch.Generator) -> tuple[dict[str, Any], torch.Tensor]:
+        """With ``has_rebinding``: the components with every binding's value moved to another
+        key (``tasks.derangement``), and a bool ``(B,)`` of the rows where that was possible."""
         raise NotImplementedError
 
     def _decode(self, seq: list[int]) -> dict[int, int]:
+        """For the reference checks: ``{position: answer}`` at every scored position, worked
+        out from the tokens of ``seq`` alone (no code shared with the generator)."""
         raise TypeError(f"no reference decoder for {type(self).__name__}")
 
     def _table_values(self, seq: list[int]) -> list[int]:
+        """With ``has_rebinding``, for the self-test: the values of ``seq``'s bindings, in
+        slot order."""
         raise TypeError(f"no table for {type(self).__name__}")
 
     # ---- shared machinery ----------------------------------------------------------------------

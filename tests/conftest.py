@@ -205,10 +205,13 @@ def two_arm_reference_db(tmp_path_factory) -> str:
     spec = tmp / "spec.yaml"
     spec.write_text(two_arm_spec("reference", retries=2))
     url = f"sqlite:///{tmp / 'ref.db'}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # A driver process of its own, as the runs it is compared with; on the session's Ray.
+    # Started first: ray.init sets RAY_AUTH_MODE (token auth) in this process's environment,
+    # which the driver needs to join it.
+    address = ensure_shared_ray()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", url, "--quiet"]
-    cmd += ["--address", ensure_shared_ray()]
+    cmd += ["--address", address]
     res = subprocess.run(
         cmd + ["--checkpoint-dir", str(tmp / "ck")], env=env, capture_output=True, text=True, timeout=600
     )

@@ -21,10 +21,12 @@ from orchestrator.errors import UserError
 import test_analysis_cli
 
 FIELDS = set(AnalysisConfig.model_fields)
-# How the CLI prints; not an input of the analysis.
-CLI_ONLY = {"json"}
+# How the CLI prints (and a dry run, which from Python is `orchestrator.spec.load`); not an
+# input of what runs.
+CLI_ONLY = {"analyze": {"json"}, "report": {"json"}, "submit": {"json", "quiet", "dry_run"}, "resume": {"quiet"}}
 # What each command takes as an argument (positional), not as an option.
-ARGUMENTS = {"analyze": {"sweep", "kind"}, "report": {"sweep"}}
+ARGUMENTS = {"analyze": {"sweep", "kind"}, "report": {"sweep"}, "submit": {"spec"}, "resume": {"sweep"}}
+ARGUMENTS["export"] = {"sweep"}
 
 
 def _command(name: str):
@@ -44,18 +46,59 @@ def _api_names(fn) -> set[str]:
     """The names a Python entry point takes: its own keywords, and the config's fields where
     it takes ``**options``."""
     params = inspect.signature(fn).parameters.values()
-    names = {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    # (*legacy: the old positional order, kept with a DeprecationWarning)
+    names = {p.name for p in params if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         names |= FIELDS
     return names
 
 
-@pytest.mark.parametrize("command", ["analyze", "report"])
+@pytest.mark.parametrize("command", ["analyze", "report", "submit", "resume", "export"])
 def test_cli_options_are_the_api_names(command):
-    cli = set(_options(command)) - CLI_ONLY
+    cli = set(_options(command)) - CLI_ONLY.get(command, set())
     api = _api_names(getattr(orchestrator, command)) - ARGUMENTS[command]
     assert cli == api, (sorted(cli - api), sorted(api - cli))
-    assert FIELDS <= cli  # every field has its option, under the field's name
+    # The arguments too: as many, first (report's SWEEP_OR_SPEC is the API's sweep).
+    args = [p.name for p in _command(command).params if p.param_type_name == "argument"]
+    positional = [
+        p.name
+        for p in inspect.signature(getattr(orchestrator, command)).parameters.values()
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    assert len(args) == len(positional) and set(positional) == ARGUMENTS[command]
+    if command in ("analyze", "report"):
+        assert FIELDS <= cli  # every field has its option, under the field's name
+
+
+@pytest.mark.parametrize("command", ["analyze", "report", "load", "export", "resume", "submit"])
+def test_one_argument_order_and_documented_returns(command):
+    fn = getattr(orchestrator, command)
+    params = inspect.signature(fn).parameters
+    first = next(iter(params))
+    assert first == ("spec" if command == "submit" else "sweep")
+    assert params["db"].kind is inspect.Parameter.KEYWORD_ONLY
+    doc = inspect.getdoc(fn)
+    assert "Takes" in doc and "Returns" in doc, command
+
+
+def test_dir_lists_the_public_api():
+    public = [n for n in dir(orchestrator) if not n.startswith("_")]
+    assert public == sorted(orchestrator.__all__)
+    assert {"submit", "resume", "load", "analyze", "report", "export", "connect"} <= set(public)
+    for name in public:
+        assert inspect.getdoc(getattr(orchestrator, name)), name
+
+
+def test_old_argument_order_still_works_with_a_warning(url):
+    new = orchestrator.analyze("cli", "lockin", db=url, by="variant").to_dict()
+    with pytest.warns(DeprecationWarning, match=r"analyze\(db, sweep, ...\) is deprecated") as caught:
+        old = orchestrator.analyze(url, "cli", "lockin", by="variant").to_dict()
+    assert old == new and caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="load"):
+        trials, _ = orchestrator.load(url, "cli")
+    assert trials.equals(orchestrator.load("cli", db=url).trials)
+    with pytest.raises(TypeError, match="sweep first"):
+        orchestrator.load(url, "cli", db=url)
 
 
 @pytest.mark.parametrize("command", ["analyze", "report"])
@@ -143,7 +186,7 @@ def test_every_option_reaches_the_config_and_the_python_api_gives_the_same_repor
     # The config echo keeps its old key for the strata (the output of `report --json` is unchanged).
     expected = {("cells" if k == "strata" else k): v[1] for k, v in EVERY.items()}
     assert cli["config"] == expected
-    rep = orchestrator.report(url, "cli", out=tmp_path / "py", **{k: v[1] for k, v in EVERY.items()})
+    rep = orchestrator.report("cli", db=url, out=tmp_path / "py", **{k: v[1] for k, v in EVERY.items()})
     py = json.loads(json.dumps(rep.to_dict()))
     for d in (cli, py):
         d.pop("html"), d.pop("figures")
@@ -172,26 +215,26 @@ def test_python_analyze_is_the_cli_analyze(url, capsys):
     opts = {"by": "variant", "compare": "ns5,baseline", "n_resamples": 300, "random_seed": 5, "horizon": 1200}
     argv = ["--by", "variant", "--compare", "ns5,baseline", "--n-resamples", "300", "--random-seed", "5"]
     out, _ = _run(capsys, "analyze", "cli", "permutation", "--db", url, *argv, "--horizon", "1200", "--json")
-    assert orchestrator.analyze(url, "cli", "permutation", **opts).to_dict() == json.loads(out)
+    assert orchestrator.analyze("cli", "permutation", db=url, **opts).to_dict() == json.loads(out)
     out, _ = _run(capsys, "analyze", "cli", "lockin", "--db", url, "--by", "variant", "--horizon", "1200", "--json")
-    res = orchestrator.analyze(url, "cli", "lockin", by="variant", horizon=1200)
+    res = orchestrator.analyze("cli", "lockin", db=url, by="variant", horizon=1200)
     assert res.to_dict()["rows"] == json.loads(out)
-    uncut = orchestrator.analyze(url, "cli", "lockin", by="variant")
+    uncut = orchestrator.analyze("cli", "lockin", db=url, by="variant")
     assert uncut.to_dict()["rows"] != json.loads(out)  # the horizon changed the answer
 
 
 def test_unknown_or_old_python_names(url):
     with pytest.raises(UserError, match=r"^options: groups: Extra inputs are not permitted$"):
-        orchestrator.analyze(url, "cli", "fisher", by="variant", groups="ns5,baseline")
-    new = orchestrator.analyze(url, "cli", "lockin", by="variant", strata="lr").to_dict()
+        orchestrator.analyze("cli", "fisher", db=url, by="variant", groups="ns5,baseline")
+    new = orchestrator.analyze("cli", "lockin", db=url, by="variant", strata="lr").to_dict()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        old = orchestrator.analyze(url, "cli", "lockin", by="variant", cells="lr").to_dict()
+        old = orchestrator.analyze("cli", "lockin", db=url, by="variant", cells="lr").to_dict()
     assert old == new
     [w] = [w for w in caught if issubclass(w.category, DeprecationWarning)]
     assert str(w.message) == "cells= is deprecated, use strata=" and w.filename == __file__
     with pytest.warns(DeprecationWarning), pytest.raises(UserError, match="cells is the old name of strata"):
-        orchestrator.analyze(url, "cli", "lockin", strata="lr", cells="lr")
+        orchestrator.analyze("cli", "lockin", db=url, strata="lr", cells="lr")
 
 
 def test_block_reads_the_old_key_and_options_parse_mappings():

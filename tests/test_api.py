@@ -1,4 +1,4 @@
-"""The Python API: the README's example runs as written (a real sweep on a local Ray),
+"""The Python API: the guide's example (docs/how-to/python-api.md) runs as written (a real sweep on a local Ray),
 ``load`` matches the SQL tables column for column, ``import orchestrator`` stays light, and
 every analysis result has ``.summary`` and ``.to_dict()``."""
 
@@ -18,19 +18,17 @@ import sqlalchemy as sa
 
 from orchestrator.store.import_jsonl import write_records
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "python-api.md"
 
 
-def readme_example() -> str:
-    text = README.read_text()
-    section = text.split("## Python API", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def guide_example() -> str:
+    return re.search(r"```python\n(.*?)```", GUIDE.read_text(), re.S).group(1)
 
 
 @pytest.mark.slow
-def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
+def test_guide_python_example_runs_and_load_matches_sql(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-c", readme_example()], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", guide_example()], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
@@ -41,7 +39,7 @@ def test_readme_python_example_runs_and_load_matches_sql(tmp_path):
 
     from orchestrator import load
 
-    trials, evals = load(str(db), "api_demo")
+    trials, evals = load("api_demo", db=str(db))
     with sqlite3.connect(db) as c:
         final = pd.read_sql("SELECT key, final_acc, best_acc FROM trial_final WHERE sweep = 'api_demo'", c)
         ev = pd.read_sql(
@@ -94,7 +92,7 @@ def test_every_analysis_result_has_summary_and_to_dict(tmp_path, kind):
 
     db = str(tmp_path / "syn.db")
     _synthetic(db)
-    res = analyze(db, "syn", kind, by=["tag.g"])
+    res = analyze("syn", kind, db=db, by=["tag.g"])
     assert isinstance(res.summary, pd.DataFrame) and len(res.summary) >= 1
     d = res.to_dict()
     json.dumps(d)  # plain JSON
@@ -112,6 +110,6 @@ def test_analyze_uses_the_stored_analysis_block(tmp_path):
         conn.execute(
             sa.text("UPDATE sweeps SET spec_text = :t"), {"t": "name: syn\nanalysis:\n  by: [tag.g]\n  lockin: 0.99\n"}
         )
-    res = analyze(db, "syn", "lockin")
+    res = analyze("syn", "lockin", db=db)
     assert set(res["group"]) == {"a", "b"}  # not one group "all"
     assert res.to_dict()["rows"][0]["k"] == 0  # 0.95 < 0.99: the stored threshold applied

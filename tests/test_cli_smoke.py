@@ -143,6 +143,12 @@ CASES: list[tuple[str, str, str]] = [
     ("bench store", "--rows 200 --steps 2 --sweep-trials 0", "SQLite ingest"),
     ("bench pack", "--help", "seed pack"),
     ("bench overhead", "--help", "plain Ray Tune"),
+    (
+        "bench checkpoints",
+        "--spec sweeps/quickstart.yaml --growth sweeps/quickstart.yaml --steps 10 --repeats 1 --rows 1000 "
+        "--postgres ''",
+        "database grows",
+    ),
     ("bench ui", "--trials 30 --evals 5 --repeats 1 --json", '"eval_rows": 150'),
     ("bench cells", "--arms deltanet --seq-len 8 --d-model 8 --batch 2 --repeats 1", "deltanet"),
     ("bench kernels", "--quick --device cpu", "dplr_scan   quick_B2"),

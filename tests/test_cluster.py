@@ -1,8 +1,10 @@
-"""A real two-node Ray cluster on this machine, as the README's recipe builds it: ``ray start
+"""A real two-node Ray cluster on this machine, as docs/how-to/clusters.md builds it: ``ray start
 --head`` and a second ``ray start --address`` (separate raylets, free ports, token
 authentication with a token file), a driver that lacks the token refused in one line that
-names the fix, then a sweep on PostgreSQL whose trials ran on both nodes. The test stops
-both nodes by their process ids (each started in a session of its own)."""
+names the fix, then a sweep on PostgreSQL whose trials ran on both nodes; and a node killed
+under a running trial, which finishes on the other node from its checkpoint in the database
+(no shared folder). The tests stop the nodes by their process ids (each started in a session
+of its own)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def _node(args: list[str], env: dict[str, str], log: Path, node_manager_port: int | None = None) -> subprocess.Popen:
     # A session of its own: the node's gcs_server, raylet and workers are its process group.
     return subprocess.Popen(
         RAY
@@ -50,7 +52,7 @@ def _node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
             "--num-cpus=1",
             "--disable-usage-stats",
             f"--dashboard-agent-listen-port={free_port()}",
-            f"--node-manager-port={free_port()}",
+            f"--node-manager-port={node_manager_port or free_port()}",
             f"--object-manager-port={free_port()}",
             *args,
         ],
@@ -140,6 +142,92 @@ def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
         assert [s for s, _ in rows] == ["completed"] * 4
         assert len({n for _, n in rows}) == 2, rows  # both raylets ran trials
     finally:
+        for p in reversed(nodes):
+            _stop(p)
+        drop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+KILL_SPEC = """name: node_lost
+fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: gated_deltanet, checkpoint_every_s: 0}
+axes: {seed: [0, 1]}
+budget: {steps: 400, eval_every: 20}
+resources: {cpu: 1}
+retries: 2
+"""
+
+
+def _node_ids(address: str, env: dict[str, str]) -> dict[int, str]:
+    """Node manager port -> node id of the cluster's live nodes."""
+    code = (
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR');"
+        "print(';'.join(f\"{n['NodeManagerPort']}={n['NodeID']}\" for n in ray.nodes() if n['Alive']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code, address], env=env, capture_output=True, text=True, timeout=60)
+    pairs = r.stdout.strip().splitlines()[-1].split(";")
+    return {int(p.split("=")[0]): p.split("=")[1] for p in pairs}
+
+
+def test_a_trial_whose_node_is_killed_finishes_on_the_other_from_its_stored_checkpoint():
+    """No shared folder: the trial's checkpoint is in the database, so the surviving node
+    continues it (step > 0), and its attempts name both nodes."""
+    tmp = Path(tempfile.mkdtemp(prefix="orc", dir="/tmp"))
+    token = tmp / "token"
+    token.write_text(uuid.uuid4().hex)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env.pop("RAY_ADDRESS", None)
+    port, worker_port = free_port(), free_port()
+    address = f"127.0.0.1:{port}"
+    url, drop = make_pg_schema_url()
+    nodes: list[subprocess.Popen] = []
+    driver = None
+    try:
+        head = ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false"]
+        nodes.append(_node([*head, f"--temp-dir={tmp / 'ray'}"], env, tmp / "head.log"))
+        time.sleep(3)
+        nodes.append(_node([f"--address={address}"], env, tmp / "node.log", node_manager_port=worker_port))
+        _wait_for_nodes(address, env, 2)
+        worker = _node_ids(address, env)[worker_port]
+        spec = tmp / "node_lost.yaml"
+        spec.write_text(KILL_SPEC)
+        argv = ORCH + ["submit", str(spec), "--address", address, "--db", url, "--quiet"]
+        driver = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, cwd=tmp)
+        engine = sa.create_engine(url)
+        on_worker = (
+            "SELECT t.id, c.step FROM trials t JOIN trial_checkpoints c ON c.trial_id = t.id WHERE t.node_id = :n"
+        )
+        deadline = time.monotonic() + 240
+        victim = None
+        while time.monotonic() < deadline and driver.poll() is None and victim is None:
+            try:
+                with engine.connect() as c:
+                    row = c.execute(sa.text(on_worker), {"n": worker}).first()
+            except sa.exc.ProgrammingError:  # the driver has not made the tables yet
+                row = None
+            if row is not None and row.step >= 60:
+                victim = row.id
+            time.sleep(0.1)
+        assert victim is not None, "no trial checkpointed on the second node"
+        os.killpg(nodes[1].pid, signal.SIGKILL)  # the node and everything it ran
+        _, err = driver.communicate(timeout=300)
+        assert driver.returncode == 0, err[-3000:]
+        with engine.connect() as c:
+            statuses = c.execute(sa.text("SELECT status FROM trials")).scalars().all()
+            tried = c.execute(
+                sa.text(
+                    "SELECT attempt, node_id, from_step, outcome FROM attempts WHERE trial_id = :t ORDER BY attempt"
+                ),
+                {"t": victim},
+            ).all()
+        engine.dispose()
+        assert statuses == ["completed", "completed"]
+        assert tried[0].node_id == worker and tried[-1].node_id != worker, tried
+        assert tried[-1].from_step is not None and tried[-1].from_step >= 60, tried
+        assert tried[-1].outcome == "completed" and tried[0].outcome in ("failed", "lost"), tried
+        assert not list(tmp.rglob("*.pt"))  # no checkpoint file anywhere
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
         for p in reversed(nodes):
             _stop(p)
         drop()

@@ -11,7 +11,9 @@ import sys
 import pytest
 import sqlalchemy as sa
 
+import orchestrator
 from orchestrator.cli import main
+from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.import_jsonl import write_records
 
@@ -89,3 +91,43 @@ def test_export_csv_and_bad_input(tmp_path, capsys):
     assert "expected parquet or csv" in capsys.readouterr().err
     assert main(["export", "nope", "--out", str(out), "--db", db]) == 2
     assert "no sweep named 'nope'" in capsys.readouterr().err
+
+
+def test_every_parameter_kept_and_placement_in_its_own_columns(tmp_path, capsys):
+    # `device: auto` is a parameter (what was asked); where the trial ran (cpu, fp32) is not.
+    db = str(tmp_path / "pl.db")
+    recs = [
+        {
+            "params": {"arm": "deltanet", "seed": s, "device": "auto", "status": "odd"},
+            "trace": [{"step": 1, "acc": 0.5}],
+        }
+        for s in (0, 1)
+    ]
+    write_records(db, "pl", recs)
+    engine, _ = open_store_engine(db)
+    with engine.begin() as conn:
+        ids = [r[0] for r in conn.execute(sa.text("SELECT id FROM trials ORDER BY id"))]
+        repo.set_placement(conn, ids[0], "node-a", "n0", "cpu (fp32)")
+        repo.set_placement(conn, ids[1], "node-b", None, "cuda:0 (bf16)")
+    engine.dispose()
+    trials, _ = orchestrator.load("pl", db=db)
+    assert list(trials["device"]) == ["auto", "auto"]
+    assert list(trials["placement_host"]) == ["node-a", "node-b"]
+    assert list(trials["placement_device"]) == ["cpu (fp32)", "cuda:0 (bf16)"]
+    assert trials["placement_node_id"].iloc[0] == "n0" and trials["placement_node_id"].iloc[1] is None
+    # An imported parameter named like a column of the frame is kept under params.<name>.
+    assert list(trials["status"]) == ["completed", "completed"] and list(trials["params.status"]) == ["odd", "odd"]
+    assert "host" not in trials.columns and "node_id" not in trials.columns
+    # Every stored parameter has its column, in the export too.
+    with engine.connect() as conn:
+        names = {r[0] for r in conn.execute(sa.text("SELECT DISTINCT name FROM trial_params"))}
+    assert names <= set(trials.columns) | {"status"}
+    out = tmp_path / "csv"
+    assert main(["export", "pl", "--format", "csv", "--out", str(out), "--db", db]) == 0
+    with open(out / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["device"], r["placement_device"]) for r in rows] == [("auto", "cpu (fp32)"), ("auto", "cuda:0 (bf16)")]
+    # The Python API's export writes the same files.
+    paths = orchestrator.export("pl", db=db, out=tmp_path / "py", format="csv")
+    assert [p.name for p in paths] == ["trials.csv", "evals.csv", "spec.yaml"]
+    assert (tmp_path / "py" / "trials.csv").read_text() == (out / "trials.csv").read_text()

@@ -73,7 +73,7 @@ def test_upgrading_a_0005_database_adds_the_column_and_keeps_rows(db_url):
         conn.execute(sa.text("INSERT INTO trials (sweep_id, key, params) VALUES (1, 'k', '{}')"))
         conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc, loss) VALUES (1, 1, 0.5, 2.0)"))
     migrate(engine, "head")
-    assert current_revision(engine) == head_revision() == "0006_nonfinite"
+    assert current_revision(engine) == head_revision()
     with engine.connect() as conn:
         got = conn.execute(sa.text("SELECT step, acc, loss, nonfinite FROM trial_trace")).all()
     assert [tuple(r) for r in got] == [(1, 0.5, 2.0, None)]

@@ -3,7 +3,6 @@ sizes packs from the cluster's slots, a number keeps its meaning, configs never 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from orchestrator.params import resolve
 from orchestrator.runner.tune_runner import AUTO_PACK_SIZE, make_units, pack_size
@@ -22,7 +21,6 @@ def _units(trials, pack_seeds, slots, max_cpu=2.0):
     return make_units(
         "s",
         trials,
-        checkpoint_root=Path("/tmp/ck"),
         cpu=1.0,
         gpu=0.0,
         pack_seeds=pack_seeds,

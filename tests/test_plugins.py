@@ -1,13 +1,16 @@
 """Bring your own cell and task: a plugin package written to a temp dir, put on PYTHONPATH
 (the driver and the local Ray workers inherit it), registered through a spec's ``plugins:``
-or an entry point (a dist-info folder on the path: what ``pip install`` would write). The
-plugin lists in ``orchestrator cells`` / ``tasks``, validates its knobs like a built-in, and
-a 2-trial sweep runs it on Ray workers."""
+or an entry point (a dist-info folder on the path: what ``pip install`` would write); and
+the guide's package, ``examples/plugin/``, installed by pip (``--target``, on PYTHONPATH),
+found through its entry points alone. The plugins list in ``orchestrator cells`` / ``tasks``,
+validate their knobs like built-ins, and one sweep runs both plugins' cells and tasks on
+Ray workers."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +22,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin"
 
 CELLS = '''
 """A causal running-mean mixer: the tiniest recurrent cell (state: one vector)."""
@@ -100,6 +104,35 @@ def plugin(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Path:
+    """examples/plugin installed as a user would (pip builds it and writes its entry points),
+    into a folder put on PYTHONPATH; built from a copy, so the repository stays clean."""
+    root = tmp_path_factory.mktemp("example")
+    src = shutil.copytree(EXAMPLE, root / "src")
+    target = root / "site"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (target / "orch_example" / "tasks.py").is_file()
+    return target
+
+
 def _env(*paths: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, **extra}
     env["PYTHONPATH"] = os.pathsep.join([*map(str, paths), env.get("PYTHONPATH", "")])
@@ -132,6 +165,33 @@ def test_entry_points_list_the_plugin(plugin, tmp_path):
     assert bare.returncode == 2 and "unknown arm 'cummean'" in bare.stderr
 
 
+def test_the_installed_example_lists_and_its_task_decodes(example, tmp_path):
+    env = _env(example)
+    cells = _run(["cells", "--json", "--arms", "running_mean"], env, tmp_path)
+    assert cells.returncode == 0, cells.stderr
+    [row] = json.loads(cells.stdout)
+    assert row["arm"] == "running_mean" and row["state_elements"] == row["d_model"]  # one vector
+    tasks = _run(["tasks", "--json"], env, tmp_path)
+    assert tasks.returncode == 0, tasks.stderr
+    task = {r["task"]: r for r in json.loads(tasks.stdout)}["single_recall"]
+    assert task["params"] == {"K": 4, "n_keys": 16, "n_values": 8, "eval_size": 1024}
+    assert (task["vocab_size"], task["seq_len"], task["rebinding"]) == (16 + 8, 2 * 4 + 1, True)
+    # Its reference decoder agrees with its generator, as tests/test_tasks.py checks built-ins.
+    code = (
+        "from orchestrator.plugins import load_entry_points; load_entry_points(); import tasks\n"
+        "t = tasks.build('single_recall', **tasks.REGISTRY['single_recall'].small)\n"
+        "for x, y in t.eval_batches(0):\n"
+        "    for s, g in zip(x.tolist(), y.tolist()):\n"
+        "        assert t.decode(s) == {p: v for p, v in enumerate(g) if v != -100}, s\n"
+        "for x, y in t.rebinding_batches(0):  # rebound: every scored answer moved\n"
+        "    for s, g in zip(x.tolist(), y.tolist()):\n"
+        "        assert all(t.decode(s)[p] != v for p, v in enumerate(g) if v != -100), s\n"
+        "print('ok', t.seq_len, t.vocab_size)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["ok", "7", "24"], r.stderr[-3000:]
+
+
 def test_plugin_knobs_validate_like_built_ins(plugin, tmp_path):
     env = _env(plugin)
     for bad, msg in (("model.scale: 2.0", "model.scale: 9.0"), ("d_model: 16", "d_model: 8\n  model.scale: 5.0")):
@@ -154,24 +214,32 @@ def test_plugin_knobs_validate_like_built_ins(plugin, tmp_path):
     assert r.returncode == 2 and "cannot import plugin module 'myplug.nothere'" in r.stderr
 
 
-def test_a_two_trial_sweep_runs_the_plugin_on_ray_workers(plugin, tmp_path):
+def test_one_sweep_runs_both_plugins_on_ray_workers(plugin, example, tmp_path):
+    # The temp-dir plugin through the spec's plugins:, the installed example through its
+    # entry points only: each arm on each task.
     spec = tmp_path / "plug.yaml"
-    spec.write_text(SPEC)
+    spec.write_text(
+        SPEC.replace("  arm: cummean\n  task: tiny_recall\n", "")
+        .replace("  model.scale: 2.0\n", "")
+        .replace("  seed: [0, 1]", "  arm: [cummean, running_mean]\n  task: [tiny_recall, single_recall]\n  seed: [0]")
+    )
     db = tmp_path / "plug.db"
-    env = _env(plugin)
+    env = _env(plugin, example)
     r = _run(["submit", str(spec), "--db", str(db), "--quiet"], env, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     q = (
         "SELECT f.arm, f.task, f.seed, f.status, f.final_step, round(f.final_acc, 4) AS "
         "final_acc, t.host, t.node_id IS NOT NULL AS on_ray FROM trial_final f "
-        "JOIN trials t ON t.id = f.trial_id WHERE f.sweep = 'plug' ORDER BY f.seed"
+        "JOIN trials t ON t.id = f.trial_id WHERE f.sweep = 'plug' ORDER BY f.arm, f.task"
     )
     out = _run(["sql", q, "--db", str(db), "--json"], env, tmp_path)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     print(_run(["sql", q, "--db", str(db)], {**env, "COLUMNS": "120"}, tmp_path).stdout)
-    assert [(x["arm"], x["task"], x["seed"], x["status"], x["final_step"]) for x in rows] == [
-        ("cummean", "tiny_recall", 0, "completed", 20),
-        ("cummean", "tiny_recall", 1, "completed", 20),
+    assert [(x["arm"], x["task"], x["status"], x["final_step"]) for x in rows] == [
+        ("cummean", "single_recall", "completed", 20),
+        ("cummean", "tiny_recall", "completed", 20),
+        ("running_mean", "single_recall", "completed", 20),
+        ("running_mean", "tiny_recall", "completed", 20),
     ]
     assert all(0.0 <= x["final_acc"] <= 1.0 and x["on_ray"] == 1 for x in rows)

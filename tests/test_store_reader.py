@@ -155,7 +155,7 @@ def test_an_unknown_sweep_is_one_error_everywhere(db_url):
 
     calls = [
         lookup,
-        lambda: api.load(engine, "nope"),
+        lambda: api.load("nope", db=engine),
         lambda: oa.load_sweep(engine, "nope"),
         lambda: progress_report(engine, "nope"),
     ]

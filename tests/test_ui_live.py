@@ -77,3 +77,20 @@ def test_submit_prints_the_ui_command(tmp_path, capsys, shared_ray):
     err = capsys.readouterr().err
     assert f"watch it live: orchestrator ui --db {db}" in err
     assert "40/40 steps" in err
+    # --quiet: no bar, no notes, and still the one outcome line on stdout.
+    assert main(["resume", "tiny", "--db", str(db), "--checkpoint-dir", str(tmp_path / "ck"), "-q"]) == 0
+    got = capsys.readouterr()
+    assert got.err == ""
+    assert got.out.startswith("sweep tiny: nothing ran; query it with `orchestrator sql") and got.out.count("\n") == 1
+
+
+def test_shell_completion(monkeypatch, capsys):
+    # What the shell runs on TAB once `orchestrator --install-completion` has put the hook in place.
+    monkeypatch.setenv("_ORCHESTRATOR_COMPLETE", "complete_bash")
+    monkeypatch.setenv("COMP_WORDS", "orchestrator submit --max")
+    monkeypatch.setenv("COMP_CWORD", "2")
+    assert main([]) == 0
+    assert capsys.readouterr().out.split() == ["--max-concurrent", "--max-trials"]
+    monkeypatch.delenv("_ORCHESTRATOR_COMPLETE")
+    assert main(["--help"]) == 0
+    assert "--install-completion" in capsys.readouterr().out

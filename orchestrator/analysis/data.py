@@ -4,7 +4,8 @@
 resolved parameter as a column under its full dotted name, plus two aliases per dotted
 name where they do not clash: the short name (the part after the last dot) when no other
 parameter shares it, and the name with non-identifier characters as underscores (what a
-patsy formula can use). ``evals`` has ``trial_id, step, acc, loss, nonfinite``, sorted by
+patsy formula can use), and ``code_version``, ``host`` and ``device`` of the attempt that
+produced the trial's trace (None for a trial that ran before attempts were recorded). ``evals`` has ``trial_id, step, acc, loss, nonfinite``, sorted by
 trial and step: every stored point, a diverged trial's too (``nonfinite`` is True where
 the point had a non-finite value, stored as NULL: a NaN loss beside a finite accuracy);
 how the analyses count those is :mod:`.diverged`. Both come from the store's reader
@@ -75,7 +76,7 @@ class SweepData:
 def resolve_column(trials: pd.DataFrame, name: str, params: Sequence[str] = ()) -> str:
     if name in trials.columns:
         return name
-    known = ", ".join(list(params)[:40]) or "(none)"
+    known = ", ".join([*list(params)[:40], *reader.PROVENANCE_COLUMNS])
     raise UserError(f"unknown parameter {name!r}; this sweep's parameters: {known}")
 
 
@@ -126,6 +127,10 @@ def load_sweep(
     )
     # stop: the step a trial was stopped at by the spec's stop rule (NaN: ran its budget).
     trials["stopped_at"] = [float(stops[t]) if t in stops else np.nan for t in trials["trial_id"]]
+    # Where and with which code each trial's newest attempt ran, so a confound check is one
+    # ``--by code_version`` (``device`` here is where it ran, not the ``device:`` setting).
+    for i, col in enumerate(reader.PROVENANCE_COLUMNS):
+        trials[col] = [stored.provenance[t][i] if t in stored.provenance else None for t in trials["trial_id"]]
     evals = pd.DataFrame.from_records(stored.evals, columns=["trial_id", "step", "acc", "loss", "nonfinite"])
     evals = evals.astype({"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float, "nonfinite": bool})
     if where and where.strip():

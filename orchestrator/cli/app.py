@@ -60,7 +60,7 @@ app = typer.Typer(
     name="orchestrator",
     help="Sweeps of tiny recurrent models on Ray Tune, traces in SQL, statistics off the database.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # orchestrator --install-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
 

@@ -157,3 +157,72 @@ def bench_overhead(
         )
     print(f"  load average {r['load_before']:.1f} before, {r['load_after']:.1f} after (2 cores: compare with care)")
     return 0
+
+
+@bench_app.command("checkpoints")
+def bench_checkpoints(
+    specs: list[str] = typer.Option(
+        ["sweeps/factorial.yaml", "sweeps/basin_map.yaml"], "--spec", help="specs whose checkpoints to size"
+    ),
+    growth: str = typer.Option("sweeps/basin_map.yaml", "--growth", help="the sweep whose database growth to state"),
+    postgres: Optional[str] = typer.Option(
+        None, "--postgres", help="PostgreSQL URL to measure too (default $ORCH_TEST_POSTGRES_URL; '' for none)"
+    ),
+    steps: int = typer.Option(600, help="steps of the streaming trial (the quickstart's)"),
+    repeats: int = typer.Option(3, min=1, help="side-by-side repeats (medians)"),
+    rows: int = typer.Option(20_000, min=100, help="eval rows ingested to measure bytes per row"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> int:
+    """Checkpoint sizes, a sweep's database growth, and the streaming slowdown of storing
+    checkpoints in the database vs as files (SQLite and PostgreSQL, side by side)."""
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.bench import checkpoints as b
+
+    result: dict = {"sizes": [b.sizes(s) for s in specs]}
+    per_row = b.bytes_per_eval_row(rows)
+    g = b.sizes(growth)
+    result["growth"] = {
+        "spec": growth,
+        "trials": g["trials"],
+        "bytes_per_eval_row": per_row,
+        "checkpoint_bytes": g["trials"] * g["last_bytes"],
+        "eval_bytes": g["trials"] * g["evals_per_trial"] * per_row,
+    }
+    result["growth"]["total_bytes"] = result["growth"]["checkpoint_bytes"] + result["growth"]["eval_bytes"]
+    backends: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as d:
+        backends["sqlite"] = f"sqlite:///{Path(d) / 'ckpt.db'}"
+        # --postgres '' measures SQLite only
+        pg = os.environ.get("ORCH_TEST_POSTGRES_URL") if postgres is None else (postgres or None)
+        result["streaming"] = {}
+        for cadence, every in (("quickstart", None), ("every_eval", 0.0)):
+            result["streaming"][cadence] = {"sqlite": b.streaming(str(backends["sqlite"]), steps, repeats, every)}
+            if pg:
+                from orchestrator.bench.pg import scratch_schema
+
+                with scratch_schema(pg) as url:
+                    result["streaming"][cadence]["postgresql"] = b.streaming(url, steps, repeats, every)
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    for s in result["sizes"]:
+        print(
+            f"{s['spec']}: {s['arm']} d {s['d_model']}: checkpoint {s['first_eval_bytes'] / 1e3:,.0f} kB "
+            f"after the first eval, {s['last_bytes'] / 1e3:,.0f} kB at the last ({s['evals_per_trial']} evals)"
+        )
+    w = result["growth"]
+    print(
+        f"{w['spec']} ({w['trials']} trials): database grows {w['total_bytes'] / 1e6:,.1f} MB "
+        f"({w['checkpoint_bytes'] / 1e6:,.1f} MB checkpoints, {w['eval_bytes'] / 1e6:,.1f} MB eval rows "
+        f"at {w['bytes_per_eval_row']:.0f} B a row)"
+    )
+    for cadence, by in result["streaming"].items():
+        for backend, r in by.items():
+            print(
+                f"streaming with database checkpoints ({cadence}, every {r['checkpoint_every_s']:g} s, {backend}): "
+                f"{r['slowdown_pct']:+.2f}% vs file checkpoints ({r['file_s']:.2f} s vs {r['database_s']:.2f} s, "
+                f"median of {len(r['file_runs'])}; goal < 2%)"
+            )
+    return 0

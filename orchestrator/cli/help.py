@@ -108,6 +108,12 @@ def _polish_options(callback) -> None:
 
 def polish(app: typer.Typer, path: str = "") -> None:
     """Add examples and shared option texts to every command registered on ``app``."""
+    if not path and app._add_completion:
+        # typer adds --install-completion / --show-completion from this function's options:
+        # flags too, shown without a "<bool>" column like every other flag.
+        from typer import completion
+
+        _polish_options(completion._install_completion_placeholder_function)
     if app.registered_callback is not None:
         _polish_options(app.registered_callback.callback)
     if path in EXAMPLES and not app.info.epilog:

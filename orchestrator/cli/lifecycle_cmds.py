@@ -59,10 +59,10 @@ def delete(
         None, "--checkpoint-dir", help="where its checkpoints are, if not the default"
     ),
 ) -> int:
-    """Delete a sweep: its trials, parameters, evals and errors (one transaction) and its
-    checkpoint folder. Refuses a sweep a live driver holds."""
+    """Delete a sweep: its trials, parameters, evals, checkpoints, attempts and errors (one
+    transaction) and its checkpoint files, if any. Refuses a sweep a live driver holds."""
     from orchestrator import spec as specs
-    from orchestrator.runner.sweep import _checkpoint_root
+    from orchestrator.runner.sweep import checkpoint_folders
     from orchestrator.store import lease, repo
     from orchestrator.store.engine import open_store_engine
 
@@ -75,7 +75,8 @@ def delete(
         raise UserError(f"sweep {sweep!r} is being run by {held.summary()}; `orchestrator cancel {sweep}` first")
     try:
         spec = specs.load(f"<sweep {sweep}>", text=text).spec
-        folder = _checkpoint_root(url, spec, checkpoint_dir) / sweep
+        found = [f / sweep for f in checkpoint_folders(url, spec, checkpoint_dir) if (f / sweep).exists()]
+        folder = found[0] if found else None
     except UserError:  # an imported sweep's placeholder spec: no checkpoints of ours
         folder = None
     if not yes:

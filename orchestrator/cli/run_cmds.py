@@ -41,9 +41,10 @@ class _Progress:
             err.print(escape(f"watch it live: {ui_command(db)}"), soft_wrap=True)  # copy-pasteable
         if self.quiet or todo == 0:
             return
-        from orchestrator.ui.live import BoardProgress, TrialBoard
+        from orchestrator.cli.live_eta import RateBoard
+        from orchestrator.ui.live import BoardProgress
 
-        self.board = TrialBoard(total_steps=steps or 0)
+        self.board = RateBoard(total_steps=steps or 0)
         self.bar = BoardProgress(self.board, console=err, transient=False)
         self.bar.start()
 
@@ -183,13 +184,14 @@ def _finish(summary, quiet: bool) -> int:
             soft_wrap=True,
         )
         return EXIT_INTERRUPTED
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
+    # The result, on stdout, --quiet or not: one line however long, the command inside it
+    # copy-pasteable.
+    out.print(
+        escape(f"sweep {summary.sweep}: {parts}; query it with `{query_hint(summary.sweep, summary.db_arg)}`"),
+        soft_wrap=True,
+    )
     if not quiet:
-        parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
-        # The result, on stdout: one line however long, the command inside it copy-pasteable.
-        out.print(
-            escape(f"sweep {summary.sweep}: {parts}; query it with `{query_hint(summary.sweep, summary.db_arg)}`"),
-            soft_wrap=True,
-        )
         for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
             st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())
             err.print(
@@ -210,20 +212,25 @@ def _finish(summary, quiet: bool) -> int:
     return 0
 
 
+CHECKPOINT_DIR_HELP = "keep checkpoints as files in this folder instead of in the database"
+ALLOW_CODE_CHANGE_HELP = (
+    "continue a sweep whose attempts ran other code or another torch minor version (recorded with the spec versions)"
+)
+
+
 @app.command()
 def submit(
     spec: str = typer.Argument(..., help="sweep spec YAML (sweeps/*.yaml)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     address: Optional[str] = typer.Option(None, "--address", help="join a running Ray cluster: auto or HOST:PORT"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
-    checkpoint_dir: Optional[str] = typer.Option(
-        None, "--checkpoint-dir", help="shared directory for trial checkpoints"
-    ),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
     max_trials: int = typer.Option(100_000, "--max-trials", min=1, help="refuse a design with more trials than this"),
     takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
+    allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
     amend: bool = typer.Option(
         False,
         "--amend",
@@ -284,7 +291,7 @@ def submit(
         return 0
     from orchestrator.runner.sweep import RunOptions, submit as run_submit
 
-    options = RunOptions(db, address, max_concurrent, checkpoint_dir, takeover)
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
     return _run_with_progress(run_submit, sweep, quiet, options, amend=amend)
 
 
@@ -320,17 +327,17 @@ def resume(
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     address: Optional[str] = typer.Option(None, "--address"),
     max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir"),
-    quiet: bool = typer.Option(False, "--quiet", "-q"),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
     takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
+    allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
 ) -> int:
     """Run what a sweep has not finished; running, stale and interrupted trials continue
-    from their checkpoints."""
+    from their checkpoints (on any machine that reaches the database)."""
     from orchestrator.runner.sweep import RunOptions, resume as run_resume
 
-    return _run_with_progress(
-        run_resume, sweep, quiet, RunOptions(db, address, max_concurrent, checkpoint_dir, takeover)
-    )
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
+    return _run_with_progress(run_resume, sweep, quiet, options)
 
 
 @app.command()
@@ -340,18 +347,22 @@ def status(
     as_json: bool = typer.Option(False, "--json"),
     watch: bool = typer.Option(False, "--watch", "-w", help="redraw the bar and running-trials table until it ends"),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="seconds between redraws"),
+    trial: Optional[str] = typer.Option(None, "--trial", help="one trial's row and its attempts (by key)"),
 ) -> int:
-    """Counts by status, per-axis completion and an ETA (--watch: live, from the database)."""
+    """Counts by status, per-axis completion and an ETA (--watch: live, from the database);
+    with --trial KEY, that trial and every attempt of it (where, which code, from which step)."""
     from orchestrator.store.engine import open_store_engine
     from orchestrator.store.progress import progress_report
 
     engine, _ = open_store_engine(db, auto_create=False)
+    if trial is not None:
+        if sweep is None:
+            raise UserError("--trial needs a sweep name: orchestrator status SWEEP --trial KEY")
+        return _trial_status(engine, sweep, trial, as_json)
     if watch:
         if sweep is None:
             raise UserError("--watch needs a sweep name: orchestrator status SWEEP --watch")
-        from orchestrator.ui.live import watch as watch_board
-
-        watch_board(engine, sweep, interval, out)
+        _watch(engine, sweep, interval)
     report = progress_report(engine, sweep)
     if as_json:
         out.print_json(json.dumps(report, default=str))
@@ -390,7 +401,83 @@ def status(
             )
         for f in s.get("failed", [])[:10]:
             out.print(f"  [red]failed[/red] {escape(str(f['key']))}: {escape(str(f['error']))}")
+        envs = s.get("environments") or []
+        if len(envs) > 1:
+            out.print(f"  [yellow]ran with {len(envs)} code/torch versions[/yellow] (analyze ... --by code_version):")
+        for e in envs:
+            out.print(escape(f"  code {e['code_version']} with torch {e['torch_version']}: {e['trials']} trial(s)"))
     return 0
+
+
+def _trial_status(engine, sweep: str, key: str, as_json: bool) -> int:
+    """``status SWEEP --trial KEY``: the trial's stored row, then one line per attempt."""
+    from orchestrator.store import reader
+
+    with engine.connect() as conn:
+        sid = reader.sweep_id(conn, sweep)
+        row = reader.trial_row(conn, sid, key)
+        if row is None:
+            raise UserError(f'sweep {sweep!r} has no trial {key!r} (keys: orchestrator sql "SELECT key FROM trials")')
+        tried = reader.trial_attempts(conn, row.id)
+    trial = {k: v for k, v in row._mapping.items() if k != "params"}
+    if as_json:
+        out.print_json(json.dumps({"trial": trial, "params": row.params, "attempts": tried}, default=str))
+        return 0
+    out.print(
+        escape(
+            f"{sweep} {key}: {row.status}, step {row.final_step if row.final_step is not None else '-'}"
+            f" of {row.steps}, final_acc {row.final_acc if row.final_acc is not None else '-'}"
+        )
+    )
+    if row.error:
+        out.print(escape(f"  error: {row.error}"))
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    shown = (
+        "attempt",
+        "from_step",
+        "outcome",
+        "started_at",
+        "ended_at",
+        "host",
+        "device",
+        "precision",
+        "code_version",
+        "torch_version",
+        "driver",
+    )
+    for col in shown:
+        table.add_column(col)
+    for a in tried:
+        table.add_row(*("" if a[c] is None else escape(str(a[c])) for c in shown))
+    out.print(table if tried else "  no attempts recorded (it has not started, or ran before attempts were recorded)")
+    return 0
+
+
+def _watch(engine, sweep: str, interval: float) -> None:
+    """Redraw the sweep's board from the database every ``interval`` seconds until no trial
+    is pending or running (or Ctrl-C), its ETA from the recent rate of the steps read."""
+    import time
+
+    from orchestrator.cli.live_eta import RateBoard
+    from orchestrator.eta import RateWindow
+    from orchestrator.ui.live import BoardProgress, board_from_db, counts_detail
+
+    window = RateWindow()
+    board, st = board_from_db(engine, sweep)
+    with BoardProgress(RateBoard.of(board, window), console=out, auto_refresh=False, transient=False) as prog:
+        try:
+            while True:
+                prog.sync(counts_detail(st["counts"]))
+                prog.refresh()
+                if not (st["counts"].get(Status.running) or st["counts"].get(Status.pending)):
+                    return
+                time.sleep(interval)
+                board, st = board_from_db(engine, sweep)
+                prog.board = RateBoard.of(board, window)
+        except KeyboardInterrupt:
+            return
 
 
 @app.command("ls")

@@ -1,22 +1,37 @@
-"""Per-trial checkpoint files, named by the trial's stable key.
+"""Where a trial's checkpoint lives, and how a unit gets it back.
 
-Written atomically (temp file + rename) so a SIGKILL mid-write leaves the previous
-checkpoint intact. On a multi-machine cluster the directory must be shared storage (NFS):
-a trial may resume on another node.
+By default a checkpoint lives in the sweep's database (``trial_checkpoints``): the unit sends
+it to the driver in a report and the driver's writer stores it in the transaction that
+stores the eval rows it covers, so any machine that reaches the database can continue the
+sweep. With ``--checkpoint-dir DIR`` (or ``checkpoint_dir:`` in the spec) the writer keeps
+them as files named by the trial's stable key instead, written atomically (temp file +
+rename) after the rows they cover are stored; a sweep checkpointed to files before revision
+0007 keeps resuming from them.
+
+Either way the files and the database are read on the driver's machine: a unit asks the
+:class:`Loader` actor, which runs beside the driver, for its members' checkpoints. No node
+needs shared storage.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from orchestrator.errors import UserError
-from orchestrator.store.engine import sqlite_path
+from orchestrator.store import attempts
+from orchestrator.store.engine import make_engine, sqlite_path
+
+DATABASE = "database"
+FILE = "file"
 
 
 def default_root(db_url: str) -> Path:
@@ -75,12 +90,27 @@ def adopt_renamed(root: Path, sweep: str, renames: list[tuple[str, str]]) -> int
     return moved
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
+def serialize(state: dict[str, Any]) -> bytes:
+    """A ``Trainer.state_dict`` as the bytes a checkpoint stores."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def deserialize(data: bytes) -> dict[str, Any]:
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def save(path: Path, state: dict[str, Any] | bytes) -> None:
+    """Write a checkpoint file atomically (a state, or its serialized bytes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
+            if isinstance(state, bytes):
+                fh.write(state)
+            else:
+                torch.save(state, fh)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -93,3 +123,75 @@ def read_checkpoint(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A member's checkpoint as the loader found it."""
+
+    state: bytes
+    step: int
+    origin: str  # DATABASE or FILE
+
+
+class Loader:
+    """Runs as a Ray actor on the driver's node (:func:`start_loader`): gives a unit its
+    members' checkpoints, from the database or from files on the driver's machine, whichever
+    is further along."""
+
+    def __init__(self, url: str, sweep: str, folders: list[str]) -> None:
+        self.engine = make_engine(url, create_dir=False)
+        self.sweep = sweep
+        self.folders = [Path(f) for f in folders]
+
+    def load(self, trial_id: int, key: str) -> Found | None:
+        found: list[Found] = []
+        with self.engine.connect() as conn:
+            stored = attempts.load_checkpoint(conn, trial_id)
+        if stored is not None:
+            found.append(Found(stored.state, stored.step, DATABASE))
+        for folder in self.folders:
+            path = trial_path(folder, self.sweep, key)
+            if path.exists():
+                data = path.read_bytes()
+                try:
+                    step = int(deserialize(data)["step"])
+                except Exception:  # unreadable: the unit fails on it, as a configuration error
+                    step = -1
+                found.append(Found(data, step, FILE))
+                break
+        return max(found, key=lambda f: f.step) if found else None
+
+
+def start_loader(url: str, sweep: str, folders: list[Path]) -> tuple[str, Any]:
+    """Start the run's :class:`Loader` beside the driver; returns the name units ask for and
+    its handle (the actor lives while the caller holds the handle)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name = f"orchestrator-checkpoints-{uuid.uuid4().hex[:12]}"
+    here = ray.get_runtime_context().get_node_id()
+    handle = (
+        ray.remote(num_cpus=0)(Loader)
+        .options(name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
+        .remote(url, sweep, [str(f) for f in folders])
+    )
+    return name, handle
+
+
+def stop_loader(handle: Any) -> None:
+    import ray
+
+    try:
+        ray.kill(handle)
+    except Exception:  # already gone with its Ray
+        pass
+
+
+def fetch(loader: str | None, trial_id: int, key: str) -> Found | None:
+    """A unit's member's checkpoint (in a Ray worker), or None (start from nothing)."""
+    if loader is None:
+        return None
+    import ray
+
+    return ray.get(ray.get_actor(loader).load.remote(trial_id, key))

@@ -24,7 +24,12 @@ class RunContext:
     session: DriverSession  # the lease, the stop flags, and ``session.write``
     url: str  # the database, resolved
     db_arg: str | None  # what ``--db`` reaches it again (the resume hint), None: the default lookup
-    checkpoint_root: Path
+    # Where the writer keeps checkpoints: None, the database (the default); else a folder
+    # (``--checkpoint-dir``/``checkpoint_dir:``). ``checkpoint_reads``: the folders the loader
+    # also looks in (that one, and the default beside the database where sweeps checkpointed
+    # to files before revision 0007).
+    checkpoint_folder: Path | None
+    checkpoint_reads: list[Path]
     max_concurrent: int | None  # ``--max-concurrent``, else the spec's
     on_start: Callable[..., None] | None = None
     on_event: Callable[..., None] | None = None

@@ -126,13 +126,53 @@ class TrialFinal:
 
 
 @dataclass(frozen=True)
+class AttemptStart:
+    """A unit's first report: the step each member starts from (None: from nothing) and the
+    environment it runs in (``store.attempts.ENV_FIELDS``, from runner/provenance.py). The
+    writer records one attempt per member and deletes its rows past that step."""
+
+    from_steps: tuple[tuple[int, int | None], ...]
+    env: Mapping[str, Any]
+
+    def to_wire(self) -> Wire:
+        return [[list(x) for x in self.from_steps], dict(self.env)]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> AttemptStart:
+        steps, env = w
+        return cls(tuple((int(t), None if s is None else int(s)) for t, s in steps), dict(env))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A member's checkpoint at eval ``step`` (``torch.save`` bytes of its state), reported
+    after the eval rows it covers; the writer stores it with them."""
+
+    trial_id: int
+    step: int
+    state: bytes
+
+    def to_wire(self) -> Wire:
+        return [self.trial_id, self.step, self.state]
+
+    @classmethod
+    def from_wire(cls, w: Sequence[Any]) -> Checkpoint:
+        tid, step, state = w
+        return cls(int(tid), int(step), bytes(state))
+
+
+@dataclass(frozen=True)
 class Report:
-    """One ``tune.report`` of a unit: eval rows (possibly none), where it runs (its first
-    report), and at its end each member's :class:`TrialFinal`."""
+    """One ``tune.report`` of a unit: eval rows (possibly none), where it runs and from
+    which steps (its first report), checkpoints, and at its end each member's
+    :class:`TrialFinal`. A checkpoint travels in a report of its own or with the rows it
+    covers, never with the finals (Tune keeps a trial's last report for the whole run)."""
 
     evals: tuple[EvalRow, ...] = ()
     placement: Placement | None = None
     finals: tuple[TrialFinal, ...] = ()
+    attempt: AttemptStart | None = None
+    checkpoints: tuple[Checkpoint, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         # Tune adds its own keys to every result (done, trial_id, ...): ours never clash.
@@ -141,6 +181,10 @@ class Report:
             out["placement"] = self.placement.to_wire()
         if self.finals:
             out["finals"] = [f.to_wire() for f in self.finals]
+        if self.attempt is not None:
+            out["attempt"] = self.attempt.to_wire()
+        if self.checkpoints:
+            out["checkpoints"] = [c.to_wire() for c in self.checkpoints]
         return out
 
     @classmethod
@@ -148,10 +192,13 @@ class Report:
         """The report in a Tune result (an empty one for a result that holds none)."""
         result = result or {}
         placement = result.get("placement")
+        attempt = result.get("attempt")
         return cls(
             evals=tuple(EvalRow.from_wire(w) for w in result.get("evals") or ()),
             placement=Placement.from_wire(placement) if placement is not None else None,
             finals=tuple(TrialFinal.from_wire(w) for w in result.get("finals") or ()),
+            attempt=AttemptStart.from_wire(attempt) if attempt is not None else None,
+            checkpoints=tuple(Checkpoint.from_wire(w) for w in result.get("checkpoints") or ()),
         )
 
     def final_of(self) -> dict[int, TrialFinal]:

@@ -23,7 +23,7 @@ from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
 from orchestrator.store import reader, repo
-from orchestrator.store.engine import describe, open_store_engine, resolve_url
+from orchestrator.store.engine import describe, open_store_engine
 from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
 
 
@@ -34,15 +34,18 @@ class RunOptions:
 
     ``db``: a URL or SQLite path (default: the spec's ``storage:``, else ``$ORCH_DB``, else
     ``runs/orchestrator.db``); ``address``: a Ray cluster to join (default: an embedded Ray);
-    ``max_concurrent``: trials at once (default: the spec's); ``checkpoint_dir``: instead of
-    the spec's or the default beside the database; ``takeover``: run even if another driver
-    holds the sweep's lease."""
+    ``max_concurrent``: trials at once (default: the spec's); ``checkpoint_dir``: keep
+    checkpoints as files there instead of in the database (default: the spec's
+    ``checkpoint_dir:``, else the database); ``takeover``: run even if another driver holds the
+    sweep's lease; ``allow_code_change``: continue a sweep whose attempts ran other code or
+    another torch minor version (recorded with the spec versions)."""
 
     db: str | None = None
     address: str | None = None
     max_concurrent: int | None = None
     checkpoint_dir: str | None = None
     takeover: bool = False
+    allow_code_change: bool = False
 
 
 @dataclass
@@ -68,9 +71,48 @@ class RunSummary:
         return self.outcomes.get(Status.interrupted.value, 0)
 
 
-def _checkpoint_root(url: str, spec: SweepSpec, override: str | None) -> Path:
+def checkpoint_folder(spec: SweepSpec, override: str | None) -> Path | None:
+    """The folder the run keeps checkpoint files in, or None: in the database."""
     chosen = override or spec.checkpoint_dir
-    return Path(chosen).expanduser().resolve() if chosen else checkpoints.default_root(url)
+    return Path(chosen).expanduser().resolve() if chosen else None
+
+
+def checkpoint_folders(url: str, spec: SweepSpec, override: str | None) -> list[Path]:
+    """Every folder a sweep's checkpoint files may be in: the chosen one, and the default
+    beside the database where runs before revision 0007 kept them."""
+    chosen = checkpoint_folder(spec, override)
+    return [f for f in (chosen, checkpoints.default_root(url)) if f is not None]
+
+
+def code_guard(conn: Any, sid: int, name: str, allow: bool) -> str | None:
+    """The code this driver runs against the code and torch versions of the sweep's stored
+    attempts. Returns the difference in one line (None: the same); refuses it (UserError,
+    exit 2) unless ``allow``."""
+    from orchestrator.runner import provenance
+
+    version, digest = provenance.code_fingerprint()
+    torch_here = provenance.torch_minor(torch_version())
+    others = [
+        e
+        for e in reader.environments(conn, sid)
+        if (e.code_hash and e.code_hash != digest) or provenance.torch_minor(e.torch_version) != torch_here
+    ]
+    if not others:
+        return None
+    ran = "; ".join(f"{e.code_version} with torch {e.torch_version} ({e.trials} trial(s))" for e in others)
+    line = f"sweep {name!r} ran {ran}; this is {version} with torch {torch_version()}"
+    if not allow:
+        raise UserError(
+            f"{line}: finishing it here would mix code versions in one sweep; "
+            "pass --allow-code-change to continue anyway (it is recorded; nothing was run)"
+        )
+    return line
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def check_devices(trials: list[tuple[str, dict[str, Any]]], gpus: float, where: str) -> None:
@@ -133,18 +175,20 @@ def _context(
 ) -> RunContext:
     """The run's context, once the lease is held; checkpoint files named by pre-0005 keys
     are renamed here."""
-    root = _checkpoint_root(url, spec, options.checkpoint_dir)
+    folders = checkpoint_folders(url, spec, options.checkpoint_dir)
     with session.engine.connect() as conn:
         renames = repo.key_renames(conn, session.sid)
     if renames:
-        checkpoints.adopt_renamed(root, spec.name, renames)
+        for folder in folders:
+            checkpoints.adopt_renamed(folder, spec.name, renames)
     return RunContext(
         spec=spec,
         sweep_id=session.sid,
         session=session,
         url=url,
         db_arg=options.db,
-        checkpoint_root=root,
+        checkpoint_folder=checkpoint_folder(spec, options.checkpoint_dir),
+        checkpoint_reads=folders,
         max_concurrent=options.max_concurrent or spec.max_concurrent,
         on_start=on_start,
         on_event=on_event,
@@ -171,9 +215,9 @@ def submit(
 
     spec = sweep.spec
     # Before Ray starts or the database is made: every trial would fail at its first checkpoint.
-    checkpoints.check_writable(
-        _checkpoint_root(resolve_url(options.db, spec.storage), spec, options.checkpoint_dir) / spec.name
-    )
+    folder = checkpoint_folder(spec, options.checkpoint_dir)
+    if folder is not None:
+        checkpoints.check_writable(folder / spec.name)
     # What `--db` reaches this database again (the spec's storage: is not read by `sql`/`resume`).
     options = replace(options, db=options.db or spec.storage or None)
     with _on_ray(options.address):
@@ -183,9 +227,13 @@ def submit(
         with engine.connect() as conn:
             found = reader.find_sweep(conn, spec.name)
             existing = found[0] if found is not None else None
+            code_change = None
             if existing is not None:  # refuse before the lease: nothing written at all
                 looked = bool(repo.sequential_looks(conn, existing))
-                _check_design(repo.design_diff(conn, existing, sweep.trials), spec.name, amend, looked)
+                before = repo.design_diff(conn, existing, sweep.trials)
+                _check_design(before, spec.name, amend, looked)
+                if before.changed or repo.unfinished_trials(conn, existing):
+                    code_change = code_guard(conn, existing, spec.name, options.allow_code_change)
         sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
         with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
 
@@ -193,7 +241,7 @@ def submit(
                 diff = repo.design_diff(conn, sid, sweep.trials)
                 # again, now that we hold the sweep
                 _check_design(diff, spec.name, amend, bool(repo.sequential_looks(conn, sid)))
-                version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash)
+                version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash, code_change=code_change)
                 repo.upsert_sweep(conn, spec.name, sweep.text, sweep.hash)
                 repo.apply_design(conn, sid, diff)
                 ids = repo.add_trials(conn, sid, sweep.trials, spec_version=version)
@@ -231,12 +279,20 @@ def resume(
     # The design was accepted (and its size cap chosen) at submit: resume does not re-cap it.
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
-    checkpoints.check_writable(_checkpoint_root(url, spec, options.checkpoint_dir) / spec.name)
+    folder = checkpoint_folder(spec, options.checkpoint_dir)
+    if folder is not None:
+        checkpoints.check_writable(folder / spec.name)
+    with engine.connect() as conn:
+        code_change = (
+            code_guard(conn, sid, name, options.allow_code_change) if repo.unfinished_trials(conn, sid) else None
+        )
     with _on_ray(options.address):
         check_resources(spec.resources)
         with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
 
             def release(conn) -> tuple[list[tuple[int, str, dict[str, Any]]], int]:
+                if code_change is not None:
+                    repo.record_spec_version(conn, sid, spec_text, sweep.hash, code_change=code_change)
                 repo.release_unfinished(conn, sid)
                 return repo.unfinished_trials(conn, sid), repo.count_trials(conn, sid)
 

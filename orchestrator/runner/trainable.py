@@ -1,9 +1,13 @@
 """The Ray Tune function trainable: one unit of work in one worker, either a lone trial or a
 seed pack (several trials trained as one vectorized model).
 
-A unit resumes each member from its own checkpoint file when there is one (first
-re-reporting the trace the checkpoint holds, so eval rows the database missed are
-back-filled), then reports eval points as they come. Every report is a
+A unit asks the run's checkpoint loader (runner/checkpoints.py, beside the driver) for each
+member's checkpoint and resumes from it when there is one. Its first report says where it
+runs and from which step each member starts (the writer records the attempt and deletes the
+member's rows past that step); a member resumed from a file checkpoint re-reports the trace
+the file holds, since rows the database missed are back-filled from it (a database checkpoint
+is stored with its rows, so there is nothing to back-fill). Then it reports eval points as
+they come, each checkpoint with the rows it covers. Every report is a
 :class:`~orchestrator.runner.messages.Report` (each row carries its trial id); the driver-side
 callback (runner/writer.py) writes them.
 """
@@ -13,14 +17,22 @@ from __future__ import annotations
 import socket
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
 from ray import tune
 
-from orchestrator.runner import checkpoints
-from orchestrator.runner.messages import EvalRow, Placement, Report, StepFailure, StopRecord, TrialFinal
+from orchestrator.runner import checkpoints, provenance
+from orchestrator.runner.messages import (
+    AttemptStart,
+    Checkpoint,
+    EvalRow,
+    Placement,
+    Report,
+    StepFailure,
+    StopRecord,
+    TrialFinal,
+)
 from orchestrator.status import Status
 from orchestrator.train import Trainer
 from orchestrator.train.device import device_label
@@ -76,42 +88,60 @@ def run_unit(config: dict[str, Any]) -> None:
     unit = config["unit"]
     torch.set_num_threads(int(unit.get("threads") or 1))
     members = unit["members"]
+    loader = unit.get("loader")
     try:
         if len(members) == 1:
-            _run_lone(members[0])
+            _run_lone(members[0], loader)
         else:
-            _run_pack(members)
+            _run_pack(members, loader)
     except ConfigError as exc:
         _report_config_error([m["trial_id"] for m in members], exc)
 
 
-def _run_lone(member: dict[str, Any]) -> None:
+def _checkpoint(tid: int, state: dict[str, Any]) -> Checkpoint:
+    return Checkpoint(tid, int(state["step"]), checkpoints.serialize(state))
+
+
+def _backfill(tid: int, found: checkpoints.Found | None, trace: list) -> tuple[EvalRow, ...]:
+    # Only a file checkpoint may cover rows the database never got.
+    if found is None or found.origin != checkpoints.FILE:
+        return ()
+    return tuple(EvalRow(tid, e) for e in trace)
+
+
+def _run_lone(member: dict[str, Any], loader: str | None) -> None:
     tid = member["trial_id"]
-    ckpt = Path(member["checkpoint"])
 
-    def build() -> Trainer:
+    def build() -> tuple[Trainer, checkpoints.Found | None]:
         trainer = Trainer(member["params"], stop=member.get("stop"))
-        state = checkpoints.read_checkpoint(ckpt)
-        if state is not None:
-            trainer.load_state_dict(state)
-        return trainer
+        found = checkpoints.fetch(loader, tid, member["key"])
+        if found is not None:
+            trainer.load_state_dict(checkpoints.deserialize(found.state))
+        return trainer, found
 
-    trainer = _setup(build)
+    trainer, found = _setup(build)
     _report(
-        Report(evals=tuple(EvalRow(tid, e) for e in trainer.trace), placement=_placement(trainer.device, trainer.bf16))
+        Report(
+            attempt=AttemptStart(
+                ((tid, found.step if found else None),), provenance.environment(trainer.device, trainer.bf16)
+            ),
+            placement=_placement(trainer.device, trainer.bf16),
+            evals=_backfill(tid, found, trainer.trace),
+        )
     )
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
     for point in trainer.run():
+        ckpt: tuple[Checkpoint, ...] = ()
         if point.step == trainer.p.steps or time.monotonic() - last_save >= every:
-            checkpoints.save(ckpt, trainer.state_dict())
+            ckpt = (_checkpoint(tid, trainer.state_dict()),)
             last_save = time.monotonic()
-        _report(Report(evals=(EvalRow(tid, point),)))
+        _report(Report(evals=(EvalRow(tid, point),), checkpoints=ckpt))
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again. A failed one keeps
     # its last good checkpoint: resume tries it again from there.
     if trainer.status != Status.failed:
-        checkpoints.save(ckpt, trainer.state_dict())
+        _report(Report(checkpoints=(_checkpoint(tid, trainer.state_dict()),)))
     stop = (
         StopRecord(trainer.stopped_at, trainer.p.steps, trainer.stop_reason or "")
         if trainer.stopped_at is not None
@@ -120,40 +150,43 @@ def _run_lone(member: dict[str, Any]) -> None:
     _report(Report(finals=(_final(tid, trainer, stop),)))
 
 
-def _run_pack(members: list[dict[str, Any]]) -> None:
+def _run_pack(members: list[dict[str, Any]], loader: str | None) -> None:
     from orchestrator.train.pack import PackTrainer
 
     tids = [m["trial_id"] for m in members]
-    paths = [Path(m["checkpoint"]) for m in members]
     pack = _setup(lambda: PackTrainer([m["params"] for m in members]))
-    states = _setup(lambda: [checkpoints.read_checkpoint(p) for p in paths])
+    found = _setup(lambda: [checkpoints.fetch(loader, m["trial_id"], m["key"]) for m in members])
     try:
-        pack.load_member_states(states)
+        pack.load_member_states([checkpoints.deserialize(f.state) if f else None for f in found])
     except ValueError:
         # Members checkpointed at different steps (e.g. packed differently before): run them
         # one by one, each from its own checkpoint; correct, only slower.
         for m in members:
-            _run_lone(m)
+            _run_lone(m, loader)
         return
     _report(
         Report(
-            evals=tuple(EvalRow(t, e) for t, m in zip(tids, pack.members) for e in m.trace),
+            attempt=AttemptStart(
+                tuple((t, f.step if f else None) for t, f in zip(tids, found)),
+                provenance.environment(pack.device, pack.bf16),
+            ),
             placement=_placement(pack.device, pack.bf16),
+            evals=tuple(e for t, f, m in zip(tids, found, pack.members) for e in _backfill(t, f, m.trace)),
         )
     )
     every = pack.p.checkpoint_every_s
     last_save = time.monotonic()
 
-    def save_all() -> None:
+    def save_all() -> tuple[Checkpoint, ...]:
         pack.sync_members()
-        for m, path in zip(pack.members, paths):
-            if m.status != Status.failed:  # as for a lone trial: resume retries from the last good one
-                checkpoints.save(path, m.state_dict())
+        # as for a lone trial: a failed member keeps its last good checkpoint
+        return tuple(_checkpoint(t, m.state_dict()) for t, m in zip(tids, pack.members) if m.status != Status.failed)
 
     for group in pack.run():
+        ckpts: tuple[Checkpoint, ...] = ()
         if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every:
-            save_all()
+            ckpts = save_all()
             last_save = time.monotonic()
-        _report(Report(evals=tuple(EvalRow(tids[j], point) for j, point in group)))
-    save_all()
+        _report(Report(evals=tuple(EvalRow(tids[j], point) for j, point in group), checkpoints=ckpts))
+    _report(Report(checkpoints=save_all()))
     _report(Report(finals=tuple(_final(t, m) for t, m in zip(tids, pack.members))))

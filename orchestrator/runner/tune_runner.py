@@ -1,8 +1,9 @@
 """Launch trials on Ray Tune (embedded local Ray, or a running cluster via ``address``).
 
-Identity is ours, not Tune's: every Tune trial carries our trial id, stable key and checkpoint
-path in its config, so a fresh launch after a crash picks each trial up where its checkpoint
-left it.
+Identity is ours, not Tune's: every Tune trial carries our trial ids and stable keys in its
+config, and asks the run's checkpoint loader for its members' checkpoints, so a fresh launch
+after a crash (on any machine that reaches the database) picks each trial up where its
+checkpoint left it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 
@@ -197,7 +197,6 @@ def make_units(
     sweep: str,
     trials: Sequence[tuple[int, str, dict[str, Any]]],
     *,
-    checkpoint_root: Path,
     cpu: float,
     gpu: float,
     pack_seeds: int | str,
@@ -212,12 +211,7 @@ def make_units(
     from orchestrator.train.pack import can_pack, pack_signature
 
     def member(tid: int, key: str, params: dict[str, Any]) -> dict[str, Any]:
-        m = {
-            "trial_id": tid,
-            "key": key,
-            "params": params,
-            "checkpoint": str(checkpoints.trial_path(checkpoint_root, sweep, key)),
-        }
+        m = {"trial_id": tid, "key": key, "params": params}
         if stop is not None:
             m["stop"] = stop  # the spec's stop rule (lone trials only; see spec.load)
         return m
@@ -322,7 +316,6 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
     units = make_units(
         ctx.name,
         trials,
-        checkpoint_root=ctx.checkpoint_root,
         cpu=cpu,
         gpu=gpu,
         pack_seeds=pack_seeds,
@@ -344,7 +337,11 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
             units=len(units),
         )
     session = ctx.session
-    writer = StoreWriter(session, on_event=ctx.on_event)
+    writer = StoreWriter(session, on_event=ctx.on_event, checkpoint_folder=ctx.checkpoint_folder, sweep=ctx.name)
+    # Units (and Tune's retries of them) ask this for their members' checkpoints.
+    loader, loader_handle = checkpoints.start_loader(ctx.url, ctx.name, ctx.checkpoint_reads)
+    for unit in units:
+        unit["loader"] = loader
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
         from orchestrator.runner.trainable import run_unit
@@ -369,4 +366,5 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
         if session.fatal is None:
             writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
+        checkpoints.stop_loader(loader_handle)
     return writer.outcomes

@@ -1,9 +1,14 @@
 """The driver-side Tune callback: the one process that writes the database during a sweep.
 
 Eval rows are buffered and flushed as batched upserts (every ``flush_rows`` rows or
-``flush_s`` seconds, and whenever a trial starts, ends or fails). A row lost in the buffer
-when the driver dies is not lost for good: the trial's checkpoint holds its trace and the
-resumed trial re-reports it. Every write goes through the driver session's one write path
+``flush_s`` seconds, and whenever a trial starts, ends or fails), each trial's newest
+checkpoint in the same transaction as the rows it covers (or, with a checkpoint folder, to its
+file right after that transaction). A row lost in the buffer when the driver dies was past
+every stored checkpoint: the attempt that resumes the trial deletes the rows past its
+checkpoint and trains them again, so no trace is stitched from two attempts.
+
+Each unit's first report starts one attempt per member (``store.attempts``: where and with
+which code it runs, from which step); how the trial ends closes it. Every write goes through the driver session's one write path
 (``DriverSession.write``), which rides out a database outage (store.outage): pending rows stay in the buffer until they land. A database that is gone (file deleted or replaced,
 tables dropped) is not an outage: the first write that finds it raises DatabaseGone, the
 driver session stops every trial, and nothing is written again.
@@ -20,15 +25,19 @@ without raising, so Tune does not retry what would fail the same way every time.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from ray import tune
 
-from orchestrator.runner.messages import EvalRow, Report, TrialFinal
+from orchestrator.runner import checkpoints
+from orchestrator.runner.messages import Checkpoint, EvalRow, Report, TrialFinal
 from orchestrator.status import Status
-from orchestrator.store import repo
+from orchestrator.store import attempts, repo
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from orchestrator.runner.lifecycle import DriverSession
@@ -67,12 +76,20 @@ class StoreWriter(tune.Callback):
         flush_rows: int = 2000,
         flush_s: float = 0.5,
         on_event: Callable[..., None] | None = None,
+        checkpoint_folder: Path | None = None,
+        sweep: str = "",
     ):
         self.session = session  # the one write path, and the set of running trials it heartbeats
         self.flush_rows = flush_rows
         self.flush_s = flush_s
         self.on_event = on_event or (lambda *a, **k: None)
+        self.checkpoint_folder = checkpoint_folder  # None: checkpoints go to the database
+        self.sweep = sweep
+        self.driver = f"{socket.gethostname()}:{os.getpid()}"  # recorded with each attempt
         self._rows: list[EvalRow] = []
+        self._ckpts: dict[int, Checkpoint] = {}  # each trial's newest, until flushed
+        self._keys: dict[int, str] = {}  # trial id -> stable key (checkpoint file names)
+        self.checkpoint_bytes = 0
         self._touched: set[int] = set()
         self._last_flush = time.monotonic()
         self.rows_written = 0
@@ -82,31 +99,47 @@ class StoreWriter(tune.Callback):
         # Tune pickles its run config (callbacks included) for its own experiment restore,
         # which we never use: a session and a progress closure cannot travel.
         state = self.__dict__.copy()
-        state.update(session=None, on_event=None, _rows=[], _touched=set())
+        state.update(session=None, on_event=None, _rows=[], _touched=set(), _ckpts={})
         return state
 
-    @staticmethod
-    def _tids(trial) -> list[int]:
+    def _tids(self, trial) -> list[int]:
         """Our trial ids behind one Tune trial (a lone trial, or every member of a pack)."""
-        return [int(m["trial_id"]) for m in trial.config["unit"]["members"]]
+        members = trial.config["unit"]["members"]
+        self._keys.update((int(m["trial_id"]), m["key"]) for m in members)
+        return [int(m["trial_id"]) for m in members]
 
     def _running(self, tids: list[int], alive: bool) -> None:
         (self.session.running.update if alive else self.session.running.difference_update)(tids)
 
     def flush(self) -> None:
-        if not self._rows and not self._touched:
+        if not self._rows and not self._touched and not self._ckpts:
             return
-        rows, touched = list(self._rows), set(self._touched)
+        rows, touched, ckpts = list(self._rows), set(self._touched), dict(self._ckpts)
+        to_db = self.checkpoint_folder is None
 
         def write(conn) -> int:
             n = repo.upsert_evals(conn, [r.store_row() for r in rows])
+            if to_db:  # after the rows: a stored checkpoint never claims a row that is missing
+                attempts.save_checkpoints(
+                    conn, [attempts.StoredCheckpoint(c.trial_id, c.step, c.state) for c in ckpts.values()]
+                )
             repo.touch(conn, touched)
             return n
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
         self.rows_written += self.session.write(write)
+        if not to_db:
+            assert self.checkpoint_folder is not None
+            for c in ckpts.values():
+                checkpoints.save(
+                    checkpoints.trial_path(self.checkpoint_folder, self.sweep, self._keys[c.trial_id]), c.state
+                )
+        self.checkpoint_bytes += sum(len(c.state) for c in ckpts.values())
         del self._rows[: len(rows)]
         self._touched -= touched
+        for tid, c in ckpts.items():
+            if self._ckpts.get(tid) is c:
+                del self._ckpts[tid]
         self._last_flush = time.monotonic()
 
     def on_step_begin(self, iteration, trials, **info):
@@ -129,11 +162,9 @@ class StoreWriter(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         report = Report.from_wire(result)
-        self._rows.extend(report.evals)
-        self._touched.update(self._tids(trial))
-        placement = report.placement
-        if placement is not None:
-            self.flush()
+        start, placement = report.attempt, report.placement
+        if start is not None or placement is not None:
+            self.flush()  # a previous attempt's rows land before the new one deletes past its step
             tids = self._tids(trial)
             unit = trial.config["unit"]
             # What the unit asked of its GPU, shared by its members (runner/fleet.py).
@@ -141,12 +172,20 @@ class StoreWriter(tune.Callback):
             accelerator = unit.get("accelerator")
 
             def write(conn) -> None:
-                for tid in tids:
-                    repo.set_placement(
-                        conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
-                    )
+                if start is not None:
+                    for tid, step in start.from_steps:
+                        attempts.begin_attempt(conn, tid, step, start.env, self.driver)
+                if placement is not None:
+                    for tid in tids:
+                        repo.set_placement(
+                            conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
+                        )
 
             self.session.write(write)
+        self._rows.extend(report.evals)
+        for c in report.checkpoints:
+            self._ckpts[c.trial_id] = c
+        self._touched.update(self._tids(trial))
         if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
         if report.evals:
@@ -160,6 +199,7 @@ class StoreWriter(tune.Callback):
 
         def write(conn) -> None:
             for tid, end in ends.items():
+                attempts.close_attempts(conn, [tid], end.status.value, end.failure.kind if end.failure else None)
                 if end.status == Status.interrupted:
                     repo.interrupt_trial(conn, tid)
                     continue
@@ -189,6 +229,7 @@ class StoreWriter(tune.Callback):
         tids = self._tids(trial)
 
         def write(conn) -> None:
+            attempts.close_attempts(conn, tids, Status.failed.value, "runtime")
             for tid in tids:
                 repo.add_trial_error(conn, tid, "runtime", line, text)
                 if final:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from orchestrator.status import Status
 from orchestrator.store import dialect
-from orchestrator.store.models import SweepRow, Trial
+from orchestrator.store.models import Attempt, SweepRow, Trial
 
 
 def lease_ttl_s() -> float:
@@ -166,6 +166,14 @@ def request_cancel(conn: Connection, sweep: int) -> None:
 def interrupt_running(conn: Connection, sweep: int) -> int:
     """Trials left ``running`` (by a driver stopping, or one found dead) become
     ``interrupted``; resume runs them again from their checkpoints. Returns how many."""
+    # Their open attempts end interrupted too (store.attempts holds the other ways one ends;
+    # not imported here: the analysis reads through this module and never a writer).
+    running = sa.select(Trial.id).where(Trial.sweep_id == sweep, Trial.status == Status.running.value)
+    conn.execute(
+        sa.update(Attempt)
+        .where(Attempt.trial_id.in_(running.scalar_subquery()), Attempt.outcome.is_(None))
+        .values(ended_at=sa.func.now(), outcome=Status.interrupted.value)
+    )
     res = conn.execute(
         sa.update(Trial)
         .where(Trial.sweep_id == sweep, Trial.status == Status.running.value)

@@ -111,6 +111,8 @@ class SpecVersion(Base):
     created_at: Mapped[dt.datetime] = mapped_column(
         sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     )
+    # The code difference a ``--allow-code-change`` run accepted, in one line (else NULL).
+    code_change: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class TrialError(Base):
@@ -208,3 +210,52 @@ class KeyRename(Base):
     sweep_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True)
     old_key: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     new_key: Mapped[str] = mapped_column(sa.String(32), nullable=False)
+
+
+class TrialCheckpoint(Base):
+    """A trial's latest checkpoint (``torch.save`` bytes of ``Trainer.state_dict``), written in
+    the transaction that stores the eval rows up to its ``step`` (migration 0007)."""
+
+    __tablename__ = "trial_checkpoints"
+
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    attempt: Mapped[int | None] = mapped_column(sa.Integer)
+    nbytes: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    state: Mapped[bytes] = mapped_column(sa.LargeBinary, nullable=False)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
+
+
+class Attempt(Base):
+    """One start of a trial: the step it started from (NULL: from nothing), where it ran,
+    the code and package versions that ran it, and how it ended (``outcome`` NULL while it
+    runs; ``lost`` when its driver died). The view ``trial_attempts`` adds sweep and key."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (sa.UniqueConstraint("trial_id", "attempt", name="uq_attempts_trial_attempt"),)
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), nullable=False)
+    attempt: Mapped[int] = mapped_column(sa.Integer, nullable=False)
+    from_step: Mapped[int | None] = mapped_column(sa.Integer)
+    driver: Mapped[str | None] = mapped_column(sa.String(255))
+    host: Mapped[str | None] = mapped_column(sa.String(255))
+    node_id: Mapped[str | None] = mapped_column(sa.String(64))
+    device: Mapped[str | None] = mapped_column(sa.String(128))
+    compute_capability: Mapped[str | None] = mapped_column(sa.String(16))
+    precision: Mapped[str | None] = mapped_column(sa.String(8))
+    code_version: Mapped[str | None] = mapped_column(sa.String(80))
+    code_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    torch_version: Mapped[str | None] = mapped_column(sa.String(40))
+    triton_version: Mapped[str | None] = mapped_column(sa.String(40))
+    ray_version: Mapped[str | None] = mapped_column(sa.String(40))
+    python_version: Mapped[str | None] = mapped_column(sa.String(40))
+    orchestrator_version: Mapped[str | None] = mapped_column(sa.String(40))
+    started_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
+    ended_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    outcome: Mapped[str | None] = mapped_column(sa.String(16))
+    error_kind: Mapped[str | None] = mapped_column(sa.String(16))

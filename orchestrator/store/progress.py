@@ -84,6 +84,11 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     "failed": failed,
                     "saved": saved,
                     "driver": holder.summary() if driving and holder else None,
+                    # every code and torch version that ran attempts of it (migration 0007)
+                    "environments": [
+                        {"code_version": e.code_version, "torch_version": e.torch_version, "trials": e.trials}
+                        for e in reader.environments(conn, sid)
+                    ],
                 }
             )
     return {"sweeps": result}

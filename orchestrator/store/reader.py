@@ -27,7 +27,7 @@ from orchestrator.params import flatten_params
 from orchestrator.status import Status
 from orchestrator.store import dialect
 from orchestrator.store.lease import stale_condition
-from orchestrator.store.models import Eval, SequentialLook, SweepRow, Trial, TrialStop
+from orchestrator.store.models import Attempt, Eval, SequentialLook, SweepRow, Trial, TrialStop
 
 if TYPE_CHECKING:  # pandas is imported by the functions that build frames: `status`, `ui` start light
     import pandas as pd
@@ -205,6 +205,11 @@ TRIAL_COLUMNS = (
     "started_at",
     "finished_at",
 )
+# Where a trial ran, under names of their own: ``device`` is also a parameter (``auto``,
+# ``cpu``, ``cuda``: what was asked), beside which ``placement_device`` is what it got.
+PLACEMENT = {"host": "placement_host", "node_id": "placement_node_id", "device": "placement_device"}
+# The trials frame's own columns, before one column per parameter.
+TRIAL_FRAME_COLUMNS = tuple(PLACEMENT.get(c, c) for c in TRIAL_COLUMNS)
 EVAL_COLUMNS = ("trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s")
 
 
@@ -244,9 +249,12 @@ class SweepFrames:
 
 def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
     """Every trial (any status) and every eval point of ``sweep``. Column names are the SQL
-    ones (``key``, ``step_lr``, ...); every parameter is one column under its full dotted
-    name (no short or formula aliases: those are the analysis's conveniences); ``metrics``
-    is expanded into one ``metrics.<name>`` column per metric."""
+    ones (``key``, ``step_lr``, ...), except where the trial ran: ``placement_host``,
+    ``placement_node_id``, ``placement_device`` (:data:`PLACEMENT`); every parameter is one
+    column under its full dotted name (no short or formula aliases: those are the
+    analysis's conveniences), ``device`` included (an imported parameter named like one of
+    the columns above is ``params.<name>``); ``metrics`` is expanded into one
+    ``metrics.<name>`` column per metric."""
     import pandas as pd
 
     t = Trial.__table__
@@ -272,8 +280,12 @@ def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
             .where(Trial.sweep_id == sid)
             .order_by(Eval.trial_id, Eval.step)
         ).all()
-    trials = pd.DataFrame({c: [r[c] for r in trows] for c in TRIAL_COLUMNS})
-    pcols, params = param_columns([r["params"] for r in trows], trials.index, skip=TRIAL_COLUMNS)
+    trials = pd.DataFrame({PLACEMENT.get(c, c): [r[c] for r in trows] for c in TRIAL_COLUMNS})
+    pcols, params = param_columns([r["params"] for r in trows], trials.index)
+    # No parameter of a spec is named like these columns; an imported trace's may be: it
+    # is kept too, as ``params.<name>``.
+    clash = {n: f"params.{n}" for n in params if n in TRIAL_FRAME_COLUMNS}
+    pcols, params = pcols.rename(columns=clash), [clash.get(n, n) for n in params]
     trials = pd.concat([trials, pcols], axis=1)
     evals = pd.DataFrame([tuple(r[:7]) for r in erows], columns=list(EVAL_COLUMNS))
     evals = evals.astype(
@@ -319,6 +331,8 @@ class AnalysisRows:
     budget_steps: int = 0  # every trial's full budget (superseded ones are no longer in the design)
     running: int = 0  # trials still running (any status filter), and of those the stale ones
     stale: int = 0
+    # trial id -> its newest attempt's PROVENANCE_COLUMNS values (trials that never ran left out)
+    provenance: dict[int, tuple[Any, ...]] = field(default_factory=dict)
 
 
 def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> AnalysisRows:
@@ -363,6 +377,7 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> Analys
         stale = count(stale_condition(conn))
         budget_steps = steps(Trial.status != Status.superseded.value)
         stopped = stops(conn, sid)
+        provenance = latest_provenance(conn, sid)
     return AnalysisRows(
         trials=[tuple(r) for r in rows],
         evals=eval_rows,
@@ -373,6 +388,7 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> Analys
         budget_steps=int(budget_steps),
         running=int(running),
         stale=int(stale),
+        provenance=provenance,
     )
 
 
@@ -505,3 +521,85 @@ def write_stamp(engine: Engine, name: str) -> tuple:
             {"n": name},
         ).all()
     return tuple((r[0], int(r[1]), str(r[2])) for r in rows)
+
+
+# ---- attempts (migration 0007): where, with which code, from which step ---------------------
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One code and torch version that ran attempts of a sweep."""
+
+    code_version: str | None
+    code_hash: str | None
+    torch_version: str | None
+    trials: int
+    attempts: int
+
+
+def environments(conn: Connection, sid: int) -> list[Environment]:
+    """Every (code, torch) that ran attempts of the sweep, the most trials first."""
+    rows = conn.execute(
+        sa.select(
+            Attempt.code_version,
+            Attempt.code_hash,
+            Attempt.torch_version,
+            sa.func.count(sa.distinct(Attempt.trial_id)),
+            sa.func.count(Attempt.id),
+        )
+        .join(Trial, Trial.id == Attempt.trial_id)
+        .where(Trial.sweep_id == sid)
+        .group_by(Attempt.code_version, Attempt.code_hash, Attempt.torch_version)
+    ).all()
+    out = [Environment(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in rows]
+    return sorted(out, key=lambda e: (-e.trials, str(e.code_version)))
+
+
+# What each trial's newest attempt adds to the analysis frame (``--where``/``--by`` names).
+PROVENANCE_COLUMNS = ("code_version", "host", "device")
+
+
+def latest_provenance(conn: Connection, sid: int) -> dict[int, tuple[Any, ...]]:
+    """trial id -> (code_version, host, device) of its newest attempt."""
+    newest = (
+        sa.select(Attempt.trial_id, sa.func.max(Attempt.attempt).label("n"))
+        .join(Trial, Trial.id == Attempt.trial_id)
+        .where(Trial.sweep_id == sid)
+        .group_by(Attempt.trial_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        sa.select(Attempt.trial_id, Attempt.code_version, Attempt.host, Attempt.device).join(
+            newest, sa.and_(newest.c.trial_id == Attempt.trial_id, newest.c.n == Attempt.attempt)
+        )
+    ).all()
+    return {int(r[0]): tuple(r[1:]) for r in rows}
+
+
+ATTEMPT_COLUMNS = (
+    "attempt",
+    "from_step",
+    "outcome",
+    "error_kind",
+    "started_at",
+    "ended_at",
+    "driver",
+    "host",
+    "node_id",
+    "device",
+    "compute_capability",
+    "precision",
+    "code_version",
+    "torch_version",
+    "triton_version",
+    "ray_version",
+    "python_version",
+    "orchestrator_version",
+)
+
+
+def trial_attempts(conn: Connection, trial_id: int) -> list[dict[str, Any]]:
+    """Every attempt of one trial, oldest first (the ``trial_attempts`` view's columns)."""
+    cols = [getattr(Attempt, c) for c in ATTEMPT_COLUMNS]
+    rows = conn.execute(sa.select(*cols).where(Attempt.trial_id == trial_id).order_by(Attempt.attempt)).all()
+    return [dict(zip(ATTEMPT_COLUMNS, r)) for r in rows]

@@ -18,15 +18,17 @@ from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
-from orchestrator.store import dialect
+from orchestrator.store import attempts, dialect
 from orchestrator.store.reader import find_sweep
 from orchestrator.store.models import (
+    Attempt,
     Eval,
     KeyRename,
     SequentialLook,
     SweepRow,
     SpecVersion,
     Trial,
+    TrialCheckpoint,
     TrialError,
     TrialParam,
     TrialStop,
@@ -245,20 +247,25 @@ def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
             conn.execute(sa.insert(TrialParam), rows)
 
 
-def record_spec_version(conn: Connection, sweep: int, spec_text: str, spec_hash: str) -> int:
+def record_spec_version(
+    conn: Connection, sweep: int, spec_text: str, spec_hash: str, *, code_change: str | None = None
+) -> int:
     """The version number of this spec text in the sweep's history, adding it (as the newest)
-    when it differs from the newest one."""
+    when it differs from the newest one, or when the run accepted a ``code_change`` (the
+    one-line difference ``--allow-code-change`` let through, kept with the new version)."""
     last = conn.execute(
         sa.select(SpecVersion.version, SpecVersion.spec_hash)
         .where(SpecVersion.sweep_id == sweep)
         .order_by(SpecVersion.version.desc())
         .limit(1)
     ).first()
-    if last is not None and last.spec_hash == spec_hash:
+    if last is not None and last.spec_hash == spec_hash and code_change is None:
         return last.version
     version = (last.version if last is not None else 0) + 1
     conn.execute(
-        sa.insert(SpecVersion).values(sweep_id=sweep, version=version, spec_text=spec_text, spec_hash=spec_hash)
+        sa.insert(SpecVersion).values(
+            sweep_id=sweep, version=version, spec_text=spec_text, spec_hash=spec_hash, code_change=code_change
+        )
     )
     return version
 
@@ -444,7 +451,9 @@ def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str, trac
 def release_unfinished(conn: Connection, sweep: int) -> int:
     """Trials left 'running' by a driver that died, interrupted ones, and failed ones go back
     to 'pending' (they resume from their checkpoints). Only the lease holder calls this, so a
-    'running' trial here has no live driver. Returns how many."""
+    'running' trial here has no live driver (its open attempt ends as ``lost``). Returns how
+    many."""
+    attempts.lose_running(conn, sweep)
     res = conn.execute(
         sa.update(Trial)
         .where(
@@ -476,10 +485,18 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
     cannot leave orphans either."""
     tids = sa.select(Trial.id).where(Trial.sweep_id == sweep).scalar_subquery()
     counts = {}
-    for name, model in (("evals", Eval), ("trial_params", TrialParam), ("trial_errors", TrialError)):
+    for name, model in (
+        ("evals", Eval),
+        ("trial_params", TrialParam),
+        ("trial_errors", TrialError),
+        ("attempts", Attempt),
+        ("trial_checkpoints", TrialCheckpoint),
+        ("trial_stops", TrialStop),
+    ):
         counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
     counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
-    conn.execute(sa.delete(SpecVersion).where(SpecVersion.sweep_id == sweep))
+    for keyed in (SpecVersion, SequentialLook, KeyRename):
+        conn.execute(sa.delete(keyed).where(keyed.sweep_id == sweep))
     conn.execute(sa.delete(SweepRow).where(SweepRow.id == sweep))
     return counts
 

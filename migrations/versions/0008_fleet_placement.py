@@ -6,13 +6,13 @@ beside ``host``, ``node_id`` and ``device``.
 Existing rows get NULL: their fraction was the spec's ``resources.gpu`` and no type was
 recorded. No view shows the trials' placement, so none changes.
 
-(Alembic revision 0007_fleet_placement, 2026-12-01.)
+(Alembic revision 0008_fleet_placement, 2026-12-01.)
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision, down_revision = "0007_fleet_placement", "0006_nonfinite"
+revision, down_revision = "0008_fleet_placement", "0007_attempts"
 
 
 def upgrade() -> None:

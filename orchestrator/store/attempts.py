@@ -1,0 +1,145 @@
+"""Attempts of trials and their checkpoints (migration 0007_attempts): the runner's writes.
+
+An attempt starts clean: the transaction that records it deletes the trial's rows past the
+step it starts from, so no row of a lost attempt outlives it and no trace is stitched from two
+runs. A checkpoint is written in the transaction that stores the eval rows it covers
+(``runner/writer.py`` calls :func:`save_checkpoints` right after ``repo.upsert_evals``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orchestrator.status import Status
+from orchestrator.store.models import Attempt, Eval, Trial, TrialCheckpoint
+
+# What an attempt row records about its environment (the keys of ``begin_attempt``'s ``env``).
+ENV_FIELDS = (
+    "host",
+    "node_id",
+    "device",
+    "compute_capability",
+    "precision",
+    "code_version",
+    "code_hash",
+    "torch_version",
+    "triton_version",
+    "ray_version",
+    "python_version",
+    "orchestrator_version",
+)
+LOST = "lost"  # an attempt whose driver died before it ended
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    trial_id: int
+    step: int
+    state: bytes
+
+
+def _open(trial_ids: Iterable[int]) -> Any:
+    return sa.and_(Attempt.trial_id.in_(list(trial_ids)), Attempt.outcome.is_(None))
+
+
+def begin_attempt(
+    conn: Connection, trial_id: int, from_step: int | None, env: Mapping[str, Any], driver: str | None
+) -> int:
+    """Record a new attempt of ``trial_id`` starting from its checkpoint at ``from_step``
+    (None: from nothing) and delete the trial's eval rows past that step, and a checkpoint
+    it did not start from, in the caller's transaction. An attempt still open (its driver
+    died, or Tune restarted the unit) is closed as ``lost``. Returns the attempt number."""
+    close_attempts(conn, [trial_id], LOST)
+    last = conn.execute(sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == trial_id)).scalar()
+    number = int(last or 0) + 1
+    values = {k: (str(env[k])[:255] if env.get(k) is not None else None) for k in ENV_FIELDS}
+    conn.execute(
+        sa.insert(Attempt).values(trial_id=trial_id, attempt=number, from_step=from_step, driver=driver, **values)
+    )
+    start = -1 if from_step is None else int(from_step)
+    conn.execute(sa.delete(Eval).where(Eval.trial_id == trial_id, Eval.step > start))
+    conn.execute(sa.delete(TrialCheckpoint).where(TrialCheckpoint.trial_id == trial_id, TrialCheckpoint.step > start))
+    return number
+
+
+def close_attempts(conn: Connection, trial_ids: Iterable[int], outcome: str, error_kind: str | None = None) -> int:
+    """End the open attempts of these trials with ``outcome`` (a trial status, or ``lost``)."""
+    ids = list(trial_ids)
+    if not ids:
+        return 0
+    res = conn.execute(
+        sa.update(Attempt)
+        .where(_open(ids))
+        .values(ended_at=sa.func.now(), outcome=str(outcome)[:16], error_kind=error_kind)
+    )
+    return res.rowcount or 0
+
+
+def close_sweep_attempts(conn: Connection, sweep: int, trial_status: str, outcome: str) -> int:
+    """End the open attempts of the sweep's trials that are ``trial_status`` (a driver found
+    dead: ``running`` -> ``lost``; a stopped run: ``running`` -> ``interrupted``)."""
+    ids = sa.select(Trial.id).where(Trial.sweep_id == sweep, Trial.status == trial_status).scalar_subquery()
+    res = conn.execute(
+        sa.update(Attempt)
+        .where(Attempt.trial_id.in_(ids), Attempt.outcome.is_(None))
+        .values(ended_at=sa.func.now(), outcome=outcome)
+    )
+    return res.rowcount or 0
+
+
+def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) -> int:
+    """Replace each trial's stored checkpoint (the caller's transaction, after the eval rows
+    it covers). Returns the bytes written."""
+    if not checkpoints:
+        return 0
+    latest = {c.trial_id: c for c in checkpoints}  # the last of a trial wins
+    ids = list(latest)
+    numbers = dict(
+        conn.execute(
+            sa.select(Attempt.trial_id, sa.func.max(Attempt.attempt))
+            .where(Attempt.trial_id.in_(ids))
+            .group_by(Attempt.trial_id)
+        ).all()
+    )
+    conn.execute(sa.delete(TrialCheckpoint).where(TrialCheckpoint.trial_id.in_(ids)))
+    conn.execute(
+        sa.insert(TrialCheckpoint),
+        [
+            {
+                "trial_id": c.trial_id,
+                "step": c.step,
+                "attempt": numbers.get(c.trial_id),
+                "nbytes": len(c.state),
+                "state": c.state,
+            }
+            for c in latest.values()
+        ],
+    )
+    return sum(len(c.state) for c in latest.values())
+
+
+def load_checkpoint(conn: Connection, trial_id: int) -> StoredCheckpoint | None:
+    row = conn.execute(
+        sa.select(TrialCheckpoint.step, TrialCheckpoint.state).where(TrialCheckpoint.trial_id == trial_id)
+    ).first()
+    return StoredCheckpoint(trial_id, int(row.step), bytes(row.state)) if row is not None else None
+
+
+def checkpoint_steps(conn: Connection, trial_ids: Sequence[int]) -> dict[int, int]:
+    """trial id -> the step of its stored checkpoint (trials without one left out)."""
+    if not trial_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(TrialCheckpoint.trial_id, TrialCheckpoint.step).where(TrialCheckpoint.trial_id.in_(list(trial_ids)))
+    )
+    return {int(r.trial_id): int(r.step) for r in rows}
+
+
+def lose_running(conn: Connection, sweep: int) -> int:
+    """The open attempts of trials left ``running`` by a dead driver end as ``lost``."""
+    return close_sweep_attempts(conn, sweep, Status.running.value, LOST)
