@@ -1,10 +1,15 @@
-"""`orchestrator bench overhead`: a tiny run of the whole product path (on the session's Ray)
-beside plain Ray Tune (its own Ray, in a fresh interpreter), and the refusal of more than
-one driver until `orchestrator join` exists."""
+"""`orchestrator bench overhead`: a tiny run of the whole product path beside plain Ray Tune,
+each on a Ray of its own (the command runs in a fresh interpreter: its spec's plugin module
+reaches the workers through the Ray it starts), and the refusal of more than one driver until
+`orchestrator join` exists."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +24,17 @@ def test_more_than_one_driver_is_refused_in_one_line(capsys):
 
 
 @pytest.mark.slow
-def test_a_tiny_overhead_run_reports_both_paths(capsys, shared_ray):
-    import ray
-
-    slots = int(ray.cluster_resources()["CPU"])
-    assert main(["bench", "overhead", "--trials", "4", "--trial-seconds", "0.2", "--slots", str(slots), "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
+def test_a_tiny_overhead_run_reports_both_paths(tmp_path):
+    slots = 2
+    argv = [sys.executable, "-m", "orchestrator.cli", "bench", "overhead", "--trials", "4", "--trial-seconds", "0.2"]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [*argv, "--slots", str(slots), "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
     assert r["outcomes"] == {"completed": 4} and r["tune_errors"] == 0
     assert r["ideal_s"] == pytest.approx(4 * 0.2 / slots)
     # Each trial stores its eval points: steps 1, EVAL_EVERY, 2*EVAL_EVERY, ... and the last.
