@@ -56,15 +56,51 @@ def _not_bool(cls, v: Any) -> Any:
     return v
 
 
+# Ray's accelerator types (``accelerator_type:A100`` on a node): letters, digits, - and _.
+_ACCELERATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cpu: float = Field(1.0, gt=0, le=MAX_CPU, description="CPUs per trial (also torch threads, rounded down)")
-    gpu: float = Field(0.0, ge=0, le=MAX_GPU, description="GPU fraction per trial; 0.25 = four share a GPU")
+    gpu: float | Literal["auto"] = Field(
+        0.0,
+        description="GPU fraction per trial (0.25 = four share a GPU), or auto: the fraction the trial's "
+        "estimated GPU memory takes of the GPU it lands on",
+    )
+    accelerator: list[str] | None = Field(
+        None,
+        description="Ray accelerator type(s) a trial may run on (A100, or a list); needs gpu > 0 or auto",
+    )
 
     _not_bool = field_validator("cpu", "gpu", mode="before")(_not_bool)
 
-    @field_validator("cpu", "gpu")
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _auto_or_number(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "auto":
+            raise ValueError("expected a GPU fraction (a number) or auto")
+        return v
+
+    @field_validator("accelerator", mode="before")
+    @classmethod
+    def _one_or_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("accelerator")
+    @classmethod
+    def _accelerator_names(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("expected an accelerator type or a non-empty list of them")
+        for name in v:
+            if not _ACCELERATOR.match(name):
+                raise ValueError(f"{name!r} is not an accelerator type (like A100, G1070, H100)")
+        return list(dict.fromkeys(v))
+
+    @field_validator("cpu")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
@@ -73,10 +109,23 @@ class Resources(BaseModel):
 
     @field_validator("gpu")
     @classmethod
-    def _whole_above_one(cls, v: float) -> float:
+    def _gpu_fraction(cls, v: float | str) -> float | str:
+        if v == "auto":
+            return v
+        assert isinstance(v, float)
+        if not math.isfinite(v):
+            raise ValueError("expected a finite number")
+        if v < 0 or v > MAX_GPU:
+            raise ValueError(f"expected auto or a number from 0 to {MAX_GPU}")
         if v > 1 and v != int(v):
             raise ValueError("a GPU fraction above 1 must be a whole number of GPUs")
         return v
+
+    @model_validator(mode="after")
+    def _accelerator_needs_gpu(self) -> Resources:
+        if self.accelerator and self.gpu == 0:
+            raise ValueError("accelerator needs a GPU: set gpu to a fraction or auto")
+        return self
 
 
 class Budget(BaseModel):
@@ -319,25 +368,74 @@ def _base_types(ann: Any) -> set[type]:
 _FIELD_KINDS = {n: _base_types(f.annotation) for n, f in TrialParams.model_fields.items()}
 
 
-def _memory_check(params: Mapping[str, Any], where: str, fail, node_memory: int) -> None:
-    """Refuse a model whose estimated training memory exceeds the largest node's memory,
-    before anything is built (a bad d_model would otherwise allocate terabytes)."""
+def _model_params(params: Mapping[str, Any]) -> int | None:
+    """Estimated parameter count of a trial's model (None: no usable d_model)."""
     d = params.get("d_model") or 0
     n = params.get("n_layers") or 0
     if not isinstance(d, int) or not isinstance(n, int) or d <= 0:
-        return
+        return None
     vocab = params.get("task.vocab_size") or 1000
     vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else 1000
     # ~16 d^2 weights per layer (mixer projections and the MLP) plus the embeddings.
-    n_params = max(n, 1) * 16 * d * d + 2 * vocab * d
+    return max(n, 1) * 16 * d * d + 2 * vocab * d
+
+
+def _memory_check(params: Mapping[str, Any], where: str, fail, node_memory: int) -> None:
+    """Refuse a model whose estimated training memory exceeds the largest node's memory,
+    before anything is built (a bad d_model would otherwise allocate terabytes)."""
+    n_params = _model_params(params)
+    if n_params is None:
+        return
     need = n_params * BYTES_PER_PARAM
     if need > node_memory:
         fail(
             where,
-            f"d_model={d}, n_layers={n}: about {_gb(need)} per trial "
+            f"d_model={params.get('d_model')}, n_layers={params.get('n_layers')}: about {_gb(need)} per trial "
             f"({n_params:.3g} parameters x {BYTES_PER_PARAM} bytes), more than the "
             f"largest node's {_gb(node_memory)} of memory",
         )
+
+
+# What one trial holds on a GPU besides its weights and optimizer state: the process's CUDA
+# context and the caching allocator's first blocks (measured: 300-500 MB for torch 2 on
+# Pascal to Hopper cards), and the activations the backward pass keeps: per layer about
+# ACT_TENSORS tensors of (batch, sequence, d_model) in fp32, plus the logits and their
+# gradient. tests/gpu/placement_check.py checks the estimate against a real card's peak.
+CUDA_CONTEXT_BYTES = 512 * 2**20
+ACT_TENSORS = 48
+
+
+def _task_shape(params: Mapping[str, Any]) -> tuple[int, int]:
+    """(sequence length, vocabulary) of a resolved trial's task, built once per setting."""
+    top, _, task_params, _ = split(dict(params))
+    return _task_shape_of(str(top.get("task")), tuple(sorted(task_params.items(), key=lambda kv: kv[0])))
+
+
+_TASK_SHAPES: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[int, int]] = {}
+
+
+def _task_shape_of(name: str, task_params: tuple[tuple[str, Any], ...]) -> tuple[int, int]:
+    key = (name, task_params)
+    if key not in _TASK_SHAPES:
+        import tasks
+
+        task = tasks.build(name, **dict(task_params))
+        _TASK_SHAPES[key] = (int(task.seq_len), int(task.vocab_size))
+    return _TASK_SHAPES[key]
+
+
+def gpu_memory_bytes(params: Mapping[str, Any], members: int = 1) -> int:
+    """Estimated GPU memory of one training process of this resolved trial (``members``: a
+    seed pack of that many trials trained as one model): the CUDA context, weights,
+    gradients and Adam state, and the activations of one batch. What ``resources: {gpu:
+    auto}`` divides a GPU by."""
+    n_params = _model_params(params) or 0
+    d = int(params.get("d_model") or 0)
+    layers = max(int(params.get("n_layers") or 1), 1)
+    batch = int(params.get("batch_size") or 1)
+    seq, vocab = _task_shape(params)
+    acts = 4 * batch * seq * (ACT_TENSORS * layers * d + 3 * vocab)
+    return CUDA_CONTEXT_BYTES + members * (n_params * BYTES_PER_PARAM + acts)
 
 
 # ---- parameter names and values ----------------------------------------------------------

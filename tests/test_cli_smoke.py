@@ -142,6 +142,7 @@ CASES: list[tuple[str, str, str]] = [
     ("bench analysis", "--trials 20 --evals 5", "hazard fit straight from the DB"),
     ("bench store", "--rows 200 --steps 2 --sweep-trials 0", "SQLite ingest"),
     ("bench pack", "--help", "seed pack"),
+    ("bench overhead", "--help", "plain Ray Tune"),
     (
         "bench checkpoints",
         "--spec sweeps/quickstart.yaml --growth sweeps/quickstart.yaml --steps 10 --repeats 1 --rows 1000 "
@@ -154,7 +155,7 @@ CASES: list[tuple[str, str, str]] = [
     ("bench tasks", "--only s5 --reps 1 --batch 4", "depth=16"),
 ]
 # The real runs of the commands above that only show their help or a dry run here.
-SLOW_RUNS = {"submit", "resume", "ui", "bench pack"}
+SLOW_RUNS = {"submit", "resume", "ui", "bench pack", "bench overhead"}
 WRITES = {"cancel", "delete", "db upgrade"}
 
 

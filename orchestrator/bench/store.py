@@ -23,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from orchestrator.store import repo
+from orchestrator.store import dialect, repo
 from orchestrator.store.engine import open_store_engine
 
 BATCH = 2000  # the StoreWriter's flush size
@@ -61,8 +61,17 @@ def ingest(url: str, n_rows: int = 200_000) -> dict[str, Any]:
     dt = time.perf_counter() - t0
     with engine.connect() as conn:
         stored = conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one()
+        size = dialect.for_url(url).database_bytes(conn)
     engine.dispose()
-    return {"rows": len(rows), "stored": stored, "seconds": dt, "rows_per_s": len(rows) / dt}
+    return {
+        "rows": len(rows),
+        "stored": stored,
+        "seconds": dt,
+        "rows_per_s": len(rows) / dt,
+        # The whole database (1,000 trials' rows, indexes, schema) over its eval rows.
+        "database_bytes": size,
+        "bytes_per_row": size / max(stored, 1),
+    }
 
 
 def _train_once(params: dict[str, Any], engine=None, trial_id: int | None = None) -> float:

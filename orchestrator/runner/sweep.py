@@ -221,7 +221,7 @@ def submit(
     # What `--db` reaches this database again (the spec's storage: is not read by `sql`/`resume`).
     options = replace(options, db=options.db or spec.storage or None)
     with _on_ray(options.address):
-        check_resources(spec.resources.cpu, spec.resources.gpu)
+        check_resources(spec.resources, [p for _, p in sweep.trials])
         check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
         engine, url = open_store_engine(options.db, spec.storage)
         with engine.connect() as conn:
@@ -287,7 +287,7 @@ def resume(
             code_guard(conn, sid, name, options.allow_code_change) if repo.unfinished_trials(conn, sid) else None
         )
     with _on_ray(options.address):
-        check_resources(spec.resources.cpu, spec.resources.gpu)
+        check_resources(spec.resources)
         with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
 
             def release(conn) -> tuple[list[tuple[int, str, dict[str, Any]]], int]:

@@ -14,18 +14,19 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TYPE_CHECKING
 
 
 from orchestrator.errors import UserError
-from orchestrator.runner import checkpoints
+from orchestrator.runner import checkpoints, fleet
 from orchestrator.runner.writer import StoreWriter
 from ray import tune
 
 if TYPE_CHECKING:
     from orchestrator.runner.context import RunContext
+    from orchestrator.spec import Resources
 
 # Tune's own JSON/CSV/TensorBoard loggers would duplicate every result on disk; the
 # database is our log. The new console output engine would print tables over our bar.
@@ -36,6 +37,10 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # SIGINT is ours (runner/lifecycle.py): it stops the trials, marks them interrupted and
 # exits 130; Tune's own handler would end fit() without telling us which trials stopped.
 os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
+# Tune's experiment state (every trial's JSON, rewritten every few seconds, growing with the
+# sweep) serves only Tune's own restore, which we never use: a restart resumes from our
+# checkpoints. Saved once a day instead (and when the run ends).
+os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "86400")
 
 
 def debug() -> bool:
@@ -134,17 +139,21 @@ def _join_bounded(ray, address: str, kwargs: dict[str, Any]) -> None:
         raise raised
 
 
-def check_resources(cpu: float, gpu: float) -> None:
-    """Refuse a per-trial request that no node of the cluster can ever satisfy."""
+def check_resources(resources: Resources, params: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Refuse a per-trial request that no node of the cluster can ever satisfy: more CPUs or
+    GPUs than the largest node has, an accelerator type it lacks, or (``gpu: auto``) a trial
+    of ``params`` larger than every GPU."""
+    cpu, gpu = resources.cpu, resources.gpu
     max_cpu, max_gpu = cluster_limits()
     if cpu > max_cpu:
         raise UserError(
             f"impossible resources: resources.cpu={cpu:g} per trial but the largest node has {max_cpu:g} CPUs"
         )
-    if gpu > max_gpu:
+    if isinstance(gpu, float) and gpu > max_gpu:
         raise UserError(
             f"impossible resources: resources.gpu={gpu:g} per trial but the largest node has {max_gpu:g} GPUs"
         )
+    fleet.check(resources, params)
 
 
 def cluster_limits() -> tuple[float, float]:
@@ -229,11 +238,48 @@ def make_units(
     return units
 
 
+class Unit(Mapping[str, Any]):
+    """One unit of work as it travels in a Tune trial's config: read-only, and copied by
+    reference. Tune deep-copies the whole unresolved search space once per variant, grid
+    included, so a grid of plain dicts costs O(units^2) copies of every member's params
+    (seconds at 500 trials, minutes at 5,000); a leaf that copies as itself costs nothing.
+    Its repr names its trials, which keeps Tune's per-trial tag short too."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d: Mapping[str, Any]) -> None:
+        self._d = dict(d)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __copy__(self) -> Unit:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Unit:
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self._d
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._d = state
+
+    def __repr__(self) -> str:
+        return "trials_" + "_".join(str(m["trial_id"]) for m in self._d["members"])
+
+
 def _unit_resources(config: dict[str, Any]):
     from ray.tune.execution.placement_groups import resource_dict_to_pg_factory
 
     unit = config["unit"]
-    res = {"cpu": unit["cpu"]}
+    res = {"cpu": unit["cpu"], **fleet.resources_of(unit)}
     if unit["gpu"]:
         res["gpu"] = unit["gpu"]
     return resource_dict_to_pg_factory(res)
@@ -262,7 +308,9 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
     if not trials:
         return {}
     spec = ctx.spec
-    cpu, gpu, pack_seeds = spec.resources.cpu, spec.resources.gpu, spec.pack_seeds
+    # gpu: auto is sized per unit and node type below (runner/fleet.py)
+    cpu, pack_seeds = spec.resources.cpu, spec.pack_seeds
+    gpu = spec.resources.gpu if isinstance(spec.resources.gpu, float) else 0.0
     max_cpu, max_gpu = cluster_limits()
     slots = cluster_slots(cpu, gpu) if pack_seeds == "auto" else 0
     units = make_units(
@@ -276,6 +324,8 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
         slots=slots,
         stop=ctx.stop_rule(),
     )
+    if spec.resources.gpu == "auto" or gpu or spec.resources.accelerator:
+        units = fleet.place(units, spec.resources)
     if ctx.on_event is not None and pack_seeds != 1:
         packs = sum(len(u["members"]) > 1 for u in units)
         ctx.on_event(
@@ -298,7 +348,7 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
 
         tuner = tune.Tuner(
             tune.with_resources(run_unit, _unit_resources),
-            param_space={"unit": tune.grid_search(units)},
+            param_space={"unit": tune.grid_search([Unit(u) for u in units])},
             tune_config=tune.TuneConfig(max_concurrent_trials=ctx.max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(
                 name=f"{ctx.name}-{int(time.time())}",

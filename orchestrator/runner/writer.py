@@ -166,6 +166,10 @@ class StoreWriter(tune.Callback):
         if start is not None or placement is not None:
             self.flush()  # a previous attempt's rows land before the new one deletes past its step
             tids = self._tids(trial)
+            unit = trial.config["unit"]
+            # What the unit asked of its GPU, shared by its members (runner/fleet.py).
+            share = float(unit["gpu"]) / len(tids) if unit.get("gpu") else None
+            accelerator = unit.get("accelerator")
 
             def write(conn) -> None:
                 if start is not None:
@@ -173,7 +177,9 @@ class StoreWriter(tune.Callback):
                         attempts.begin_attempt(conn, tid, step, start.env, self.driver)
                 if placement is not None:
                     for tid in tids:
-                        repo.set_placement(conn, tid, placement.host, placement.node_id, placement.device)
+                        repo.set_placement(
+                            conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
+                        )
 
             self.session.write(write)
         self._rows.extend(report.evals)

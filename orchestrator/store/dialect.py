@@ -305,6 +305,11 @@ class Dialect:
         values compare correctly with ``func.now()`` on this backend (leases, staleness)."""
         raise NotImplementedError
 
+    def database_bytes(self, conn: Any) -> int:
+        """What the connection's database takes on disk: tables, indexes and their overflow
+        (PostgreSQL: the tables of the current schema; SQLite: the file's pages)."""
+        raise NotImplementedError
+
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
@@ -374,6 +379,10 @@ class SQLite(Dialect):
             engine = sa.create_engine(url, creator=lambda: sqlite_connect(path))
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+
+    def database_bytes(self, conn: Any) -> int:
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar_one()
+        return int(pages) * int(conn.exec_driver_sql("PRAGMA page_size").scalar_one())
 
     def now_plus(self, seconds: float) -> Any:
         # CURRENT_TIMESTAMP (what func.now() writes) and datetime('now', ...) are both UTC
@@ -478,6 +487,17 @@ class PostgreSQL(Dialect):
             return sa.create_engine(url, pool_pre_ping=True)
         except Exception as exc:  # e.g. missing driver, malformed URL
             raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
+
+    def database_bytes(self, conn: Any) -> int:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'm')"
+                )
+            ).scalar_one()
+        )
 
     def now_plus(self, seconds: float) -> Any:
         return sa.literal_column(f"(now() + interval '{float(seconds):.3f} seconds')", type_=sa.DateTime(timezone=True))

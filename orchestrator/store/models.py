@@ -74,6 +74,10 @@ class Trial(Base):
     host: Mapped[str | None] = mapped_column(sa.String(255))
     node_id: Mapped[str | None] = mapped_column(sa.String(64))
     device: Mapped[str | None] = mapped_column(sa.String(64))
+    # The placement's GPU share (of one GPU; a seed pack's members split theirs) and the node
+    # type's Ray accelerator (runner/fleet.py); NULL for CPU trials and where Ray cannot tell.
+    gpu_fraction: Mapped[float | None] = mapped_column(sa.Double)
+    accelerator: Mapped[str | None] = mapped_column(sa.String(64))
     final_step: Mapped[int | None] = mapped_column(sa.Integer)
     final_acc: Mapped[float | None] = mapped_column(sa.Double)
     final_loss: Mapped[float | None] = mapped_column(sa.Double)

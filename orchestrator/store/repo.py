@@ -375,11 +375,26 @@ def mark_running(conn: Connection, trial_id: int) -> None:
     )
 
 
-def set_placement(conn: Connection, trial_id: int, host: str | None, node_id: str | None, device: str | None) -> None:
+def set_placement(
+    conn: Connection,
+    trial_id: int,
+    host: str | None,
+    node_id: str | None,
+    device: str | None,
+    gpu_fraction: float | None = None,
+    accelerator: str | None = None,
+) -> None:
     conn.execute(
         sa.update(Trial)
         .where(Trial.id == trial_id)
-        .values(host=host, node_id=node_id, device=device, updated_at=sa.func.now())
+        .values(
+            host=host,
+            node_id=node_id,
+            device=device,
+            gpu_fraction=gpu_fraction,
+            accelerator=accelerator,
+            updated_at=sa.func.now(),
+        )
     )
 
 

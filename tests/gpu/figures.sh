@@ -6,11 +6,14 @@
 #      of sweeps/basin_map.yaml on this GPU
 #   2. orchestrator.bench.cells on the GPU: the factorial arms and the mLSTM reads, naive
 #      loop vs default path, side by side (the rows of `orchestrator bench cells --json`)
+#   3. tests/gpu/placement_check.py: `resources: {gpu: auto}` on the card (the GPU memory
+#      estimate against each trial's real footprint; a 4-trial auto sweep's stored fractions);
+#      placement.json (not in a dry run: it needs CUDA and Ray)
 #
 # Outputs go to $OUT (default ./gpu_check_out): study_step.json, bench_cells.json,
 # figures.txt, figures.log. Python as in check.sh (.venv when its torch sees CUDA, else
 # python3); only torch, cells and pyyaml are imported. DRY_RUN=1 rehearses both on a CPU
-# at tiny sizes. Exit status 0 when both steps passed.
+# at tiny sizes. Exit status 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tests/gpu/common.sh
@@ -84,5 +87,8 @@ try:
 except Exception as exc:
     print("bench_cells.json unreadable:", exc)
 PYEOF
-echo "figures: $([[ $FAILED == 0 ]] && echo 'both steps passed' || echo 'A STEP FAILED (see figures.log)')" | tee -a "$SUMMARY"
+if [[ ${DRY_RUN:-0} != 1 ]]; then
+    step placement 150 "$PY" tests/gpu/placement_check.py --out "$OUT/placement.json" >/dev/null
+fi
+echo "figures: $([[ $FAILED == 0 ]] && echo 'every step passed' || echo 'A STEP FAILED (see figures.log)')" | tee -a "$SUMMARY"
 exit "$FAILED"

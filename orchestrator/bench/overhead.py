@@ -1,0 +1,222 @@
+"""`orchestrator bench overhead`: what the orchestration costs on top of the training itself.
+
+N trials of a fixed duration S (the ``bench_sleep`` plugin cell of
+``orchestrator/bench/fixed_duration.py``: a tiny real model whose every training step sleeps
+S/steps) go through the whole product path: a spec, ``runner.sweep.submit`` (the lease, the
+store rows), Ray Tune, the trainable, the driver's writer, the database, as
+``orchestrator submit --quiet`` runs them (the progress bar is the CLI's, left out). The
+ideal is N*S/slots. The same trials then run through plain Ray Tune at its best setting
+(``reuse_actors=True``, everything else Tune's defaults) in a fresh interpreter: the same
+Trainer, its eval points reported to Tune and dropped, no database and no checkpoints.
+
+Figures: ``wall_s``, ``ideal_s``, ``overhead`` (wall/ideal - 1) for both; the driver's peak
+RSS (VmHWM of the process that ran the sweep, and of plain Tune's); eval rows stored per
+second of wall time; the trials' own mean duration (from their last eval's ``elapsed_s``),
+which splits the overhead into the trial's own (model setup, eval) and the orchestration's;
+and the per-trial costs a capacity model scales (docs/SCALING.md): the driver's CPU time,
+database transactions and statements per trial, and the database's size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STEPS = 10  # training steps per trial; each sleeps S/STEPS
+EVAL_EVERY = 5  # eval rows at steps 1, 5 and 10
+
+# The trial's fixed part: a tiny MQAR model (d 8, one layer) whose steps sleep.
+PARAMS: dict[str, Any] = {
+    "arm": "bench_sleep",
+    "task": "mqar",
+    "task.K": 2,
+    "task.eval_size": 16,
+    "d_model": 8,
+    "batch_size": 2,
+    "eval_every": EVAL_EVERY,
+    "steps": STEPS,
+}
+PLUGIN = "orchestrator.bench.fixed_duration"
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory. VmHWM, not ``ru_maxrss``: the latter survives
+    fork and exec, so a fresh interpreter would report its parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def spec_text(trials: int, trial_seconds: float, slots: int) -> str:
+    fixed = {k: v for k, v in PARAMS.items() if k not in ("steps", "eval_every")}
+    fixed["model.step_ms"] = 1000.0 * trial_seconds / STEPS
+    return (
+        "name: bench_overhead\n"
+        f"plugins: [{PLUGIN}]\n"
+        f"fixed: {json.dumps(fixed)}\n"
+        f"axes: {{seed: 0..{trials - 1}}}\n"
+        f"budget: {{steps: {STEPS}, eval_every: {EVAL_EVERY}}}\n"
+        "resources: {cpu: 1}\n"
+        "pack_seeds: 1\n"
+        f"max_concurrent: {slots}\n"
+    )
+
+
+def product(trials: int, trial_seconds: float, slots: int, db: str | None = None) -> dict[str, Any]:
+    """The trials through ``runner.sweep.submit`` into ``db`` (default: a fresh SQLite file)."""
+    import sqlalchemy as sa
+
+    from orchestrator import spec as specs
+    from orchestrator.runner.sweep import RunOptions, submit
+    from orchestrator.store import dialect
+    from orchestrator.store.engine import open_store_engine
+
+    # What the driver asks of the database: its transactions and statements (lease renewals
+    # and every write of the run), counted on every engine of this process.
+    counts = {"commits": 0, "statements": 0}
+
+    def on_commit(conn) -> None:
+        counts["commits"] += 1
+
+    def on_statement(conn, cursor, statement, parameters, context, executemany) -> None:
+        counts["statements"] += 1
+
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as d:
+        url = db or f"sqlite:///{Path(d) / 'overhead.db'}"
+        sweep = specs.load(text=spec_text(trials, trial_seconds, slots))
+        sa.event.listen(sa.engine.Engine, "commit", on_commit)
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_statement)
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        try:
+            summary = submit(sweep, RunOptions(db=url, checkpoint_dir=str(Path(d) / "ck"), max_concurrent=slots))
+        finally:
+            wall = time.perf_counter() - t0
+            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+            sa.event.remove(sa.engine.Engine, "commit", on_commit)
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", on_statement)
+        engine, _ = open_store_engine(url)
+        with engine.connect() as conn:
+            rows, own = conn.execute(
+                sa.text(
+                    "SELECT COUNT(*), SUM(CASE WHEN e.step = t.steps THEN e.elapsed_s END) "
+                    "FROM evals e JOIN trials t ON t.id = e.trial_id "
+                    "JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = 'bench_overhead'"
+                )
+            ).one()
+            size = dialect.for_url(url).database_bytes(conn)
+        engine.dispose()
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return {
+        "wall_s": wall,
+        "outcomes": summary.outcomes,
+        "eval_rows": int(rows),
+        "rows_per_s": rows / wall,
+        "trial_own_s": (own or 0.0) / trials,
+        "peak_rss_mb": _peak_rss_mb(),
+        "driver_cpu_s": cpu,
+        "db_commits": counts["commits"],
+        "db_statements": counts["statements"],
+        "database_bytes": size,
+    }
+
+
+def _plain_trainable(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    import orchestrator.bench.fixed_duration  # noqa: F401  (registers the cell in the worker)
+    from orchestrator.train import Trainer
+
+    for point in Trainer(config["params"]).run():
+        tune.report({"step": point.step, "acc": point.acc})
+
+
+def plain_tune(trials: int, trial_seconds: float, slots: int) -> dict[str, Any]:
+    """The same trials through plain Ray Tune (reuse_actors=True); run in a fresh interpreter
+    (``python -m orchestrator.bench.overhead``) so that none of the product's settings apply."""
+    import ray
+    from ray import tune
+
+    import orchestrator.bench.fixed_duration  # noqa: F401
+
+    params = {**PARAMS, "model.step_ms": 1000.0 * trial_seconds / STEPS}
+    with tempfile.TemporaryDirectory(prefix="bench-tune-") as d:
+        t0 = time.perf_counter()
+        ray.init(num_cpus=slots, include_dashboard=False, log_to_driver=False)
+        tuner = tune.Tuner(
+            tune.with_resources(_plain_trainable, {"cpu": 1}),
+            param_space={"params": tune.grid_search([{**params, "seed": i} for i in range(trials)])},
+            tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=slots),
+            run_config=tune.RunConfig(storage_path=d, name="plain", verbose=0),
+        )
+        grid = tuner.fit()
+        wall = time.perf_counter() - t0
+        errors = grid.num_errors
+        ray.shutdown()
+    return {"wall_s": wall, "errors": errors, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _plain_in_subprocess(trials: int, trial_seconds: float, slots: int) -> dict[str, Any]:
+    code = [sys.executable, "-m", "orchestrator.bench.overhead", str(trials), str(trial_seconds), str(slots)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNE_", "RAY_AIR"))}
+    r = subprocess.run(code, capture_output=True, text=True, env=env, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"plain Ray Tune run failed: {r.stderr.strip().splitlines()[-1:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run(
+    trials: int, trial_seconds: float, slots: int | None = None, db: str | None = None, tune: bool = True
+) -> dict[str, Any]:
+    slots = slots or os.cpu_count() or 1
+    ideal = trials * trial_seconds / min(slots, trials)
+    out: dict[str, Any] = {
+        "trials": trials,
+        "trial_seconds": trial_seconds,
+        "slots": slots,
+        "ideal_s": ideal,
+        "load_before": os.getloadavg()[0],
+    }
+    p = product(trials, trial_seconds, slots, db)
+    out.update(
+        wall_s=p["wall_s"],
+        overhead=p["wall_s"] / ideal - 1,
+        driver_peak_rss_mb=p["peak_rss_mb"],
+        rows_per_s=p["rows_per_s"],
+        eval_rows=p["eval_rows"],
+        trial_own_s=p["trial_own_s"],
+        outcomes=p["outcomes"],
+        # Per-trial costs on the driver and the database (the capacity model's units).
+        driver_cpu_s=p["driver_cpu_s"],
+        driver_cpu_ms_per_trial=1e3 * p["driver_cpu_s"] / trials,
+        db_commits_per_trial=p["db_commits"] / trials,
+        db_statements_per_trial=p["db_statements"] / trials,
+        database_bytes=p["database_bytes"],
+    )
+    if tune:
+        t = _plain_in_subprocess(trials, trial_seconds, slots)
+        out.update(
+            tune_wall_s=t["wall_s"],
+            tune_overhead=t["wall_s"] / ideal - 1,
+            tune_driver_peak_rss_mb=t["peak_rss_mb"],
+            tune_errors=t["errors"],
+            vs_tune=p["wall_s"] / t["wall_s"] - 1,
+        )
+    out["load_after"] = os.getloadavg()[0]
+    return out
+
+
+if __name__ == "__main__":  # the plain-Tune half, in its own interpreter
+    n, s, k = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    print(json.dumps(plain_tune(n, s, k)))

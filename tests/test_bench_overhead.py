@@ -1,0 +1,49 @@
+"""`orchestrator bench overhead`: a tiny run of the whole product path beside plain Ray Tune,
+each on a Ray of its own (the command runs in a fresh interpreter: its spec's plugin module
+reaches the workers through the Ray it starts), and the refusal of more than one driver until
+`orchestrator join` exists."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.bench.overhead import EVAL_EVERY, STEPS
+from orchestrator.cli import main
+
+
+def test_more_than_one_driver_is_refused_in_one_line(capsys):
+    assert main(["bench", "overhead", "--trials", "2", "--drivers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "orchestrator join" in err[0]
+
+
+@pytest.mark.slow
+def test_a_tiny_overhead_run_reports_both_paths(tmp_path):
+    slots = 2
+    argv = [sys.executable, "-m", "orchestrator.cli", "bench", "overhead", "--trials", "4", "--trial-seconds", "0.2"]
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [*argv, "--slots", str(slots), "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    assert r["outcomes"] == {"completed": 4} and r["tune_errors"] == 0
+    assert r["ideal_s"] == pytest.approx(4 * 0.2 / slots)
+    # Each trial stores its eval points: steps 1, EVAL_EVERY, 2*EVAL_EVERY, ... and the last.
+    per_trial = len({1, *range(EVAL_EVERY, STEPS + 1, EVAL_EVERY), STEPS})
+    assert r["eval_rows"] == 4 * per_trial
+    assert r["rows_per_s"] == pytest.approx(r["eval_rows"] / r["wall_s"])
+    # The trials trained for (about) their fixed time; more on a loaded machine.
+    assert r["trial_own_s"] >= 0.2 * 0.8
+    assert r["wall_s"] > r["ideal_s"] and r["tune_wall_s"] > r["ideal_s"]
+    assert r["overhead"] == pytest.approx(r["wall_s"] / r["ideal_s"] - 1)
+    assert r["vs_tune"] == pytest.approx(r["wall_s"] / r["tune_wall_s"] - 1)
+    assert r["driver_peak_rss_mb"] > 50 and r["tune_driver_peak_rss_mb"] > 50
