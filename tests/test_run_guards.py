@@ -592,21 +592,12 @@ def test_an_unwritable_checkpoint_location_is_refused_before_anything_runs(tmp_p
         assert line == want
     assert not db.exists() and not Path("/sys/kernel/orch-ck").exists()
 
-    # The default location, beside an existing SQLite file: `checkpoints` there is a file.
-    existing = tmp_path / "old" / "runs.db"
-    assert main(["db", "upgrade", "--db", str(existing)]) == 0
-    (existing.parent / "checkpoints").write_text("a file where the folder would go")
-    capsys.readouterr()
-    line = _refused(["submit", str(spec), "--db", str(existing), "-q"], capsys)
-    print(line)
-    assert (
-        line
-        == f"error: checkpoint folder {existing.parent}/checkpoints/ckpt: {existing.parent}/checkpoints is not a folder {hint}"
-    )
-    eng = make_engine(f"sqlite:///{existing}")
-    with eng.connect() as conn:
-        assert conn.execute(sa.text("SELECT COUNT(*) FROM sweeps")).scalar_one() == 0
-    eng.dispose()
+    # The default keeps checkpoints in the database: no folder to check (a file where the
+    # pre-0007 folder beside a SQLite file would be is no obstacle).
+    from orchestrator import spec as specs
+    from orchestrator.runner.sweep import checkpoint_folder
+
+    assert checkpoint_folder(specs.load(spec).spec, None) is None
 
 
 def test_resume_checks_the_checkpoint_location_first(tmp_path, capsys):

@@ -22,6 +22,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("trials") as b:
+    with op.batch_alter_table("trials", recreate="never") as b:
         b.drop_column("accelerator")
         b.drop_column("gpu_fraction")

@@ -59,6 +59,8 @@ EXAMPLES: dict[str, list[str]] = {
     "bench kernels": ["orchestrator bench kernels --quick"],
     "bench tasks": ["orchestrator bench tasks --json"],
     "bench ui": ["orchestrator bench ui --trials 2000"],
+    "bench overhead": ["orchestrator bench overhead --trials 1000 --trial-seconds 1 --json"],
+    "bench checkpoints": ["orchestrator bench checkpoints --repeats 3"],
     "ui": ["orchestrator ui", "orchestrator ui --db postgresql://HOST/DB --port 8270"],
     "delete": ["orchestrator delete quickstart"],
     "cancel": ["orchestrator cancel quickstart"],

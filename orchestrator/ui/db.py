@@ -112,6 +112,7 @@ def trials(engine: Engine, name: str, where: str | None = None, key: str | None 
         fin = reader.final_rows(conn, name)
         meta = reader.trial_placement(conn, sid)
         stops = reader.stops(conn, sid) if where and where.strip() else {}
+        made = reader.latest_provenance(conn, sid) if where and where.strip() else {}
     params = [_params(r.params) for r in fin]
     if where and where.strip():
         frame, _names, _al = params_frame(
@@ -119,6 +120,8 @@ def trials(engine: Engine, name: str, where: str | None = None, key: str | None 
         )
         # The same columns the analysis filters on (analysis.data.load_sweep), so a --where reads alike.
         frame["stopped_at"] = [float(stops[t]) if t in stops else float("nan") for t in frame["trial_id"]]
+        for i, col in enumerate(reader.PROVENANCE_COLUMNS):
+            frame[col] = [made[t][i] if t in made else None for t in frame["trial_id"]]
         keep = set(filter_trial_ids(frame, where))
     else:
         keep = None
