@@ -379,7 +379,10 @@ class SQLite(Dialect):
     def lock_for_claim(self, conn: Connection) -> None:
         # SQLite has no row locks: the write lock, taken before the SELECT, serializes
         # claimers (a deferred transaction would read, then fail to upgrade to a writer).
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # pysqlite opens a transaction only before DML, so one already open holds it.
+        raw = conn.connection.driver_connection
+        if raw is not None and not raw.in_transaction:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         path = sqlite_path(url)
