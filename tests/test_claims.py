@@ -124,3 +124,22 @@ def test_cancel_flags_live_drivers_and_takeover_ends_them(db_url):
     assert live == ["late"]
     assert reasons == {"A": claims.TAKEN_OVER, "B": claims.TAKEN_OVER, "gone": "finished", "late": None}
     engine.dispose()
+
+
+def test_a_dead_driver_on_this_host_is_reaped_at_once(db_url):
+    """A driver starting here frees a dead local driver's claims without waiting out the TTL."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    with engine.begin() as conn:
+        claims.register(conn, sid, "dead", command="submit")
+        claims.register(conn, sid, "alive", command="join")
+        claims.claim_batch(conn, sid, "dead", 2, ttl=600)
+        claims.claim_batch(conn, sid, "alive", 1, ttl=600)
+        conn.execute(sa.text("UPDATE drivers SET pid = 999999999 WHERE owner = 'dead'"))
+    with engine.begin() as conn:
+        assert claims.reap_dead(conn, sid, alive=lease.pid_alive) == 1
+        got = [tid for tid, _, _ in claims.claim_batch(conn, sid, "new", 10, ttl=60) or []]
+        reasons = dict(conn.execute(sa.text("SELECT owner, end_reason FROM drivers")).all())
+    assert got == sorted(ids.values())[:2]
+    assert reasons == {"dead": "died", "alive": None}
+    engine.dispose()

@@ -168,7 +168,8 @@ def test_a_killed_drivers_trials_are_taken_over_and_equal_an_uninterrupted_run(t
 def test_cancel_stops_every_driver_and_status_lists_them(tmp_path):
     url, drop = backend_url(tmp_path, "postgresql")
     try:
-        _record(url, two_arm_spec("halt"))
+        # Trials far too long to end before the cancel lands, however loaded the machine.
+        _record(url, two_arm_spec("halt").replace("steps: 240, eval_every: 20", "steps: 4000, eval_every: 100"))
         a = _driver(["join", "halt", "--max-concurrent", "1"], url, tmp_path / "a")
         b = _driver(["join", "halt", "--max-concurrent", "1"], url, tmp_path / "b")
         _until(

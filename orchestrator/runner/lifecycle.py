@@ -123,6 +123,9 @@ class DriverSession:
 
     # ---- lease ---------------------------------------------------------------------------
     def _register(self, conn: Connection) -> None:
+        # A driver starting here frees a dead local driver's trials at once (a SIGKILLed
+        # driver's `resume` need not wait out the TTL); a running one waits for the TTL.
+        claims.reap_dead(conn, self.sid, alive=lease.pid_alive)
         claims.register(
             conn,
             self.sid,
@@ -137,9 +140,9 @@ class DriverSession:
                 self.note(f"sweep {self.name}: took over from {n} live driver(s) (--takeover)")
 
     def _take_lease(self) -> None:
-        """The sweep's lease, waiting up to the TTL while another driver's short exclusive
-        step (a design write) holds it; a driver that holds it for its whole run (a
-        sequential design) is refused at once."""
+        """The sweep's lease, waiting (up to a minute, or the TTL if longer) while another
+        driver's short exclusive step (a design write) holds it; a driver that holds it for
+        its whole run (a sequential design) is refused at once."""
 
         def claim(conn: Connection) -> tuple[lease.Holder | None, bool, bool]:
             held = lease.holder(conn, self.sid)
@@ -150,7 +153,7 @@ class DriverSession:
             whole = held is not None and not ok and claims.is_exclusive(conn, held.owner)
             return held, ok, whole
 
-        deadline = time.monotonic() + self.ttl
+        deadline = time.monotonic() + max(self.ttl, 60.0)
         while True:
             held, ok, whole = self.write(claim)
             if ok or whole or time.monotonic() >= deadline:
@@ -193,7 +196,8 @@ class DriverSession:
         return self.write(lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl))
 
     def held_elsewhere(self) -> int:
-        """Unfinished trials other live drivers hold (they come free if those drivers die)."""
+        """Unfinished trials other live drivers hold (they come free once those drivers
+        stop renewing their claims, after the TTL)."""
         with self.engine.connect() as conn:
             return claims.held_elsewhere(conn, self.sid, self.owner)
 

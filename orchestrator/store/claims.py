@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +134,26 @@ def end(conn: Connection, owner: str, reason: str | None) -> None:
         .where(Driver.owner == owner, Driver.ended_at.is_(None))
         .values(ended_at=sa.func.now(), end_reason=(reason or "finished")[:200])
     )
+
+
+def reap_dead(conn: Connection, sweep: int, *, alive: Callable[[int], bool]) -> int:
+    """End the sweep's drivers on this host whose process is gone (``alive(pid)`` False) and
+    free their claims at once: a SIGKILLed driver's trials need not wait out the TTL when
+    its successor runs on the same machine. Returns how many."""
+    d = dialect.for_connection(conn)
+    rows = conn.execute(
+        sa.select(Driver.owner, Driver.pid).where(
+            Driver.sweep_id == sweep,
+            Driver.ended_at.is_(None),
+            Driver.host == socket.gethostname()[:255],
+            Driver.pid != os.getpid(),
+        )
+    ).all()
+    dead = [r.owner for r in rows if r.pid and not alive(r.pid)]
+    if dead:
+        conn.execute(sa.update(Trial).where(Trial.claimed_by.in_(dead)).values(claim_expires_at=d.now_plus(-1)))
+        conn.execute(sa.update(Driver).where(Driver.owner.in_(dead)).values(ended_at=sa.func.now(), end_reason="died"))
+    return len(dead)
 
 
 def is_exclusive(conn: Connection, owner: str) -> bool:
