@@ -76,6 +76,8 @@ class DriverSession:
         self.exclusive = exclusive and take_lease
         self.wants_lease = take_lease
         self.holds_lease = False
+        # share() gives the lease back while the renewal thread may be renewing it.
+        self._lease_lock = threading.Lock()
         self.command = command
         self.max_concurrent = max_concurrent
         self.running: set[int] = set()
@@ -186,9 +188,10 @@ class DriverSession:
 
     def share(self) -> None:
         """End the exclusive step: give the lease back, so other drivers run beside this one."""
-        if self.holds_lease and not self.exclusive:
-            self.write(lambda conn: lease.release(conn, self.sid, self.owner))
-            self.holds_lease = False
+        with self._lease_lock:
+            if self.holds_lease and not self.exclusive:
+                self.write(lambda conn: lease.release(conn, self.sid, self.owner))
+                self.holds_lease = False
 
     def claim(self, n: int) -> list[tuple[int, str, dict[str, Any]]] | None:
         """Claim up to ``n`` free trials (id, key, params) in one transaction; None while
@@ -217,7 +220,8 @@ class DriverSession:
             try:
                 # One try a period (the next period is the retry). Also the check that stops
                 # trials which report rarely, when no other write would find the database gone.
-                got, held = self.write(renew, budget_s=0)
+                with self._lease_lock:
+                    got, held = self.write(renew, budget_s=0)
             except DatabaseGone:
                 return  # write() stopped the session
             except Exception:  # an outage: the writer owns riding it out; try again next period

@@ -432,7 +432,9 @@ def _run_claimed(ctx: RunContext, pending: int, total: int) -> RunSummary:
         got = _run_batch(ctx, batch)
         outcomes.update(got.values())
         if session.stop_reason is None:
-            session.release_claims([tid for tid, _, _ in batch])
+            # A trial Tune ended without its end (interrupted) stays this driver's until it
+            # exits, so it is not claimed again and again here; `resume` runs it.
+            session.release_claims([tid for tid, _, _ in batch if got.get(tid) != Status.interrupted.value])
     if session.stop_reason is not None:
         return _summary(ctx, total, pending, _stopped_tally(ctx, ran), ran=len(ran))
     return _summary(ctx, total, pending, dict(outcomes), ran=len(ran))
