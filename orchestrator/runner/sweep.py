@@ -404,7 +404,9 @@ def batch_size(ctx: RunContext) -> int:
     ends, without holding what other drivers could run."""
     from orchestrator.runner.tune_runner import cluster_slots
 
-    slots = ctx.max_concurrent or cluster_slots(ctx.spec.resources.cpu, ctx.spec.resources.gpu)
+    gpu = ctx.spec.resources.gpu
+    # ``gpu: auto`` sizes each trial's share per node type (runner/fleet.py): count CPU slots.
+    slots = ctx.max_concurrent or cluster_slots(ctx.spec.resources.cpu, gpu if isinstance(gpu, float | int) else 0.0)
     return 2 * max(1, int(slots or 1))
 
 
