@@ -20,6 +20,7 @@ __all__ = [
     "analyze",
     "connect",
     "export",
+    "join",
     "load",
     "register_cell",
     "register_task",

@@ -172,6 +172,38 @@ def resume(
     return _run(run_resume(sweep, options), url)
 
 
+def join(
+    sweep: str,
+    *,
+    db: str | None = None,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    checkpoint_dir: str | None = None,
+    allow_code_change: bool = False,
+) -> SweepRun:
+    """One more driver on a submitted sweep (``orchestrator join``): from any machine that
+    reaches its database, with a local Ray (or the cluster at ``address``), it claims the
+    sweep's unfinished trials in batches beside its other drivers and runs them until none
+    is left; a trial runs in one place at a time.
+
+    Takes the sweep's name and ``db``, ``address``, ``max_concurrent``, ``checkpoint_dir``
+    and ``allow_code_change`` as :func:`submit` does. Returns a :class:`SweepRun` (``ran``:
+    the trials this driver ran); an unknown sweep, or one with a ``sequential:`` design (one
+    driver decides its looks), is a :class:`~orchestrator.errors.UserError`."""
+    from orchestrator.runner.sweep import RunOptions, join as run_join
+    from orchestrator.store.engine import resolve_url
+
+    url = resolve_url(db)
+    options = RunOptions(
+        db=db,
+        address=address,
+        max_concurrent=max_concurrent,
+        checkpoint_dir=checkpoint_dir,
+        allow_code_change=allow_code_change,
+    )
+    return _run(run_join(sweep, options), url)
+
+
 def connect(db: str | Engine | None = None) -> Engine:
     """A SQLAlchemy engine on an existing result database (never creates one).
 

@@ -138,6 +138,7 @@ CASES: list[tuple[str, str, str]] = [
     ("design power", "--test fisher --rates 0.9,0.4", "fixed design: 17 seeds per group"),
     ("submit", "{dir}/tiny.yaml --dry-run", "sweep tiny: 2 trials"),
     ("resume", "--help", "from their checkpoints"),
+    ("join", "--help", "Add a driver"),
     ("ui", "--help", "read-only"),
     ("bench analysis", "--trials 20 --evals 5", "hazard fit straight from the DB"),
     ("bench store", "--rows 200 --steps 2 --sweep-trials 0", "SQLite ingest"),
@@ -155,7 +156,7 @@ CASES: list[tuple[str, str, str]] = [
     ("bench tasks", "--only s5 --reps 1 --batch 4", "depth=16"),
 ]
 # The real runs of the commands above that only show their help or a dry run here.
-SLOW_RUNS = {"submit", "resume", "ui", "bench pack", "bench overhead"}
+SLOW_RUNS = {"submit", "resume", "join", "ui", "bench pack", "bench overhead"}
 WRITES = {"cancel", "delete", "db upgrade"}
 
 

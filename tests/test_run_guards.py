@@ -226,7 +226,7 @@ def test_postgres_schema_dropped_mid_sweep_stops_the_driver(tmp_path):
     # Whichever finds it first names the table it missed: the writer (evals) or the lease thread.
     assert re.fullmatch(
         r"error: database postgresql\+psycopg://\S+ lost the sweep's tables while it ran \(relation "
-        r"\"(evals|sweeps|trials)\" does not exist[^)]*\); the sweep stopped and wrote nothing more",
+        r"\"(evals|sweeps|trials|drivers)\" does not exist[^)]*\); the sweep stopped and wrote nothing more",
         line,
     ), line
     assert max(_checkpoint_steps(tmp_path / "ck")) < 4000

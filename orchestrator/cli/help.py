@@ -25,6 +25,10 @@ EXAMPLES: dict[str, list[str]] = {
         "orchestrator submit sweeps/quickstart.yaml --db postgresql://HOST/DB --address HEAD:6379",
     ],
     "resume": ["orchestrator resume quickstart", "orchestrator resume quickstart --max-concurrent 2"],
+    "join": [
+        "orchestrator join quickstart --db postgresql://HOST/DB",
+        "orchestrator join quickstart --db postgresql://HOST/DB --address auto --max-concurrent 8",
+    ],
     "status": ["orchestrator status", "orchestrator status quickstart --json"],
     "ls": ["orchestrator ls", "ORCH_DB=runs/other.db orchestrator ls --json"],
     "sql": [

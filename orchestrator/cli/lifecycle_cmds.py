@@ -29,19 +29,23 @@ def cancel(
     sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
 ) -> int:
-    """Stop a running sweep from any terminal or machine: its driver sees the request at its
-    next lease renewal, stops the trials (interrupted) and exits 130. A sweep with no live
-    driver has its leftover running trials marked interrupted."""
-    from orchestrator.store import lease
+    """Stop a running sweep from any terminal or machine: every driver running it (`submit`,
+    `resume`, each `join`) sees the request at its next renewal, stops its trials
+    (interrupted) and exits 130. A sweep with no live driver has its leftover running trials
+    marked interrupted."""
+    from orchestrator.store import claims, lease
     from orchestrator.store.engine import open_store_engine
 
     engine, _url = open_store_engine(db, auto_create=False)
     sid, _ = _find(engine, sweep)
+    ttl = lease.lease_ttl_s()
     with engine.begin() as conn:
         held = lease.holder(conn, sid)
-        if held is not None and not held.expired:
+        flagged = claims.request_cancel(conn, sid, ttl=ttl)
+        if flagged or (held is not None and not held.expired):
             lease.request_cancel(conn, sid)
-            msg = f"sweep {sweep}: cancel requested; {held.summary()} stops within {lease.lease_ttl_s() / 4:.0f} s"
+            who = f"{flagged} driver(s)" if flagged else held.summary() if held else "its driver"
+            msg = f"sweep {sweep}: cancel requested; {who} stop(s) within {ttl / 4:.0f} s"
         else:
             n = lease.interrupt_running(conn, sid)
             msg = f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
@@ -63,16 +67,25 @@ def delete(
     transaction) and its checkpoint files, if any. Refuses a sweep a live driver holds."""
     from orchestrator import spec as specs
     from orchestrator.runner.sweep import checkpoint_folders
-    from orchestrator.store import lease, repo
+    from orchestrator.store import claims, lease, repo
     from orchestrator.store.engine import open_store_engine
 
     engine, url = open_store_engine(db, auto_create=False)
     sid, text = _find(engine, sweep)
-    with engine.connect() as conn:
+
+    def running(conn) -> str | None:
+        """Who runs the sweep now (a lease holder or a live driver), or None."""
         held = lease.holder(conn, sid)
+        if held is not None and not held.expired:
+            return held.summary()
+        live = claims.drivers(conn, sid, ttl=lease.lease_ttl_s(), live_only=True)
+        return live[0].summary() + (f" and {len(live) - 1} more" if len(live) > 1 else "") if live else None
+
+    with engine.connect() as conn:
+        who = running(conn)
         n = repo.count_trials(conn, sid)
-    if held is not None and not held.expired:
-        raise UserError(f"sweep {sweep!r} is being run by {held.summary()}; `orchestrator cancel {sweep}` first")
+    if who is not None:
+        raise UserError(f"sweep {sweep!r} is being run by {who}; `orchestrator cancel {sweep}` first")
     try:
         spec = specs.load(f"<sweep {sweep}>", text=text).spec
         found = [f / sweep for f in checkpoint_folders(url, spec, checkpoint_dir) if (f / sweep).exists()]
@@ -89,9 +102,9 @@ def delete(
             return 1
     with engine.begin() as conn:
         # Re-checked inside the transaction: a driver may have claimed it since.
-        held = lease.holder(conn, sid)
-        if held is not None and not held.expired:
-            raise UserError(f"sweep {sweep!r} is being run by {held.summary()}")
+        who = running(conn)
+        if who is not None:
+            raise UserError(f"sweep {sweep!r} is being run by {who}")
         counts = repo.delete_sweep(conn, sid)
     removed = ""
     if folder is not None and not keep_checkpoints and folder.exists():

@@ -1,4 +1,4 @@
-"""submit, resume, status, ls, sql: running sweeps and looking at them."""
+"""submit, resume, join, status, ls, sql: running sweeps and looking at them."""
 
 from __future__ import annotations
 
@@ -341,6 +341,27 @@ def resume(
 
 
 @app.command()
+def join(
+    sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    address: Optional[str] = typer.Option(None, "--address", help="a Ray cluster of this driver's: auto or HOST:PORT"),
+    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
+    allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
+) -> int:
+    """Add a driver to a submitted sweep: from any machine that reaches its database, with
+    its own local Ray (or --address, its own cluster), it claims unfinished trials in
+    batches beside the sweep's other drivers and runs them until none is left. A trial runs
+    in one place at a time; a driver that dies leaves its trials to the others after
+    $ORCH_LEASE_TTL_S seconds. `orchestrator cancel` stops every driver."""
+    from orchestrator.runner.sweep import RunOptions, join as run_join
+
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, False, allow_code_change)
+    return _run_with_progress(run_join, sweep, quiet, options)
+
+
+@app.command()
 def status(
     sweep: Optional[str] = typer.Argument(None, help="sweep name; all sweeps when omitted"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
@@ -375,7 +396,17 @@ def status(
         prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
         # Stored values (names, parameter values, errors) are shown as stored, never as markup.
         out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: {escape(counts)}{prog}{eta}")
-        if s.get("driver"):
+        drivers = s.get("drivers") or []
+        if drivers:
+            out.print(f"  run by {len(drivers)} driver(s):")
+            for d in drivers:
+                out.print(
+                    escape(
+                        f"    {d['owner'][:8]} {d['command'] or ''} pid {d['pid']} on {d['host']}: "
+                        f"{d['claimed']} claimed, {d['running']} running, last heartbeat {d['heartbeat_at']}"
+                    )
+                )
+        elif s.get("driver"):
             out.print(f"  run by {escape(str(s['driver']))}")
         if s["counts"].get(STALE):
             out.print(

@@ -1,9 +1,11 @@
-"""A driver's hold on a sweep while it runs: the lease (claimed, renewed on the database
-clock by a thread, released at exit), heartbeats of the trials it runs, and the ways a run
-is asked to stop: SIGINT/SIGTERM, ``orchestrator cancel`` (a flag in the database the
-renewal thread reads), a lost lease, a database that stays unreachable, or one that is gone
-(its SQLite file deleted or replaced, its tables dropped: ``fatal``, after which nothing is
-written).
+"""A driver's hold on a sweep while it runs: its row in ``drivers`` and its claims on trials
+(store/claims.py: claimed in batches, renewed on the database clock by a thread, released at
+exit), the sweep's lease for the exclusive steps (a design written or amended, a sequential
+design run whole by one driver), heartbeats of the trials it runs, and the ways a run is
+asked to stop: SIGINT/SIGTERM, ``orchestrator cancel`` (a flag on every live driver's row the
+renewal thread reads), a lost lease or claim (``--takeover`` by another driver), a database
+that stays unreachable, or one that is gone (its SQLite file deleted or replaced, its tables
+dropped: ``fatal``, after which nothing is written).
 
 The training loop knows nothing of this: heartbeats are written here, on the driver, for
 the trials the writer callback has seen start and not yet end.
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import UserError
-from orchestrator.store import lease
+from orchestrator.store import claims, lease
 from orchestrator.store.outage import DatabaseGone, StorePin, write_with_retry
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
@@ -33,9 +36,19 @@ class LeaseHeld(UserError):
     """Another live driver holds the sweep."""
 
 
+LOST = "lease lost"
+
+
 class DriverSession:
-    """Context manager: claim on enter (or raise LeaseHeld), renew in a thread, stop on
-    signals, release on exit. ``stop_reason`` is None while the run should go on."""
+    """Context manager: on enter, register the driver and (``lease``) take the sweep's lease,
+    waiting a moment for another driver's exclusive step to end (or raise LeaseHeld); renew
+    in a thread, stop on signals, release on exit. ``stop_reason`` is None while the run
+    should go on.
+
+    ``exclusive``: keep the lease for the whole run (a sequential design: one driver decides
+    its looks); otherwise the caller writes what needs the sweep alone, calls :meth:`share`
+    and runs the trials it claims (:meth:`claim`) beside any other driver. ``take_lease=False``
+    (``join``): never take the lease; claims wait while another driver's exclusive step runs."""
 
     def __init__(
         self,
@@ -47,6 +60,10 @@ class DriverSession:
         note: Callable[[str], None] | None = None,
         ttl: float | None = None,
         handle_signals: bool = True,
+        exclusive: bool = True,
+        take_lease: bool = True,
+        command: str = "submit",
+        max_concurrent: int | None = None,
     ):
         self.engine = engine
         self.sid = sweep_id
@@ -56,6 +73,13 @@ class DriverSession:
         self.ttl = ttl if ttl is not None else lease.lease_ttl_s()
         self.owner = lease.new_owner()
         self.handle_signals = handle_signals
+        self.exclusive = exclusive and take_lease
+        self.wants_lease = take_lease
+        self.holds_lease = False
+        # share() gives the lease back while the renewal thread may be renewing it.
+        self._lease_lock = threading.Lock()
+        self.command = command
+        self.max_concurrent = max_concurrent
         self.running: set[int] = set()
         self.stop_reason: str | None = None
         # The database is gone: the run ends with this error and never writes again.
@@ -100,13 +124,43 @@ class DriverSession:
         self.stop(name)
 
     # ---- lease ---------------------------------------------------------------------------
-    def __enter__(self) -> DriverSession:
-        def claim(conn: Connection) -> tuple[lease.Holder | None, bool]:
+    def _register(self, conn: Connection) -> None:
+        # A driver starting here frees a dead local driver's trials at once (a SIGKILLed
+        # driver's `resume` need not wait out the TTL); a running one waits for the TTL.
+        claims.reap_dead(conn, self.sid, alive=lease.pid_alive)
+        claims.register(
+            conn,
+            self.sid,
+            self.owner,
+            command=self.command,
+            max_concurrent=self.max_concurrent,
+            exclusive=self.exclusive,
+        )
+        if self.takeover:
+            n = claims.take_over(conn, self.sid, self.owner, self.ttl)
+            if n:
+                self.note(f"sweep {self.name}: took over from {n} live driver(s) (--takeover)")
+
+    def _take_lease(self) -> None:
+        """The sweep's lease, waiting (up to a minute, or the TTL if longer) while another
+        driver's short exclusive step (a design write) holds it; a driver that holds it for
+        its whole run (a sequential design) is refused at once."""
+
+        def claim(conn: Connection) -> tuple[lease.Holder | None, bool, bool]:
             held = lease.holder(conn, self.sid)
             dead = held.owner if held is not None and held.expired else None
-            return held, lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover, dead_owner=dead)
+            ok = lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover, dead_owner=dead)
+            if ok:
+                self._register(conn)
+            whole = held is not None and not ok and claims.is_exclusive(conn, held.owner)
+            return held, ok, whole
 
-        held, ok = self.write(claim)
+        deadline = time.monotonic() + max(self.ttl, 60.0)
+        while True:
+            held, ok, whole = self.write(claim)
+            if ok or whole or time.monotonic() >= deadline:
+                break
+            time.sleep(0.25)
         if not ok:
             with self.engine.connect() as conn:
                 held = lease.holder(conn, self.sid)
@@ -115,9 +169,16 @@ class DriverSession:
                 f"sweep {self.name!r} is being run by {who}; wait for it, "
                 f"`orchestrator cancel {self.name}`, or pass --takeover"
             )
+        self.holds_lease = True
         if held is not None and held.owner != self.owner:
             why = "took over (--takeover)" if self.takeover and not held.expired else "took over an expired lease"
             self.note(f"sweep {self.name}: {why} from {held.summary()}")
+
+    def __enter__(self) -> DriverSession:
+        if self.wants_lease:
+            self._take_lease()
+        else:
+            self.write(self._register)
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -125,32 +186,64 @@ class DriverSession:
         self._thread.start()
         return self
 
+    def share(self) -> None:
+        """End the exclusive step: give the lease back, so other drivers run beside this one."""
+        with self._lease_lock:
+            if self.holds_lease and not self.exclusive:
+                self.write(lambda conn: lease.release(conn, self.sid, self.owner))
+                self.holds_lease = False
+
+    def claim(self, n: int) -> list[tuple[int, str, dict[str, Any]]] | None:
+        """Claim up to ``n`` free trials (id, key, params) in one transaction; None while
+        another driver's exclusive step holds the sweep (try again shortly)."""
+        return self.write(lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl))
+
+    def held_elsewhere(self) -> int:
+        """Unfinished trials other live drivers hold (they come free once those drivers
+        stop renewing their claims, after the TTL)."""
+        with self.engine.connect() as conn:
+            return claims.held_elsewhere(conn, self.sid, self.owner)
+
+    def release_claims(self, trial_ids: list[int]) -> None:
+        """Give back the claims on trials this driver has ended (or will not run)."""
+        self.write(lambda conn: claims.release(conn, self.owner, trial_ids))
+
     def _renew_loop(self) -> None:
         period = self.ttl / 4
 
-        def renew(conn: Connection) -> tuple[bool, bool]:
-            return lease.renew(conn, self.sid, self.owner, ttl=self.ttl, running=sorted(self.running))
+        def renew(conn: Connection) -> tuple[claims.Renewal, bool]:
+            got = claims.renew(conn, self.owner, ttl=self.ttl, running=sorted(self.running))
+            held = lease.renew(conn, self.sid, self.owner, ttl=self.ttl)[0] if self.holds_lease else True
+            return got, held
 
         while not self._done.wait(period) and self.fatal is None:
             try:
                 # One try a period (the next period is the retry). Also the check that stops
                 # trials which report rarely, when no other write would find the database gone.
-                held, cancel = self.write(renew, budget_s=0)
+                with self._lease_lock:
+                    got, held = self.write(renew, budget_s=0)
             except DatabaseGone:
                 return  # write() stopped the session
             except Exception:  # an outage: the writer owns riding it out; try again next period
                 continue
-            if not held:
-                self.stop("lease lost (another driver took the sweep over)")
-            elif cancel:
+            if not held or not got.alive:
+                self.stop(f"{LOST} (another driver took the sweep over)")
+            elif got.lost:
+                self.stop(f"{LOST} ({len(got.lost)} trial(s) taken over by another driver)")
+            elif got.cancel:
                 self.stop("cancel requested (`orchestrator cancel`)")
 
+    @property
+    def lost(self) -> bool:
+        return self.stop_reason is not None and self.stop_reason.startswith(LOST)
+
     def interrupt_running(self, conn) -> int:
-        """Mark the sweep's running trials interrupted (unless the lease went to another
-        driver, who owns them now)."""
-        if self.stop_reason is not None and self.stop_reason.startswith("lease lost"):
+        """Mark this driver's running trials interrupted (unless another driver took them
+        over, who owns them now): those it claimed, and for an exclusive run the sweep's."""
+        if self.lost:
             return 0
-        return lease.interrupt_running(conn, self.sid)
+        n = claims.interrupt_own(conn, self.owner)
+        return n + (lease.interrupt_running(conn, self.sid) if self.exclusive else 0)
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
@@ -169,11 +262,14 @@ class DriverSession:
                 raise self.fatal
             return
         stopped = self.stop_reason is not None or exc[0] is not None
+        reason = self.stop_reason or (type(exc[1]).__name__ if exc[0] is not None else None)
 
         def release(conn: Connection) -> None:
             if stopped:
                 self.interrupt_running(conn)
-            lease.release(conn, self.sid, self.owner)
+            claims.end(conn, self.owner, reason)
+            if self.holds_lease:
+                lease.release(conn, self.sid, self.owner)
 
         try:
             self.write(release, budget_s=0)  # one try: a driver on its way out does not wait

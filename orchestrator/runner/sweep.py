@@ -1,9 +1,14 @@
-"""Submit and resume: spec -> store rows -> Ray Tune -> store. The CLI is a thin shell over
-these functions.
+"""Submit, resume and join: spec -> store rows -> Ray Tune -> store. The CLI is a thin shell
+over these functions.
 
-A run holds the sweep's lease for its whole life (runner/lifecycle.py): rows are written
-only after the lease is claimed, so a second driver on the same sweep refuses before it
-touches anything.
+Any number of drivers run one sweep (runner/lifecycle.py, store/claims.py): each claims
+trials in batches, runs a batch on its own Ray, then claims the next, until no trial is left
+to claim and none is held by another live driver (a dead driver's trials come free after the
+lease TTL and are taken over). ``submit`` and ``resume`` write what needs the sweep alone
+(the design, an amendment, failed trials given another go) under the sweep's lease first,
+then share it; a design change is refused while other drivers run it, unless
+``--takeover``. A ``sequential:`` design is run whole by one driver holding the lease (its
+looks are decided in order by one driver); ``join`` refuses it.
 """
 
 from __future__ import annotations
@@ -235,12 +240,14 @@ def submit(
                 if before.changed or repo.unfinished_trials(conn, existing):
                     code_change = code_guard(conn, existing, spec.name, options.allow_code_change)
         sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
-        with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
+        with _session(engine, sid, sweep, options, note, "submit") as session:
 
             def record(conn) -> tuple[repo.DesignDiff, int, dict[str, int], set[int]]:
                 diff = repo.design_diff(conn, sid, sweep.trials)
                 # again, now that we hold the sweep
                 _check_design(diff, spec.name, amend, bool(repo.sequential_looks(conn, sid)))
+                if diff.changed:
+                    _alone(conn, session, spec.name)
                 version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash, code_change=code_change)
                 repo.upsert_sweep(conn, spec.name, sweep.text, sweep.hash)
                 repo.apply_design(conn, sid, diff)
@@ -250,6 +257,7 @@ def submit(
                 return diff, version, ids, pending
 
             diff, version, ids, pending = session.write(record)
+            session.share()
             if diff.changed and note is not None:
                 note(f"sweep {spec.name}: amended to spec version {version}: {diff.summary()}")
             ctx = _context(session, spec, url, options, on_start, on_event)
@@ -288,7 +296,7 @@ def resume(
         )
     with _on_ray(options.address):
         check_resources(spec.resources)
-        with DriverSession(engine, sid, spec.name, takeover=options.takeover, note=note) as session:
+        with _session(engine, sid, sweep, options, note, "resume") as session:
 
             def release(conn) -> tuple[list[tuple[int, str, dict[str, Any]]], int]:
                 if code_change is not None:
@@ -297,16 +305,141 @@ def resume(
                 return repo.unfinished_trials(conn, sid), repo.count_trials(conn, sid)
 
             todo, total = session.write(release)
+            session.share()
             ctx = _context(session, spec, url, options, on_start, on_event)
             return _run_design(ctx, sweep, todo, total)
 
 
+def join(
+    name: str,
+    options: RunOptions = RunOptions(),
+    *,
+    on_start: Callable[..., None] | None = None,
+    on_event: Callable[..., None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """One more driver on a recorded sweep, beside those running it (on its own Ray or
+    cluster, anywhere that reaches the database): it claims unfinished trials in batches
+    and runs them until none is left. It changes nothing else: failed trials are left to
+    ``resume``, a changed design to ``submit --amend``."""
+    from orchestrator.runner.tune_runner import check_resources
+
+    engine, url = open_store_engine(options.db, auto_create=False)
+    with engine.connect() as conn:
+        found = reader.find_sweep(conn, name)
+    if found is None:
+        raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
+    sid, spec_text = found
+    sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
+    spec = sweep.spec
+    if sweep.sequential is not None:
+        raise UserError(
+            f"sweep {name!r} has a sequential design: one driver decides its looks in order, so `join` "
+            f"cannot share it (`orchestrator resume {name}` runs it once its driver is gone; nothing was run)"
+        )
+    folder = checkpoint_folder(spec, options.checkpoint_dir)
+    if folder is not None:
+        checkpoints.check_writable(folder / spec.name)
+    with engine.connect() as conn:
+        code_change = (
+            code_guard(conn, sid, name, options.allow_code_change) if repo.unfinished_trials(conn, sid) else None
+        )
+    with _on_ray(options.address):
+        check_resources(spec.resources)
+        with _session(engine, sid, sweep, options, note, "join") as session:
+
+            def start(conn) -> tuple[int, int]:
+                if code_change is not None:
+                    repo.record_spec_version(conn, sid, spec_text, sweep.hash, code_change=code_change)
+                return len(repo.unfinished_trials(conn, sid)), repo.count_trials(conn, sid)
+
+            todo, total = session.write(start)
+            ctx = _context(session, spec, url, options, on_start, on_event)
+            return _run_claimed(ctx, todo, total)
+
+
+def _session(
+    engine: Any, sid: int, sweep: Sweep, options: RunOptions, note: Callable[[str], None] | None, command: str
+) -> DriverSession:
+    """The driver's session: ``join`` never takes the sweep's lease; ``submit``/``resume``
+    take it for their exclusive step, and keep it for a sequential design's whole run."""
+    return DriverSession(
+        engine,
+        sid,
+        sweep.spec.name,
+        takeover=options.takeover,
+        note=note,
+        exclusive=sweep.sequential is not None,
+        take_lease=command != "join",
+        command=command,
+        max_concurrent=options.max_concurrent or sweep.spec.max_concurrent,
+    )
+
+
+def _alone(conn: Any, session: DriverSession, name: str) -> None:
+    """A design change needs the sweep alone: refused while another live driver runs it
+    (``--takeover`` ended those already)."""
+    from orchestrator.store import claims
+
+    others = [d for d in claims.drivers(conn, session.sid, ttl=session.ttl, live_only=True) if d.owner != session.owner]
+    if others:
+        raise UserError(
+            f"sweep {name!r} is being run by {len(others)} other driver(s) ({others[0].summary()}); a changed "
+            f"design needs the sweep alone: wait for them, `orchestrator cancel {name}`, or pass --takeover "
+            "(nothing was written)"
+        )
+
+
 def _run_design(ctx: RunContext, sweep: Sweep, to_run: list[tuple[int, str, dict[str, Any]]], total: int) -> RunSummary:
-    """Run the sweep's unfinished trials (``to_run`` of ``total``), look by look for a
-    ``sequential:`` design."""
+    """Run the sweep's unfinished trials (``to_run`` of ``total``) as they are claimed, or
+    look by look for a ``sequential:`` design."""
     if sweep.sequential is not None:
         return _run_sequential(ctx, sweep, total)
-    return _run(ctx, to_run, total)
+    return _run_claimed(ctx, len(to_run), total)
+
+
+def batch_size(ctx: RunContext) -> int:
+    """Trials a driver claims at once: twice the trials it runs at once (its
+    ``max_concurrent``, else what its Ray cluster fits), so its slots stay busy while a batch
+    ends, without holding what other drivers could run."""
+    from orchestrator.runner.tune_runner import cluster_slots
+
+    gpu = ctx.spec.resources.gpu
+    # ``gpu: auto`` sizes each trial's share per node type (runner/fleet.py): count CPU slots.
+    slots = ctx.max_concurrent or cluster_slots(ctx.spec.resources.cpu, gpu if isinstance(gpu, float | int) else 0.0)
+    return 2 * max(1, int(slots or 1))
+
+
+def _run_claimed(ctx: RunContext, pending: int, total: int) -> RunSummary:
+    """Claim a batch, run it, claim the next, until nothing is left to claim and no other
+    live driver holds an unfinished trial (one that dies leaves its trials to be taken over
+    here after the TTL)."""
+    session = ctx.session
+    if ctx.on_start:
+        with ctx.engine.connect() as conn:
+            todo = repo.unfinished_trials(conn, ctx.sweep_id)
+        _started(ctx, total, todo)
+    n = batch_size(ctx)
+    poll = min(2.0, session.ttl / 4)
+    outcomes: Counter[str] = Counter()
+    ran: list[int] = []
+    while session.stop_reason is None:
+        batch = session.claim(n)
+        if batch is None or (not batch and session.held_elsewhere()):
+            session.stop_event.wait(poll)  # an exclusive step, or other drivers' trials
+            continue
+        if not batch:
+            break
+        ran += [tid for tid, _, _ in batch]
+        got = _run_batch(ctx, batch)
+        outcomes.update(got.values())
+        if session.stop_reason is None:
+            # A trial Tune ended without its end (interrupted) stays this driver's until it
+            # exits, so it is not claimed again and again here; `resume` runs it.
+            session.release_claims([tid for tid, _, _ in batch if got.get(tid) != Status.interrupted.value])
+    if session.stop_reason is not None:
+        return _summary(ctx, total, pending, _stopped_tally(ctx, ran), ran=len(ran))
+    return _summary(ctx, total, pending, dict(outcomes), ran=len(ran))
 
 
 def _run_batch(ctx: RunContext, batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
@@ -365,14 +498,6 @@ def _summary(
         db_arg=ctx.db_arg,
         **more,
     )
-
-
-def _run(ctx: RunContext, to_run: list[tuple[int, str, dict[str, Any]]], total: int) -> RunSummary:
-    _started(ctx, total, to_run)
-    outcomes = dict(Counter(_run_batch(ctx, to_run).values()))
-    if ctx.session.stop_reason is not None:
-        outcomes = _stopped_tally(ctx, [tid for tid, _, _ in to_run])
-    return _summary(ctx, total, len(to_run), outcomes)
 
 
 class _LookStopped(Exception):

@@ -25,8 +25,6 @@ without raising, so Tune does not retry what would fail the same way every time.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,7 +83,8 @@ class StoreWriter(tune.Callback):
         self.on_event = on_event or (lambda *a, **k: None)
         self.checkpoint_folder = checkpoint_folder  # None: checkpoints go to the database
         self.sweep = sweep
-        self.driver = f"{socket.gethostname()}:{os.getpid()}"  # recorded with each attempt
+        # Recorded with each attempt: the driver that claimed the trial (``drivers.owner``).
+        self.driver = session.owner
         self._rows: list[EvalRow] = []
         self._ckpts: dict[int, Checkpoint] = {}  # each trial's newest, until flushed
         self._keys: dict[int, str] = {}  # trial id -> stable key (checkpoint file names)

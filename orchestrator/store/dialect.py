@@ -272,6 +272,16 @@ class Dialect:
         """Make the migration transaction just begun on ``conn`` hold the write lock from
         its first statement (see ``engine._migration_transaction``)."""
 
+    def lock_for_claim(self, conn: Connection) -> None:
+        """Make the claim transaction just begun on ``conn`` exclusive of every other
+        claimer's before it reads which trials are free (``store.claims.claim_batch``)."""
+
+    def skip_locked(self, stmt: sa.Select) -> sa.Select:
+        """``stmt`` (a SELECT of trials to claim) locking the rows it returns and passing
+        over rows another claim transaction holds, so concurrent claimers get disjoint
+        batches without waiting for each other."""
+        return stmt
+
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         raise NotImplementedError
 
@@ -365,6 +375,14 @@ class SQLite(Dialect):
         # pysqlite opens transactions only before DML, so each CREATE TABLE would commit
         # on its own; BEGIN IMMEDIATE takes the write lock now.
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def lock_for_claim(self, conn: Connection) -> None:
+        # SQLite has no row locks: the write lock, taken before the SELECT, serializes
+        # claimers (a deferred transaction would read, then fail to upgrade to a writer).
+        # pysqlite opens a transaction only before DML, so one already open holds it.
+        raw = conn.connection.driver_connection
+        if raw is not None and not raw.in_transaction:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     def make_engine(self, url: str, *, create_dir: bool = True) -> Engine:
         path = sqlite_path(url)
@@ -498,6 +516,9 @@ class PostgreSQL(Dialect):
                 )
             ).scalar_one()
         )
+
+    def skip_locked(self, stmt: sa.Select) -> sa.Select:
+        return stmt.with_for_update(skip_locked=True)
 
     def now_plus(self, seconds: float) -> Any:
         return sa.literal_column(f"(now() + interval '{float(seconds):.3f} seconds')", type_=sa.DateTime(timezone=True))

@@ -54,7 +54,7 @@ def new_owner() -> str:
     return uuid.uuid4().hex
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,7 +85,7 @@ def holder(conn: Connection, sweep: int) -> Holder | None:
         and row.lease_host == socket.gethostname()
         and row.lease_pid
         and row.lease_pid != os.getpid()
-        and not _pid_alive(row.lease_pid)
+        and not pid_alive(row.lease_pid)
     ):
         expired = True  # its process is gone: nobody will renew it
     return Holder(row.lease_owner, row.lease_host, row.lease_pid, row.lease_expires_at, row.lease_renewed_at, expired)

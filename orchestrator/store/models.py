@@ -54,6 +54,7 @@ class Trial(Base):
             name="ck_trials_status",
         ),
         sa.Index("ix_trials_sweep_status", "sweep_id", "status"),
+        sa.Index("ix_trials_claimed_by", "claimed_by"),
     )
 
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
@@ -95,6 +96,10 @@ class Trial(Base):
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # The sweep_specs version whose submission created this trial.
     spec_version: Mapped[int | None] = mapped_column(sa.Integer)
+    # The driver (``drivers.owner``) that claimed the trial, and when the claim lapses on the
+    # database clock unless its driver renews it (store/claims.py; migration 0009).
+    claimed_by: Mapped[str | None] = mapped_column(sa.String(64))
+    claim_expires_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
 
 
 class SpecVersion(Base):
@@ -259,3 +264,32 @@ class Attempt(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(sa.String(16))
     error_kind: Mapped[str | None] = mapped_column(sa.String(16))
+
+
+class Driver(Base):
+    """One driver of a sweep (``submit``, ``resume`` or ``join``): it claims trials in
+    batches, heartbeats them and ends (``ended_at``) when it exits (migration 0009)."""
+
+    __tablename__ = "drivers"
+    __table_args__ = (
+        sa.UniqueConstraint("owner", name="uq_drivers_owner"),
+        sa.Index("ix_drivers_sweep", "sweep_id"),
+    )
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
+    sweep_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False)
+    owner: Mapped[str] = mapped_column(sa.String(64), nullable=False)  # trials.claimed_by, attempts.driver
+    host: Mapped[str | None] = mapped_column(sa.String(255))
+    pid: Mapped[int | None] = mapped_column(sa.Integer)
+    command: Mapped[str | None] = mapped_column(sa.String(16))  # submit | resume | join
+    max_concurrent: Mapped[int | None] = mapped_column(sa.Integer)
+    # Held the sweep alone (a sequential design): no other driver ran it meanwhile.
+    exclusive: Mapped[bool] = mapped_column(sa.Boolean, nullable=False, server_default=sa.false())
+    started_at: Mapped[dt.datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    )
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    ended_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    end_reason: Mapped[str | None] = mapped_column(sa.String(200))
+    # ``orchestrator cancel`` flags every live driver of the sweep; each stops at its renewal.
+    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))

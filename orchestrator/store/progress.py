@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from orchestrator.status import ALL, DONE, STALE, Status
-from orchestrator.store import lease, reader
+from orchestrator.store import claims, lease, reader
 
 
 def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
             for r in rows:
                 counts[STALE if r.stale else r.status] += 1
             holder = lease.holder(conn, sid)
+            live = claims.drivers(conn, sid, ttl=lease.lease_ttl_s(), live_only=True)
             # Superseded trials are no part of the design any more.
             rows = [r for r in rows if r.status != Status.superseded]
             params = [r.params if isinstance(r.params, dict) else json.loads(r.params) for r in rows]
@@ -48,13 +49,15 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
             # Progress in training steps (finished trials count in full), so the ETA moves
             # before the first trial ends: wall time so far x (left / done). Failed trials
             # are no steps done (nor to do): they are counted as failed.
-            live = [r for r in rows if r.status != Status.failed]
-            total_steps = sum(r.steps or 0 for r in live)
-            done_steps = sum((r.steps or 0) if r.status in DONE else min(r.last_step or 0, r.steps or 0) for r in live)
+            counted = [r for r in rows if r.status != Status.failed]
+            total_steps = sum(r.steps or 0 for r in counted)
+            done_steps = sum(
+                (r.steps or 0) if r.status in DONE else min(r.last_step or 0, r.steps or 0) for r in counted
+            )
             progress = done_steps / total_steps if total_steps else None
             eta = None
             starts = [reader.aware(r.started_at) for r in rows if r.started_at]
-            driving = holder is not None and not holder.expired
+            driving = bool(live) or (holder is not None and not holder.expired)
             if driving and progress and progress < 1 and starts and now is not None:
                 span = (now - min(starts)).total_seconds()
                 eta = span * (1 - progress) / progress if span > 0 else None
@@ -83,7 +86,21 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     "eta_s": eta,
                     "failed": failed,
                     "saved": saved,
-                    "driver": holder.summary() if driving and holder else None,
+                    "driver": (live[0].summary() if live else holder.summary() if driving and holder else None),
+                    # every live driver (orchestrator join): what it holds and its heartbeat
+                    "drivers": [
+                        {
+                            "owner": d.owner,
+                            "host": d.host,
+                            "pid": d.pid,
+                            "command": d.command,
+                            "claimed": d.claimed,
+                            "running": d.running,
+                            "started_at": d.started_at,
+                            "heartbeat_at": d.heartbeat_at,
+                        }
+                        for d in live
+                    ],
                     # every code and torch version that ran attempts of it (migration 0007)
                     "environments": [
                         {"code_version": e.code_version, "torch_version": e.torch_version, "trials": e.trials}

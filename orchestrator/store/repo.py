@@ -18,10 +18,11 @@ from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
-from orchestrator.store import attempts, dialect
+from orchestrator.store import attempts, claims, dialect
 from orchestrator.store.reader import find_sweep
 from orchestrator.store.models import (
     Attempt,
+    Driver,
     Eval,
     KeyRename,
     SequentialLook,
@@ -450,19 +451,24 @@ def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str, trac
 
 def release_unfinished(conn: Connection, sweep: int) -> int:
     """Trials left 'running' by a driver that died, interrupted ones, and failed ones go back
-    to 'pending' (they resume from their checkpoints). Only the lease holder calls this, so a
-    'running' trial here has no live driver (its open attempt ends as ``lost``). Returns how
-    many."""
-    attempts.lose_running(conn, sweep)
-    res = conn.execute(
-        sa.update(Trial)
-        .where(
+    to 'pending' (they resume from their checkpoints), unless a live driver holds a claim on
+    them (store/claims.py): those are its to run. A 'running' trial here has no live driver
+    (its open attempt ends as ``lost``). Returns how many."""
+    rows = conn.execute(
+        sa.select(Trial.id, Trial.status).where(
             Trial.sweep_id == sweep,
             Trial.status.in_((Status.running.value, Status.failed.value, Status.interrupted.value)),
+            claims.free(conn),
         )
-        .values(status=Status.pending.value, updated_at=sa.func.now())
-    )
-    return res.rowcount or 0
+    ).all()
+    attempts.close_attempts(conn, [r.id for r in rows if r.status == Status.running.value], attempts.LOST)
+    if rows:
+        conn.execute(
+            sa.update(Trial)
+            .where(Trial.id.in_([r.id for r in rows]))
+            .values(status=Status.pending.value, updated_at=sa.func.now())
+        )
+    return len(rows)
 
 
 def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict]]:
@@ -495,7 +501,7 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
     ):
         counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
     counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0
-    for keyed in (SpecVersion, SequentialLook, KeyRename):
+    for keyed in (SpecVersion, SequentialLook, KeyRename, Driver):
         conn.execute(sa.delete(keyed).where(keyed.sweep_id == sweep))
     conn.execute(sa.delete(SweepRow).where(SweepRow.id == sweep))
     return counts

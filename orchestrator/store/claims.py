@@ -1,0 +1,316 @@
+"""Many drivers on one sweep: each driver's row and its claims on trials (migration 0009).
+
+A driver (``submit``, ``resume`` or ``join``) registers a row in ``drivers``, then claims
+trials in batches: one transaction picks free trials (no claim, or a claim whose expiry has
+passed on the database clock), locks them (PostgreSQL ``FOR UPDATE SKIP LOCKED``; SQLite
+``BEGIN IMMEDIATE``: the differences are :meth:`Dialect.lock_for_claim` and
+:meth:`Dialect.skip_locked`) and stamps them with its owner token and an expiry. Its renewal
+thread extends its claims and its own heartbeat every ``ttl / 4`` seconds; at exit it
+releases what it still holds. A driver that dies stops renewing: after the TTL its claims
+lapse and any other driver takes the trials over (their open attempts end ``lost``). A
+trial with a live claim runs nowhere but at its claimant.
+
+``orchestrator cancel`` flags every live driver of the sweep (``drivers.cancel_requested_at``);
+each reads its own flag at its next renewal and stops. ``--takeover`` ends every other live
+driver (``ended_at``, reason ``taken over``) and frees its claims; that driver sees it at its
+next renewal and stops without touching the trials.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from orchestrator.status import Status
+from orchestrator.store import attempts, dialect
+from orchestrator.store.models import Driver, SweepRow, Trial
+
+# Statuses a claim can pick: never run, stopped, or left running by a driver that is gone.
+# ``failed`` is not among them: only ``submit``/``resume`` give a failed trial another go
+# (``repo.release_unfinished``), so drivers never pass a failing trial around for ever.
+CLAIMABLE = (Status.pending.value, Status.interrupted.value, Status.running.value)
+TAKEN_OVER = "taken over"
+
+
+def _live_claim(d: dialect.Dialect) -> Any:
+    return sa.and_(Trial.claimed_by.is_not(None), Trial.claim_expires_at >= d.now_plus(0))
+
+
+def free(conn: Connection) -> Any:
+    """SQL: a trial nobody holds (no claim, or one that lapsed)."""
+    return sa.not_(_live_claim(dialect.for_connection(conn)))
+
+
+def _live_driver(d: dialect.Dialect, ttl: float) -> Any:
+    return sa.and_(Driver.ended_at.is_(None), Driver.heartbeat_at >= d.now_plus(-ttl))
+
+
+# ---- a driver's row ---------------------------------------------------------------------------
+
+
+def register(
+    conn: Connection,
+    sweep: int,
+    owner: str,
+    *,
+    command: str,
+    max_concurrent: int | None = None,
+    exclusive: bool = False,
+) -> int:
+    """Record a driver starting on ``sweep``; returns its id."""
+    d = dialect.for_connection(conn)
+    return conn.execute(
+        sa.insert(Driver)
+        .values(
+            sweep_id=sweep,
+            owner=owner,
+            host=socket.gethostname()[:255],
+            pid=os.getpid(),
+            command=command[:16],
+            max_concurrent=max_concurrent,
+            exclusive=exclusive,
+            heartbeat_at=d.now_plus(0),
+        )
+        .returning(Driver.id)
+    ).scalar_one()
+
+
+@dataclass(frozen=True)
+class Renewal:
+    alive: bool  # False: another driver ended this one (``--takeover``)
+    cancel: bool  # ``orchestrator cancel`` flagged it
+    lost: tuple[int, ...]  # trials it runs whose claim another driver holds now
+
+
+def renew(conn: Connection, owner: str, *, ttl: float, running: list[int] | tuple[int, ...] = ()) -> Renewal:
+    """Extend the driver's claims and its heartbeat (and heartbeat the trials it runs)."""
+    d = dialect.for_connection(conn)
+    res = conn.execute(
+        sa.update(Driver).where(Driver.owner == owner, Driver.ended_at.is_(None)).values(heartbeat_at=d.now_plus(0))
+    )
+    if not (res.rowcount or 0):
+        return Renewal(False, False, ())
+    conn.execute(sa.update(Trial).where(Trial.claimed_by == owner).values(claim_expires_at=d.now_plus(ttl)))
+    ids = list(running)
+    lost: tuple[int, ...] = ()
+    if ids:
+        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(heartbeat_at=d.now_plus(0)))
+        lost = tuple(
+            conn.execute(
+                sa.select(Trial.id).where(Trial.id.in_(ids), Trial.claimed_by.is_not(None), Trial.claimed_by != owner)
+            ).scalars()
+        )
+    cancel = conn.execute(sa.select(Driver.cancel_requested_at).where(Driver.owner == owner)).scalar_one_or_none()
+    return Renewal(True, cancel is not None, lost)
+
+
+def interrupt_own(conn: Connection, owner: str) -> int:
+    """The driver stopped: the trials it claimed that are still ``running`` become
+    ``interrupted`` (their open attempts end so too). Returns how many."""
+    ids = list(
+        conn.execute(
+            sa.select(Trial.id).where(Trial.claimed_by == owner, Trial.status == Status.running.value)
+        ).scalars()
+    )
+    if ids:
+        attempts.close_attempts(conn, ids, Status.interrupted.value)
+        conn.execute(
+            sa.update(Trial).where(Trial.id.in_(ids)).values(status=Status.interrupted.value, updated_at=sa.func.now())
+        )
+    return len(ids)
+
+
+def end(conn: Connection, owner: str, reason: str | None) -> None:
+    """The driver exits: every claim it holds is released and its row is ended."""
+    conn.execute(sa.update(Trial).where(Trial.claimed_by == owner).values(claimed_by=None, claim_expires_at=None))
+    conn.execute(
+        sa.update(Driver)
+        .where(Driver.owner == owner, Driver.ended_at.is_(None))
+        .values(ended_at=sa.func.now(), end_reason=(reason or "finished")[:200])
+    )
+
+
+def reap_dead(conn: Connection, sweep: int, *, alive: Callable[[int], bool]) -> int:
+    """End the sweep's drivers on this host whose process is gone (``alive(pid)`` False) and
+    free their claims at once: a SIGKILLed driver's trials need not wait out the TTL when
+    its successor runs on the same machine. Returns how many."""
+    d = dialect.for_connection(conn)
+    rows = conn.execute(
+        sa.select(Driver.owner, Driver.pid).where(
+            Driver.sweep_id == sweep,
+            Driver.ended_at.is_(None),
+            Driver.host == socket.gethostname()[:255],
+            Driver.pid != os.getpid(),
+        )
+    ).all()
+    dead = [r.owner for r in rows if r.pid and not alive(r.pid)]
+    if dead:
+        conn.execute(sa.update(Trial).where(Trial.claimed_by.in_(dead)).values(claim_expires_at=d.now_plus(-1)))
+        conn.execute(sa.update(Driver).where(Driver.owner.in_(dead)).values(ended_at=sa.func.now(), end_reason="died"))
+    return len(dead)
+
+
+def is_exclusive(conn: Connection, owner: str) -> bool:
+    """Whether ``owner`` holds its sweep for its whole run (a sequential design)."""
+    return bool(conn.execute(sa.select(Driver.exclusive).where(Driver.owner == owner)).scalar_one_or_none())
+
+
+def take_over(conn: Connection, sweep: int, owner: str, ttl: float) -> int:
+    """``--takeover``: end every other live driver of the sweep and free its claims (its
+    running trials are taken over as a dead driver's would be). Returns how many."""
+    d = dialect.for_connection(conn)
+    others = list(
+        conn.execute(
+            sa.select(Driver.owner).where(Driver.sweep_id == sweep, Driver.owner != owner, Driver.ended_at.is_(None))
+        ).scalars()
+    )
+    if not others:
+        return 0
+    live = conn.execute(sa.select(sa.func.count()).where(Driver.owner.in_(others), _live_driver(d, ttl))).scalar_one()
+    conn.execute(sa.update(Trial).where(Trial.claimed_by.in_(others)).values(claim_expires_at=d.now_plus(-1)))
+    conn.execute(
+        sa.update(Driver).where(Driver.owner.in_(others)).values(ended_at=sa.func.now(), end_reason=TAKEN_OVER)
+    )
+    return int(live)
+
+
+# ---- claims -------------------------------------------------------------------------------------
+
+
+def claim_batch(conn: Connection, sweep: int, owner: str, n: int, *, ttl: float) -> list[tuple[int, str, dict]] | None:
+    """Claim up to ``n`` free trials of the sweep for ``owner`` in the caller's transaction
+    (which must be fresh: on SQLite this begins it with the write lock); (id, key, params) in
+    insertion order, or None while another driver holds the sweep's lease for an exclusive
+    step (a design being written). A trial a dead driver left ``running`` goes back to
+    ``pending`` and its open attempt ends ``lost``."""
+    d = dialect.for_connection(conn)
+    d.lock_for_claim(conn)
+    held = conn.execute(
+        sa.select(SweepRow.lease_owner).where(
+            SweepRow.id == sweep,
+            SweepRow.lease_owner.is_not(None),
+            SweepRow.lease_owner != owner,
+            SweepRow.lease_expires_at >= d.now_plus(0),
+        )
+    ).first()
+    if held is not None:
+        return None
+    if n <= 0:
+        return []
+    pick = d.skip_locked(
+        sa.select(Trial.id, Trial.key, Trial.params, Trial.status)
+        .where(Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), sa.not_(_live_claim(d)))
+        .order_by(Trial.id)
+        .limit(n)
+    )
+    rows = conn.execute(pick).all()
+    if not rows:
+        return []
+    ids = [r.id for r in rows]
+    conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(claimed_by=owner, claim_expires_at=d.now_plus(ttl)))
+    orphans = [r.id for r in rows if r.status == Status.running.value]
+    if orphans:
+        attempts.close_attempts(conn, orphans, attempts.LOST)
+        conn.execute(
+            sa.update(Trial).where(Trial.id.in_(orphans)).values(status=Status.pending.value, updated_at=sa.func.now())
+        )
+    return [(r.id, r.key, r.params) for r in rows]
+
+
+def release(conn: Connection, owner: str, trial_ids: list[int] | tuple[int, ...]) -> None:
+    """Give back claims on trials the driver will not run (it is stopping)."""
+    if trial_ids:
+        conn.execute(
+            sa.update(Trial)
+            .where(Trial.id.in_(list(trial_ids)), Trial.claimed_by == owner)
+            .values(claimed_by=None, claim_expires_at=None)
+        )
+
+
+def held_elsewhere(conn: Connection, sweep: int, owner: str) -> int:
+    """Unfinished trials of the sweep another driver holds a live claim on (a driver with
+    nothing left to claim waits for them: they come free if that driver dies)."""
+    d = dialect.for_connection(conn)
+    return conn.execute(
+        sa.select(sa.func.count(Trial.id)).where(
+            Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), _live_claim(d), Trial.claimed_by != owner
+        )
+    ).scalar_one()
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+
+@dataclass
+class DriverRow:
+    id: int
+    owner: str
+    host: str | None
+    pid: int | None
+    command: str | None
+    started_at: Any
+    heartbeat_at: Any
+    ended_at: Any
+    end_reason: str | None
+    live: bool
+    claimed: int
+    running: int
+
+    def summary(self) -> str:
+        return f"driver {self.owner[:8]} (pid {self.pid} on {self.host}, last heartbeat {self.heartbeat_at})"
+
+
+def drivers(conn: Connection, sweep: int, *, ttl: float, live_only: bool = False) -> list[DriverRow]:
+    """The sweep's drivers, oldest first, each with the trials it holds (``claimed``) and of
+    them those ``running``; ``live``: not ended and heartbeating within ``ttl``."""
+    d = dialect.for_connection(conn)
+    held = (
+        sa.select(sa.func.count(Trial.id))
+        .where(Trial.claimed_by == Driver.owner, _live_claim(d))
+        .correlate(Driver)
+        .scalar_subquery()
+    )
+    running = (
+        sa.select(sa.func.count(Trial.id))
+        .where(Trial.claimed_by == Driver.owner, _live_claim(d), Trial.status == Status.running.value)
+        .correlate(Driver)
+        .scalar_subquery()
+    )
+    live = _live_driver(d, ttl)
+    stmt = sa.select(
+        Driver.id,
+        Driver.owner,
+        Driver.host,
+        Driver.pid,
+        Driver.command,
+        Driver.started_at,
+        Driver.heartbeat_at,
+        Driver.ended_at,
+        Driver.end_reason,
+        sa.case((live, 1), else_=0).label("live"),
+        held.label("claimed"),
+        running.label("running"),
+    ).where(Driver.sweep_id == sweep)
+    if live_only:
+        stmt = stmt.where(live)
+    return [
+        DriverRow(**{**r._mapping, "live": bool(r.live), "claimed": int(r.claimed), "running": int(r.running)})
+        for r in conn.execute(stmt.order_by(Driver.id))
+    ]
+
+
+def request_cancel(conn: Connection, sweep: int, *, ttl: float) -> int:
+    """Flag every live driver of the sweep to stop; returns how many."""
+    d = dialect.for_connection(conn)
+    res = conn.execute(
+        sa.update(Driver)
+        .where(Driver.sweep_id == sweep, _live_driver(d, ttl))
+        .values(cancel_requested_at=d.now_plus(0))
+    )
+    return res.rowcount or 0

@@ -1,0 +1,180 @@
+"""Per-trial claims of many drivers on one sweep (store/claims.py, migration 0008), on SQLite
+and PostgreSQL, no Ray: concurrent claimers (threads, each with its own engine) never get
+the same trial and together get every one; a dead driver's claims lapse after the TTL on
+the database clock and are taken over (its running trial back to pending, its open attempt
+lost) while a live one's are not; an exclusive step (the sweep's lease) holds claims off;
+cancel flags only live drivers; --takeover ends the others; a resume leaves trials a live
+driver holds alone. tests/test_join.py runs real drivers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import sqlalchemy as sa
+
+from conftest import fill_sweep
+from orchestrator.store import attempts, claims, lease, repo
+from orchestrator.store.engine import make_engine, open_store_engine
+from orchestrator.store.outage import write_with_retry
+
+
+def test_concurrent_claimers_never_get_the_same_trial(db_url):
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=40, n_steps=1)
+    owners = [f"driver{i}" for i in range(6)]
+    with engine.begin() as conn:
+        for o in owners:
+            claims.register(conn, sid, o, command="join")
+    got: dict[str, list[int]] = {o: [] for o in owners}
+    errors: list[str] = []
+    barrier = threading.Barrier(len(owners))
+
+    def claimer(owner: str) -> None:
+        eng = make_engine(db_url)
+        try:
+            barrier.wait()
+            while True:
+                batch = write_with_retry(eng, lambda c: claims.claim_batch(c, sid, owner, 3, ttl=60), budget_s=60)
+                if not batch:
+                    return
+                got[owner] += [tid for tid, _, _ in batch]
+        except Exception as exc:  # every failure counts
+            errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            eng.dispose()
+
+    threads = [threading.Thread(target=claimer, args=(o,)) for o in owners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    claimed = [tid for tids in got.values() for tid in tids]
+    assert sorted(claimed) == sorted(ids.values())  # every trial once, none twice
+    assert sum(1 for tids in got.values() if tids) >= 2
+    with engine.connect() as conn:
+        stored = dict(conn.execute(sa.text("SELECT id, claimed_by FROM trials")).all())
+    assert stored == {tid: o for o, tids in got.items() for tid in tids}
+    engine.dispose()
+
+
+def test_a_dead_drivers_claims_lapse_and_are_taken_over(db_url):
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=4, n_steps=1)
+    with engine.begin() as conn:
+        claims.register(conn, sid, "A", command="submit")
+        claims.register(conn, sid, "B", command="join")
+        mine = [tid for tid, _, _ in claims.claim_batch(conn, sid, "A", 2, ttl=2)]
+    assert mine == sorted(ids.values())[:2]
+    with engine.begin() as conn:
+        repo.mark_running(conn, mine[0])
+        attempts.begin_attempt(conn, mine[0], None, {}, "A")
+    with engine.begin() as conn:
+        theirs = [tid for tid, _, _ in claims.claim_batch(conn, sid, "B", 10, ttl=60)]
+    assert theirs == sorted(ids.values())[2:]
+    with engine.begin() as conn:
+        assert claims.claim_batch(conn, sid, "B", 10, ttl=60) == []
+        assert claims.held_elsewhere(conn, sid, "B") == 2
+        # A resume's release leaves a live driver's running trial alone.
+        assert repo.release_unfinished(conn, sid) == 0
+        listed = {d.owner: (d.claimed, d.running, d.live) for d in claims.drivers(conn, sid, ttl=60)}
+    assert listed == {"A": (2, 1, True), "B": (2, 0, True)}
+    time.sleep(3.2)  # past A's claims' expiry on the database clock: A is dead
+    with engine.begin() as conn:
+        taken = [tid for tid, _, _ in claims.claim_batch(conn, sid, "B", 10, ttl=60)]
+    assert taken == mine
+    with engine.connect() as conn:
+        status = dict(conn.execute(sa.text("SELECT id, status FROM trials")).all())
+        outcome = conn.execute(sa.text("SELECT outcome FROM attempts")).scalar_one()
+    assert status[mine[0]] == "pending" and outcome == attempts.LOST
+    with engine.begin() as conn:
+        # A wakes up: it learns that the trial it ran is another driver's now.
+        renewal = claims.renew(conn, "A", ttl=60, running=[mine[0]])
+        assert renewal.alive and renewal.lost == (mine[0],) and not renewal.cancel
+        # An exclusive step (a design write under the sweep's lease) holds claims off.
+        claims.end(conn, "B", "finished")
+        assert lease.claim(conn, sid, "A", ttl=60)
+        assert claims.claim_batch(conn, sid, "B", 10, ttl=60) is None
+        lease.release(conn, sid, "A")
+        assert len(claims.claim_batch(conn, sid, "C", 10, ttl=60) or []) == 4
+    engine.dispose()
+
+
+def test_cancel_flags_live_drivers_and_takeover_ends_them(db_url):
+    engine, _ = open_store_engine(db_url)
+    sid, _ = fill_sweep(engine, n_trials=2, n_steps=1)
+    with engine.begin() as conn:
+        for o in ("A", "B", "gone"):
+            claims.register(conn, sid, o, command="join")
+        claims.end(conn, "gone", "finished")
+        claims.claim_batch(conn, sid, "A", 1, ttl=60)
+    with engine.begin() as conn:
+        assert claims.request_cancel(conn, sid, ttl=60) == 2
+        assert claims.renew(conn, "A", ttl=60).cancel
+    with engine.begin() as conn:  # a driver started after the cancel is not flagged
+        claims.register(conn, sid, "late", command="join")
+        assert not claims.renew(conn, "late", ttl=60).cancel
+        assert claims.take_over(conn, sid, "late", ttl=60) == 2
+        assert not claims.renew(conn, "A", ttl=60).alive  # A stops: the sweep was taken over
+        # A's claim was freed with it.
+        assert [t for t, _, _ in claims.claim_batch(conn, sid, "late", 10, ttl=60) or []] == [1, 2]
+        live = [d.owner for d in claims.drivers(conn, sid, ttl=60, live_only=True)]
+        reasons = dict(conn.execute(sa.text("SELECT owner, end_reason FROM drivers")).all())
+    assert live == ["late"]
+    assert reasons == {"A": claims.TAKEN_OVER, "B": claims.TAKEN_OVER, "gone": "finished", "late": None}
+    engine.dispose()
+
+
+def test_a_dead_driver_on_this_host_is_reaped_at_once(db_url):
+    """A driver starting here frees a dead local driver's claims without waiting out the TTL."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    with engine.begin() as conn:
+        claims.register(conn, sid, "dead", command="submit")
+        claims.register(conn, sid, "alive", command="join")
+        claims.claim_batch(conn, sid, "dead", 2, ttl=600)
+        claims.claim_batch(conn, sid, "alive", 1, ttl=600)
+        conn.execute(sa.text("UPDATE drivers SET pid = 999999999 WHERE owner = 'dead'"))
+    with engine.begin() as conn:
+        assert claims.reap_dead(conn, sid, alive=lease.pid_alive) == 1
+        got = [tid for tid, _, _ in claims.claim_batch(conn, sid, "new", 10, ttl=60) or []]
+        reasons = dict(conn.execute(sa.text("SELECT owner, end_reason FROM drivers")).all())
+    assert got == sorted(ids.values())[:2]
+    assert reasons == {"dead": "died", "alive": None}
+    engine.dispose()
+
+
+SEQUENTIAL = """
+name: seqjoin
+fixed: {task: mqar, d_model: 16, n_layers: 1, steps: 20, eval_every: 10}
+axes: {arm: [armed_gdn, gated_deltanet], seed: 0..7}
+sequential:
+  compare: {by: arm, groups: [armed_gdn, gated_deltanet]}
+  test: fisher
+  looks: [4, 8]
+  alpha: 0.05
+analysis: {lockin: 0.9}
+"""
+
+
+def test_join_refuses_a_sequential_sweep_and_an_unknown_one(tmp_path, capsys):
+    """One line, exit 2, before Ray starts or anything is written."""
+    from orchestrator.cli import main
+    from orchestrator.spec import load
+
+    db = str(tmp_path / "j.db")
+    sweep = load(text=SEQUENTIAL)
+    engine, _ = open_store_engine(db)
+    sid = repo.ensure_sweep(engine, sweep.name, sweep.text, sweep.hash)
+    with engine.begin() as conn:
+        repo.add_trials(conn, sid, sweep.trials)
+    capsys.readouterr()
+    assert main(["join", "seqjoin", "--db", db, "-q"]) == 2
+    assert main(["join", "nope", "--db", db, "-q"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 2 and "sequential design" in err[0] and "no sweep named 'nope'" in err[1]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM drivers")).scalar_one() == 0
+        assert set(conn.execute(sa.text("SELECT status FROM trials")).scalars()) == {"pending"}
+    engine.dispose()
