@@ -73,8 +73,42 @@ def spec_text(trials: int, trial_seconds: float, slots: int) -> str:
     )
 
 
-def product(trials: int, trial_seconds: float, slots: int, db: str | None = None) -> dict[str, Any]:
-    """The trials through ``runner.sweep.submit`` into ``db`` (default: a fresh SQLite file)."""
+def _joiners(url: str, drivers: int, per_driver: int, started: list[subprocess.Popen]) -> None:
+    """``drivers - 1`` ``orchestrator join`` processes (each with a local Ray of its own), started
+    as soon as the submit has recorded the sweep."""
+    import sqlalchemy as sa
+
+    from orchestrator.store.engine import make_engine
+
+    engine = make_engine(url)
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            try:
+                with engine.connect() as conn:
+                    if conn.execute(sa.text("SELECT COUNT(*) FROM trials")).scalar():
+                        break
+            except sa.exc.DBAPIError:  # not made yet
+                pass
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
+    for _ in range(drivers - 1):
+        cmd = [sys.executable, "-m", "orchestrator.cli", "join", "bench_overhead", "--db", url, "-q"]
+        # stdout (its outcome line) would mix with this command's --json
+        started.append(
+            subprocess.Popen([*cmd, "--max-concurrent", str(per_driver)], env=env, stdout=subprocess.DEVNULL)
+        )
+
+
+def product(trials: int, trial_seconds: float, slots: int, db: str | None = None, drivers: int = 1) -> dict[str, Any]:
+    """The trials through ``runner.sweep.submit`` into ``db`` (default: a fresh SQLite file);
+    with ``drivers`` > 1, that many drivers share the slots: the submit and ``drivers - 1``
+    ``orchestrator join`` processes, each running ``slots // drivers`` trials at once."""
+    import threading
+
     import sqlalchemy as sa
 
     from orchestrator import spec as specs
@@ -99,8 +133,17 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
         sa.event.listen(sa.engine.Engine, "before_cursor_execute", on_statement)
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
+        per_driver = max(1, slots // drivers)
+        joined: list[subprocess.Popen] = []
+        spawner = threading.Thread(target=_joiners, args=(url, drivers, per_driver, joined), daemon=True)
+        if drivers > 1:
+            spawner.start()
         try:
-            summary = submit(sweep, RunOptions(db=url, checkpoint_dir=str(Path(d) / "ck"), max_concurrent=slots))
+            summary = submit(sweep, RunOptions(db=url, max_concurrent=per_driver))
+            if drivers > 1:
+                spawner.join()
+                for p in joined:
+                    p.wait(timeout=3600)
         finally:
             wall = time.perf_counter() - t0
             cpu1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -116,6 +159,12 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
                 )
             ).one()
             size = dialect.for_url(url).database_bytes(conn)
+            by_driver = [
+                int(n)
+                for (n,) in conn.execute(
+                    sa.text("SELECT COUNT(*) FROM attempts GROUP BY driver ORDER BY COUNT(*) DESC")
+                ).all()
+            ]
         engine.dispose()
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     return {
@@ -129,6 +178,8 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
         "db_commits": counts["commits"],
         "db_statements": counts["statements"],
         "database_bytes": size,
+        "attempts_per_driver": by_driver,
+        "joined_exit_codes": [p.returncode for p in joined],
     }
 
 
@@ -177,7 +228,12 @@ def _plain_in_subprocess(trials: int, trial_seconds: float, slots: int) -> dict[
 
 
 def run(
-    trials: int, trial_seconds: float, slots: int | None = None, db: str | None = None, tune: bool = True
+    trials: int,
+    trial_seconds: float,
+    slots: int | None = None,
+    db: str | None = None,
+    tune: bool = True,
+    drivers: int = 1,
 ) -> dict[str, Any]:
     slots = slots or os.cpu_count() or 1
     ideal = trials * trial_seconds / min(slots, trials)
@@ -185,10 +241,11 @@ def run(
         "trials": trials,
         "trial_seconds": trial_seconds,
         "slots": slots,
+        "drivers": drivers,
         "ideal_s": ideal,
         "load_before": os.getloadavg()[0],
     }
-    p = product(trials, trial_seconds, slots, db)
+    p = product(trials, trial_seconds, slots, db, drivers)
     out.update(
         wall_s=p["wall_s"],
         overhead=p["wall_s"] / ideal - 1,
@@ -197,6 +254,8 @@ def run(
         eval_rows=p["eval_rows"],
         trial_own_s=p["trial_own_s"],
         outcomes=p["outcomes"],
+        attempts_per_driver=p["attempts_per_driver"],
+        joined_exit_codes=p["joined_exit_codes"],
         # Per-trial costs on the driver and the database (the capacity model's units).
         driver_cpu_s=p["driver_cpu_s"],
         driver_cpu_ms_per_trial=1e3 * p["driver_cpu_s"] / trials,

@@ -134,19 +134,17 @@ def bench_overhead(
     trials: int = typer.Option(1000, min=1, help="trials of the fixed-duration workload"),
     trial_seconds: float = typer.Option(1.0, min=0.0, max=3600.0, help="each trial's own training time (seconds)"),
     slots: Optional[int] = typer.Option(None, min=1, help="trials at once (default: this machine's CPUs)"),
-    drivers: int = typer.Option(1, min=1, help="drivers working on the sweep at once"),
+    drivers: int = typer.Option(
+        1, min=1, help="drivers sharing the slots: the submit and DRIVERS-1 `orchestrator join` processes"
+    ),
     db: Optional[str] = typer.Option(None, "--db", help="database URL (default: a fresh SQLite file)"),
     tune: bool = typer.Option(True, "--tune/--no-tune", help="also run the workload through plain Ray Tune"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> int:
     """Orchestration overhead: the whole product path vs the ideal N*S/slots and plain Ray Tune."""
-    from orchestrator.errors import UserError
-
-    if drivers > 1:
-        raise UserError("--drivers above 1 needs `orchestrator join` (not built yet); run with --drivers 1")
     from orchestrator.bench import overhead as b
 
-    r = b.run(trials, trial_seconds, slots=slots, db=db, tune=tune)
+    r = b.run(trials, trial_seconds, slots=slots, db=db, tune=tune, drivers=drivers)
     if as_json:
         print(json.dumps(r, indent=2))
         return 0
@@ -155,7 +153,8 @@ def bench_overhead(
         f"wall {r['wall_s']:.1f} s, overhead {100 * r['overhead']:+.1f}% (goal <= 10%)"
     )
     print(
-        f"  driver peak RSS {r['driver_peak_rss_mb']:.0f} MB; {r['rows_per_s']:.1f} eval rows/s stored; "
+        f"  {r['drivers']} driver(s), attempts per driver {r['attempts_per_driver']}; "
+        f"driver peak RSS {r['driver_peak_rss_mb']:.0f} MB; {r['rows_per_s']:.1f} eval rows/s stored; "
         f"trials' own mean time {r['trial_own_s']:.3f} s"
     )
     if "tune_wall_s" in r:
