@@ -152,3 +152,31 @@ def streaming(url: str, steps: int = 600, repeats: int = 3, every_s: float | Non
         "database_runs": runs["database"],
         "checkpoint_bytes": stored,
     }
+
+
+def store_cost(url: str | None, nbytes: int, repeats: int = 30) -> dict[str, float]:
+    """Median milliseconds to store one checkpoint of ``nbytes`` in its own transaction in the
+    database at ``url``, and (``url`` None) to write it as a file atomically: what the
+    driver's writer spends per checkpoint, off the training path."""
+    import os
+
+    blob = os.urandom(nbytes)
+    times: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        if url is None:
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                checkpoints.save(Path(d) / "ck" / "trial.pt", blob)
+                times.append(time.perf_counter() - t0)
+        else:
+            engine, _ = open_store_engine(url)
+            with engine.begin() as conn:
+                sid = repo.upsert_sweep(conn, "bench_ckpt_store", "name: bench_ckpt_store", "h")
+                tid = repo.add_trials(conn, sid, [("k", {"arm": "a", "seed": 0})])["k"]
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                with engine.begin() as conn:
+                    attempts.save_checkpoints(conn, [attempts.StoredCheckpoint(tid, i, blob)])
+                times.append(time.perf_counter() - t0)
+            engine.dispose()
+    return {"bytes": nbytes, "ms": 1e3 * statistics.median(times)}

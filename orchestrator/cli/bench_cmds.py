@@ -211,6 +211,14 @@ def bench_checkpoints(
 
                 with scratch_schema(pg) as url:
                     result["streaming"][cadence]["postgresql"] = b.streaming(url, steps, repeats, every)
+        nbytes = result["sizes"][0]["last_bytes"]
+        result["store_ms"] = {"file": b.store_cost(None, nbytes)["ms"]}
+        result["store_ms"]["sqlite"] = b.store_cost(f"sqlite:///{Path(d) / 'cost.db'}", nbytes)["ms"]
+        if pg:
+            from orchestrator.bench.pg import scratch_schema
+
+            with scratch_schema(pg) as url:
+                result["store_ms"]["postgresql"] = b.store_cost(url, nbytes)["ms"]
     if as_json:
         print(json.dumps(result, indent=2, default=str))
         return 0
@@ -225,6 +233,8 @@ def bench_checkpoints(
         f"({w['checkpoint_bytes'] / 1e6:,.1f} MB checkpoints, {w['eval_bytes'] / 1e6:,.1f} MB eval rows "
         f"at {w['bytes_per_eval_row']:.0f} B a row)"
     )
+    cost = ", ".join(f"{k} {v:.2f} ms" for k, v in result["store_ms"].items())
+    print(f"storing one {result['sizes'][0]['last_bytes'] / 1e3:,.0f} kB checkpoint (median of 30): {cost}")
     for cadence, by in result["streaming"].items():
         for backend, r in by.items():
             print(
