@@ -13,6 +13,7 @@ looks are decided in order by one driver); ``join`` refuses it.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -419,18 +420,23 @@ def _run_claimed(ctx: RunContext, pending: int, total: int) -> RunSummary:
         with ctx.engine.connect() as conn:
             todo = repo.unfinished_trials(conn, ctx.sweep_id)
         _started(ctx, total, todo)
-    n = batch_size(ctx)
+    base = batch_size(ctx)
+    # Each batch is one Ray Tune run (seconds of start-up: its actors, the checkpoint loader),
+    # so a driver claims half of what it believes is left, never less than `base`: about
+    # log2(trials) runs for a lone driver, while a driver that joins later still finds half.
+    left = pending
     poll = min(2.0, session.ttl / 4)
     outcomes: Counter[str] = Counter()
     ran: list[int] = []
     while session.stop_reason is None:
-        batch = session.claim(n)
+        batch = session.claim(max(base, math.ceil(left / 2)))
         if batch is None or (not batch and session.held_elsewhere()):
             session.stop_event.wait(poll)  # an exclusive step, or other drivers' trials
             continue
         if not batch:
             break
         ran += [tid for tid, _, _ in batch]
+        left = max(0, left - len(batch))
         got = _run_batch(ctx, batch)
         outcomes.update(got.values())
         if session.stop_reason is None:
