@@ -115,6 +115,18 @@ def code_guard(conn: Any, sid: int, name: str, allow: bool) -> str | None:
     return line
 
 
+def _before_continuing(engine: Any, sid: int, name: str, spec: SweepSpec, options: RunOptions) -> str | None:
+    """What `resume` and `join` check before Ray starts: a checkpoint folder they can write,
+    and the code-change guard when trials are left to run (its accepted difference, or None)."""
+    folder = checkpoint_folder(spec, options.checkpoint_dir)
+    if folder is not None:
+        checkpoints.check_writable(folder / spec.name)
+    with engine.connect() as conn:
+        if not repo.unfinished_trials(conn, sid):
+            return None
+        return code_guard(conn, sid, name, options.allow_code_change)
+
+
 def torch_version() -> str:
     import torch
 
@@ -288,13 +300,7 @@ def resume(
     # The design was accepted (and its size cap chosen) at submit: resume does not re-cap it.
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
-    folder = checkpoint_folder(spec, options.checkpoint_dir)
-    if folder is not None:
-        checkpoints.check_writable(folder / spec.name)
-    with engine.connect() as conn:
-        code_change = (
-            code_guard(conn, sid, name, options.allow_code_change) if repo.unfinished_trials(conn, sid) else None
-        )
+    code_change = _before_continuing(engine, sid, name, spec, options)
     with _on_ray(options.address):
         check_resources(spec.resources)
         with _session(engine, sid, sweep, options, note, "resume") as session:
@@ -338,13 +344,7 @@ def join(
             f"sweep {name!r} has a sequential design: one driver decides its looks in order, so `join` "
             f"cannot share it (`orchestrator resume {name}` runs it once its driver is gone; nothing was run)"
         )
-    folder = checkpoint_folder(spec, options.checkpoint_dir)
-    if folder is not None:
-        checkpoints.check_writable(folder / spec.name)
-    with engine.connect() as conn:
-        code_change = (
-            code_guard(conn, sid, name, options.allow_code_change) if repo.unfinished_trials(conn, sid) else None
-        )
+    code_change = _before_continuing(engine, sid, name, spec, options)
     with _on_ray(options.address):
         check_resources(spec.resources)
         with _session(engine, sid, sweep, options, note, "join") as session:
