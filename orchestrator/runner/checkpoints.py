@@ -173,7 +173,13 @@ def start_loader(url: str, sweep: str, folders: list[Path]) -> tuple[str, Any]:
     here = ray.get_runtime_context().get_node_id()
     handle = (
         ray.remote(num_cpus=0)(Loader)
-        .options(name=name, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True))
+        # Restarted (elsewhere: the affinity is soft) if its node dies under the run.
+        .options(
+            name=name,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            max_restarts=-1,
+            max_task_retries=3,
+        )
         .remote(url, sweep, [str(f) for f in folders])
     )
     return name, handle
@@ -192,6 +198,16 @@ def fetch(loader: str | None, trial_id: int, key: str) -> Found | None:
     """A unit's member's checkpoint (in a Ray worker), or None (start from nothing)."""
     if loader is None:
         return None
-    import ray
+    import time
 
-    return ray.get(ray.get_actor(loader).load.remote(trial_id, key))
+    import ray
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    for wait in (1, 2, 4, 8, 0):
+        try:
+            return ray.get(ray.get_actor(loader).load.remote(trial_id, key))
+        except (ActorUnavailableError, RayActorError, ValueError):
+            if not wait:
+                raise
+            time.sleep(wait)  # the loader is being restarted (its node died)
+    return None

@@ -1,8 +1,7 @@
 """What ran an attempt: the machine, the device, the package versions and the code.
 
 The code fingerprint has two parts. ``code_hash`` is a SHA-256 over the Python sources of
-``orchestrator``, ``cells``, ``tasks``, ``kernels`` and every plugin module loaded in the
-process: what the code-change guard compares (a commit that touches only documentation
+``orchestrator``, ``cells``, ``tasks`` and ``kernels``: what the code-change guard compares (a commit that touches only documentation
 changes nothing here). ``code_version`` is what a person reads: ``git:<commit>`` when run
 from a clean checkout, ``git:<commit>+dirty`` with uncommitted changes in those folders,
 ``src:<hash>`` from an installed package.
@@ -35,12 +34,6 @@ def _package_files(module_name: str) -> list[Path]:
         return sorted(p for root in paths for p in Path(root).rglob("*.py") if "__pycache__" not in p.parts)
     file = getattr(mod, "__file__", None)
     return [Path(file)] if file and file.endswith(".py") else []
-
-
-def _plugin_modules() -> list[str]:
-    from orchestrator import plugins
-
-    return list(plugins.loaded_modules())
 
 
 def source_hash(modules: tuple[str, ...]) -> str:
@@ -77,16 +70,18 @@ def _checkout_version(root: Path) -> str | None:
     return f"git:{commit}{'+dirty' if dirty else ''}"
 
 
-@functools.lru_cache(maxsize=4)
-def _fingerprint(plugins: tuple[str, ...]) -> tuple[str, str]:
-    digest = source_hash(CODE_PACKAGES + plugins)
+@functools.lru_cache(maxsize=1)
+def _fingerprint() -> tuple[str, str]:
+    digest = source_hash(CODE_PACKAGES)
     root = Path(__file__).resolve().parents[2]  # the folder holding the orchestrator package
     return _checkout_version(root) or f"src:{digest[:12]}", digest
 
 
 def code_fingerprint() -> tuple[str, str]:
-    """(code_version, code_hash) of the code this process runs (cached per plugin set)."""
-    return _fingerprint(tuple(_plugin_modules()))
+    """(code_version, code_hash) of the code this process runs (cached). Plugin modules are
+    left out: which ones a process has imported varies (a listing, an earlier sweep in the
+    same process), so they would make two runs of the same code differ."""
+    return _fingerprint()
 
 
 def _version(dist: str) -> str | None:
