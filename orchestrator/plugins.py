@@ -26,7 +26,6 @@ GROUPS = ("orchestrator.cells", "orchestrator.tasks")
 ENV = "ORCH_PLUGINS"
 _loaded_entry_points = False
 _modules: list[str] = []
-_entry_modules: list[str] = []
 
 
 def load_entry_points() -> None:
@@ -41,7 +40,6 @@ def load_entry_points() -> None:
         for ep in entry_points(group=group):
             try:
                 obj = ep.load()
-                _entry_modules.append(ep.module)
                 if callable(obj) and not isinstance(obj, type):
                     obj()
             except Exception as exc:
@@ -66,12 +64,6 @@ def import_modules(modules: Iterable[str], where: str = "plugins") -> None:
     if _modules:
         # Ray workers get the list from here (see the runner's init_ray).
         os.environ[ENV] = ",".join(_modules)
-
-
-def loaded_modules() -> list[str]:
-    """The plugin modules this process imported (entry points' and ``plugins:``'s), in order:
-    part of the code fingerprint an attempt records (runner/provenance.py)."""
-    return list(dict.fromkeys(_entry_modules + _modules))
 
 
 def ensure(modules: Iterable[str] = (), where: str = "plugins") -> None:

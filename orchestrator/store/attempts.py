@@ -15,8 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from orchestrator.status import Status
-from orchestrator.store.models import Attempt, Eval, Trial, TrialCheckpoint
+from orchestrator.store.models import Attempt, Eval, TrialCheckpoint
 
 # What an attempt row records about its environment (the keys of ``begin_attempt``'s ``env``).
 ENV_FIELDS = (
@@ -80,18 +79,6 @@ def close_attempts(conn: Connection, trial_ids: Iterable[int], outcome: str, err
     return res.rowcount or 0
 
 
-def close_sweep_attempts(conn: Connection, sweep: int, trial_status: str, outcome: str) -> int:
-    """End the open attempts of the sweep's trials that are ``trial_status`` (a driver found
-    dead: ``running`` -> ``lost``; a stopped run: ``running`` -> ``interrupted``)."""
-    ids = sa.select(Trial.id).where(Trial.sweep_id == sweep, Trial.status == trial_status).scalar_subquery()
-    res = conn.execute(
-        sa.update(Attempt)
-        .where(Attempt.trial_id.in_(ids), Attempt.outcome.is_(None))
-        .values(ended_at=sa.func.now(), outcome=outcome)
-    )
-    return res.rowcount or 0
-
-
 def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) -> int:
     """Replace each trial's stored checkpoint (the caller's transaction, after the eval rows
     it covers). Returns the bytes written."""
@@ -128,18 +115,3 @@ def load_checkpoint(conn: Connection, trial_id: int) -> StoredCheckpoint | None:
         sa.select(TrialCheckpoint.step, TrialCheckpoint.state).where(TrialCheckpoint.trial_id == trial_id)
     ).first()
     return StoredCheckpoint(trial_id, int(row.step), bytes(row.state)) if row is not None else None
-
-
-def checkpoint_steps(conn: Connection, trial_ids: Sequence[int]) -> dict[int, int]:
-    """trial id -> the step of its stored checkpoint (trials without one left out)."""
-    if not trial_ids:
-        return {}
-    rows = conn.execute(
-        sa.select(TrialCheckpoint.trial_id, TrialCheckpoint.step).where(TrialCheckpoint.trial_id.in_(list(trial_ids)))
-    )
-    return {int(r.trial_id): int(r.step) for r in rows}
-
-
-def lose_running(conn: Connection, sweep: int) -> int:
-    """The open attempts of trials left ``running`` by a dead driver end as ``lost``."""
-    return close_sweep_attempts(conn, sweep, Status.running.value, LOST)
