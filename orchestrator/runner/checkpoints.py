@@ -29,6 +29,7 @@ import torch
 from orchestrator.errors import UserError
 from orchestrator.store import attempts
 from orchestrator.store.engine import make_engine, sqlite_path
+from orchestrator.store.outage import write_with_retry
 
 DATABASE = "database"
 FILE = "file"
@@ -146,8 +147,9 @@ class Loader:
 
     def load(self, trial_id: int, key: str) -> Found | None:
         found: list[Found] = []
-        with self.engine.connect() as conn:
-            stored = attempts.load_checkpoint(conn, trial_id)
+        # A PostgreSQL restart while units start is ridden out as the writer rides it out
+        # (same backoff and budget); past the budget the unit fails and the run stops.
+        stored = write_with_retry(self.engine, lambda conn: attempts.load_checkpoint(conn, trial_id))
         if stored is not None:
             found.append(Found(stored.state, stored.step, DATABASE))
         for folder in self.folders:
