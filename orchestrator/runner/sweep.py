@@ -1,9 +1,9 @@
 """Submit, resume and join: spec -> store rows -> Ray Tune -> store. The CLI is a thin shell
 over these functions.
 
-Any number of drivers run one sweep (runner/lifecycle.py, store/claims.py): each claims
-trials in batches, runs a batch on its own Ray, then claims the next, until no trial is left
-to claim and none is held by another live driver (a dead driver's trials come free after the
+Any number of drivers run one sweep (runner/lifecycle.py, store/claims.py): each runs one
+Ray Tune run on its own Ray, fed by claims (runner/feed.py: a batch of trials claimed each
+time its queue runs dry), until no trial is left to claim and none is held by another live driver (a dead driver's trials come free after the
 lease TTL and are taken over). ``submit`` and ``resume`` write what needs the sweep alone
 (the design, an amendment, failed trials given another go) under the sweep's lease first,
 then share it; a design change is refused while other drivers run it, unless
@@ -13,14 +13,13 @@ looks are decided in order by one driver); ``join`` refuses it.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
@@ -31,6 +30,9 @@ from orchestrator.status import Status
 from orchestrator.store import reader, repo
 from orchestrator.store.engine import describe, open_store_engine
 from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
+
+if TYPE_CHECKING:  # Ray Tune is imported only when a run starts
+    from orchestrator.runner.tune_runner import FeedRun
 
 
 @dataclass(frozen=True)
@@ -412,51 +414,34 @@ def batch_size(ctx: RunContext) -> int:
 
 
 def _run_claimed(ctx: RunContext, pending: int, total: int) -> RunSummary:
-    """Claim a batch, run it, claim the next, until nothing is left to claim and no other
-    live driver holds an unfinished trial (one that dies leaves its trials to be taken over
-    here after the TTL)."""
+    """Run trials as they are claimed, in one Ray Tune run, until nothing is left to claim
+    and no other live driver holds an unfinished trial (one that dies leaves its trials to
+    be taken over here after the TTL)."""
+    from orchestrator.runner.feed import ClaimSource
+
     session = ctx.session
     if ctx.on_start:
         with ctx.engine.connect() as conn:
             todo = repo.unfinished_trials(conn, ctx.sweep_id)
         _started(ctx, total, todo)
-    base = batch_size(ctx)
-    # Each batch is one Ray Tune run (seconds of start-up: its actors, the checkpoint loader),
-    # so a driver claims half of what it believes is left, never less than `base`: about
-    # log2(trials) runs for a lone driver, while a driver that joins later still finds half.
-    left = pending
-    poll = min(2.0, session.ttl / 4)
-    outcomes: Counter[str] = Counter()
-    ran: list[int] = []
-    while session.stop_reason is None:
-        batch = session.claim(max(base, math.ceil(left / 2)))
-        if batch is None or (not batch and session.held_elsewhere()):
-            session.stop_event.wait(poll)  # an exclusive step, or other drivers' trials
-            continue
-        if not batch:
-            break
-        ran += [tid for tid, _, _ in batch]
-        left = max(0, left - len(batch))
-        got = _run_batch(ctx, batch)
-        outcomes.update(got.values())
-        if session.stop_reason is None:
-            # A trial Tune ended without its end (interrupted) stays this driver's until it
-            # exits, so it is not claimed again and again here; `resume` runs it.
-            session.release_claims([tid for tid, _, _ in batch if got.get(tid) != Status.interrupted.value])
+    source = ClaimSource(session, pending=pending, slots=batch_size(ctx) // 2, packs=ctx.spec.pack_seeds != 1)
+    run = _run_batch(ctx, source)
     if session.stop_reason is not None:
-        return _summary(ctx, total, pending, _stopped_tally(ctx, ran), ran=len(ran))
-    return _summary(ctx, total, pending, dict(outcomes), ran=len(ran))
+        return _summary(ctx, total, pending, _stopped_tally(ctx, run.taken), ran=len(run.taken))
+    return _summary(ctx, total, pending, dict(Counter(run.outcomes.values())), ran=len(run.taken))
 
 
-def _run_batch(ctx: RunContext, batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
-    """Run trials on Ray Tune under the driver session; a database outage that outlasted
-    the writer's retries stops the session and surfaces as DatabaseUnavailable, a database
-    that is gone (file deleted or replaced, tables dropped) as DatabaseGone."""
-    from orchestrator.runner.tune_runner import run_trials
+def _run_batch(ctx: RunContext, trials: list[tuple[int, str, dict[str, Any]]] | Callable[[], Any]) -> FeedRun:
+    """Run trials on Ray Tune under the driver session: a fixed list, or what a claim source
+    gives (runner/feed.py). A database outage that outlasted the writer's retries stops the
+    session and surfaces as DatabaseUnavailable, a database that is gone (file deleted or
+    replaced, tables dropped) as DatabaseGone."""
+    from orchestrator.runner import feed
+    from orchestrator.runner.tune_runner import run_feed
 
     session = ctx.session
     try:
-        outcomes = run_trials(ctx, batch)
+        run = run_feed(ctx, trials if callable(trials) else feed.fixed(trials))
     except Exception as exc:
         if session.fatal is not None:
             raise session.fatal from None
@@ -470,7 +455,7 @@ def _run_batch(ctx: RunContext, batch: list[tuple[int, str, dict[str, Any]]]) ->
         raise outage from None
     if session.fatal is not None:  # found by the lease thread: Tune stopped the trials
         raise session.fatal from None
-    return outcomes
+    return run
 
 
 def _started(ctx: RunContext, total: int, todo: list[tuple[int, str, dict[str, Any]]]) -> None:
@@ -519,7 +504,7 @@ def _run_sequential(ctx: RunContext, sweep: Sweep, total: int) -> RunSummary:
     _started(ctx, total, todo)
 
     def run(batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
-        out = _run_batch(ctx, batch)
+        out = _run_batch(ctx, batch).outcomes
         if ctx.session.stop_reason is not None:
             raise _LookStopped  # a look cut short is never tested
         return out

@@ -14,13 +14,14 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TYPE_CHECKING
 
 
 from orchestrator.errors import UserError
-from orchestrator.runner import checkpoints, fleet
+from orchestrator.runner import checkpoints, feed, fleet
 from orchestrator.runner.writer import StoreWriter
 from ray import tune
 
@@ -302,54 +303,73 @@ class _StopWhenSet(tune.Stopper):
 
 
 def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
-    """Run (trial_id, key, params) trials to their end; returns trial_id -> final status."""
-    from ray import tune
-
+    """Run a fixed list of (trial_id, key, params) trials to their end (a sequential look);
+    returns trial_id -> final status."""
     if not trials:
         return {}
+    return run_feed(ctx, feed.fixed(trials)).outcomes
+
+
+@dataclass
+class FeedRun:
+    outcomes: dict[int, str]  # trial id -> final status, of what ended in this run
+    taken: list[int]  # every trial id the run was handed
+
+
+def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> FeedRun:
+    """One Ray Tune run for the driver: units of the trials ``next_batch`` gives (a fixed
+    list, or claims: runner/feed.py), started as Tune has room, until it gives no more and
+    every unit has ended."""
+    from ray import tune
+
     spec = ctx.spec
     # gpu: auto is sized per unit and node type below (runner/fleet.py)
     cpu, pack_seeds = spec.resources.cpu, spec.pack_seeds
     gpu = spec.resources.gpu if isinstance(spec.resources.gpu, float) else 0.0
     max_cpu, max_gpu = cluster_limits()
-    slots = cluster_slots(cpu, gpu) if pack_seeds == "auto" else 0
-    units = make_units(
-        ctx.name,
-        trials,
-        cpu=cpu,
-        gpu=gpu,
-        pack_seeds=pack_seeds,
-        max_cpu=max_cpu,
-        max_gpu=max_gpu,
-        slots=slots,
-        stop=ctx.stop_rule(),
-    )
-    if spec.resources.gpu == "auto" or gpu or spec.resources.accelerator:
-        units = fleet.place(units, spec.resources)
-    if ctx.on_event is not None and pack_seeds != 1:
-        packs = sum(len(u["members"]) > 1 for u in units)
-        ctx.on_event(
-            "packing",
-            None,
-            pack_seeds=pack_seeds,
-            size=pack_size(pack_seeds, len(trials), slots),
-            packs=packs,
-            units=len(units),
-        )
+    slots = cluster_slots(cpu, gpu)
     session = ctx.session
-    writer = StoreWriter(session, on_event=ctx.on_event, checkpoint_folder=ctx.checkpoint_folder, sweep=ctx.name)
     # Units (and Tune's retries of them) ask this for their members' checkpoints.
     loader, loader_handle = checkpoints.start_loader(ctx.url, ctx.name, ctx.checkpoint_reads)
-    for unit in units:
-        unit["loader"] = loader
+    packing_told = False
+
+    def units_of(batch: feed.Trials) -> list[dict[str, Any]]:
+        nonlocal packing_told
+        size = pack_size(pack_seeds, len(batch), slots)
+        units = make_units(
+            ctx.name,
+            batch,
+            cpu=cpu,
+            gpu=gpu,
+            pack_seeds=size,
+            max_cpu=max_cpu,
+            max_gpu=max_gpu,
+            stop=ctx.stop_rule(),
+        )
+        if spec.resources.gpu == "auto" or gpu or spec.resources.accelerator:
+            units = fleet.place(units, spec.resources)
+        for unit in units:
+            unit["loader"] = loader
+        if ctx.on_event is not None and pack_seeds != 1 and not packing_told:
+            packing_told = True
+            packs = sum(len(u["members"]) > 1 for u in units)
+            ctx.on_event("packing", None, pack_seeds=pack_seeds, size=size, packs=packs, units=len(units))
+        return units
+
+    source = feed.UnitFeed(next_batch, units_of, stopped=lambda: session.stop_reason is not None)
+    writer = StoreWriter(session, on_event=ctx.on_event, checkpoint_folder=ctx.checkpoint_folder, sweep=ctx.name)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     try:
         from orchestrator.runner.trainable import run_unit
 
         tuner = tune.Tuner(
             tune.with_resources(run_unit, _unit_resources),
-            param_space={"unit": tune.grid_search([Unit(u) for u in units])},
-            tune_config=tune.TuneConfig(max_concurrent_trials=ctx.max_concurrent, reuse_actors=True),
+            tune_config=tune.TuneConfig(
+                search_alg=source,
+                num_samples=-1,  # as many as the feed gives: it says when there are no more
+                max_concurrent_trials=ctx.max_concurrent,
+                reuse_actors=True,
+            ),
             run_config=tune.RunConfig(
                 name=f"{ctx.name}-{int(time.time())}",
                 storage_path=storage,
@@ -360,11 +380,27 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
                 log_to_file=False,
             ),
         )
-        with _tune_logs_quiet():
+        # Tune starts as many trials as it has pending at once: one per free slot keeps every
+        # slot's next trial ready (an actor reused the moment its trial ends).
+        with _tune_logs_quiet(), _env("TUNE_MAX_PENDING_TRIALS_PG", str(max(1, ctx.max_concurrent or slots))):
             tuner.fit()
     finally:
         if session.fatal is None:
             writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
         checkpoints.stop_loader(loader_handle)
-    return writer.outcomes
+    return FeedRun(writer.outcomes, source.taken)
+
+
+@contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """``$name`` set to ``value`` while the block runs (Tune reads some settings only so)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved

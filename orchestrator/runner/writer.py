@@ -35,7 +35,7 @@ from ray import tune
 from orchestrator.runner import checkpoints
 from orchestrator.runner.messages import Checkpoint, EvalRow, Report, TrialFinal
 from orchestrator.status import Status
-from orchestrator.store import attempts, repo
+from orchestrator.store import attempts, claims, repo
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from orchestrator.runner.lifecycle import DriverSession
@@ -209,6 +209,9 @@ class StoreWriter(tune.Callback):
                 repo.finish_trial(conn, tid, end.status.value, end.error)
                 if end.stop is not None:
                     repo.record_stop(conn, tid, end.stop.step, end.stop.budget, end.stop.reason)
+            # Ended trials are let go with their end, in its transaction; an interrupted one
+            # stays this driver's until it exits (it is not claimed again and again here).
+            claims.release(conn, self.driver, [t for t, e in ends.items() if e.status != Status.interrupted])
 
         self.session.write(write)
         self._running(list(ends), False)
@@ -235,6 +238,8 @@ class StoreWriter(tune.Callback):
                     repo.finish_trial(conn, tid, Status.failed.value, line)
                 else:
                     repo.record_error(conn, tid, line)
+            if final:
+                claims.release(conn, self.driver, tids)
 
         self.session.write(write)
         return tids, line

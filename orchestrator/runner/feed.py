@@ -1,0 +1,117 @@
+"""What one Ray Tune run of a driver works through: units of trials, handed to Tune one at a
+time as it has room for another (a Tune ``Searcher`` whose suggestion is the next unit).
+
+A driver's whole run is one Tune run. Its units come from a fixed list (a sequential look)
+or from claims on the database (every other run: :class:`ClaimSource`). When the queue runs
+dry the feed claims the next batch in one short transaction, so a trial that frees a slot is
+followed by the next within Tune's step, never by a new Tune run's start-up (its actors, the
+checkpoint loader: seconds each time).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ray.tune.search import Searcher
+
+if TYPE_CHECKING:
+    from orchestrator.runner.lifecycle import DriverSession
+
+Trials = list[tuple[int, str, dict[str, Any]]]
+# Tune's "no more suggestions" (a string where its type says a config).
+_FINISHED: Any = Searcher.FINISHED
+
+
+class UnitFeed(Searcher):
+    """Tune's source of trials: each suggestion is one unit (``{"unit": Unit}``).
+
+    ``next_batch()`` gives more trials when the queue is empty: a list (empty: none now, ask
+    again later), or None when there will be no more. ``units_of`` groups a batch into units
+    (seed packs, GPU placement); ``stopped()`` ends the feed (a signal, cancel, lost lease)."""
+
+    def __init__(
+        self,
+        next_batch: Callable[[], Trials | None],
+        units_of: Callable[[Trials], list[dict[str, Any]]],
+        stopped: Callable[[], bool],
+    ) -> None:
+        super().__init__()
+        self._next_batch = next_batch
+        self._units_of = units_of
+        self._stopped = stopped
+        self._queue: deque[dict[str, Any]] = deque()
+        self.taken: list[int] = []  # every trial id handed to this run, in order
+
+    def suggest(self, trial_id: str) -> dict | None:
+        from orchestrator.runner.tune_runner import Unit
+
+        if self._stopped():
+            return _FINISHED
+        if not self._queue:
+            batch = self._next_batch()
+            if batch is None:
+                return _FINISHED
+            if not batch:
+                return None  # Tune asks again at its next step
+            self.taken += [tid for tid, _, _ in batch]
+            self._queue.extend(self._units_of(batch))
+        return {"unit": Unit(self._queue.popleft())}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass  # the writer records every outcome (runner/writer.py)
+
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        pass  # Tune's own restore is never used: a restart resumes from our checkpoints
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its config for that restore; the closures (the session) stay here.
+        return {"taken": list(self.taken)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _queue=deque(), _stopped=lambda: True)
+
+
+def fixed(trials: Sequence[tuple[int, str, dict[str, Any]]]) -> Callable[[], Trials | None]:
+    """``next_batch`` for a fixed list: all of it at once, then nothing more."""
+    left: list[Trials] = [list(trials)]
+    return lambda: left.pop() if left else None
+
+
+class ClaimSource:
+    """``next_batch`` through claims: the next batch of free trials, claimed for this driver.
+
+    An unpacked sweep claims ``slots`` trials at a time (what the driver runs at once), so it
+    holds little that another driver could run. A sweep that packs seeds claims half of what it
+    believes is left (never less than twice its slots), so packs form across seeds as they
+    would in one driver's run. With nothing free it asks again every ``poll_s`` while another
+    live driver holds unfinished trials (they come free if it dies), and ends when none does."""
+
+    def __init__(self, session: DriverSession, *, pending: int, slots: int, packs: bool) -> None:
+        self.session = session
+        self.left = pending
+        self.slots = max(1, slots)
+        self.packs = packs
+        self.poll_s = min(2.0, session.ttl / 4)
+        self._quiet_until = 0.0
+
+    def size(self) -> int:
+        if self.packs:
+            return max(2 * self.slots, math.ceil(self.left / 2))
+        return self.slots
+
+    def __call__(self) -> Trials | None:
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return []
+        batch = self.session.claim(self.size())
+        if batch is None or (not batch and self.session.held_elsewhere()):
+            self._quiet_until = now + self.poll_s  # an exclusive step, or other drivers' trials
+            return []
+        if not batch:
+            return None
+        self.left = max(0, self.left - len(batch))
+        return batch
