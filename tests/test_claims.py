@@ -146,36 +146,16 @@ def test_a_dead_driver_on_this_host_is_reaped_at_once(db_url):
     engine.dispose()
 
 
-SEQUENTIAL = """
-name: seqjoin
-fixed: {task: mqar, d_model: 16, n_layers: 1, steps: 20, eval_every: 10}
-axes: {arm: [armed_gdn, gated_deltanet], seed: 0..7}
-sequential:
-  compare: {by: arm, groups: [armed_gdn, gated_deltanet]}
-  test: fisher
-  looks: [4, 8]
-  alpha: 0.05
-analysis: {lockin: 0.9}
-"""
-
-
-def test_join_refuses_a_sequential_sweep_and_an_unknown_one(tmp_path, capsys):
+def test_join_refuses_an_unknown_sweep(tmp_path, capsys):
     """One line, exit 2, before Ray starts or anything is written."""
     from orchestrator.cli import main
-    from orchestrator.spec import load
 
     db = str(tmp_path / "j.db")
-    sweep = load(text=SEQUENTIAL)
     engine, _ = open_store_engine(db)
-    sid = repo.ensure_sweep(engine, sweep.name, sweep.text, sweep.hash)
-    with engine.begin() as conn:
-        repo.add_trials(conn, sid, sweep.trials)
     capsys.readouterr()
-    assert main(["join", "seqjoin", "--db", db, "-q"]) == 2
     assert main(["join", "nope", "--db", db, "-q"]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 2 and "sequential design" in err[0] and "no sweep named 'nope'" in err[1]
+    assert len(err) == 1 and "no sweep named 'nope'" in err[0]
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT COUNT(*) FROM drivers")).scalar_one() == 0
-        assert set(conn.execute(sa.text("SELECT status FROM trials")).scalars()) == {"pending"}
     engine.dispose()

@@ -204,3 +204,49 @@ def test_cancel_stops_every_driver_and_status_lists_them(tmp_path):
         assert query(url, "SELECT COUNT(*) FROM trials WHERE claimed_by IS NOT NULL")[0][0] == 0
     finally:
         drop()
+
+
+SEQUENTIAL = (
+    "\nname: seqmany\n" + TINY_FIXED + "axes:\n  arm: [armed_gdn, gated_deltanet]\n  seed: 0..7\n"
+    "budget: {steps: 20, eval_every: 10}\nresources: {cpu: 1}\nmax_concurrent: 2\n"
+    "sequential:\n  compare: {by: arm, groups: [armed_gdn, gated_deltanet]}\n  test: fisher\n"
+    "  looks: [4, 8]\n  alpha: 0.05\nanalysis: {lockin: 0.9}\n"
+)
+
+
+def test_two_drivers_share_a_sequential_design_each_look_decided_once(tmp_path):
+    """Two joined drivers on a group-sequential sweep: each look is decided once (by whichever
+    driver found it complete), no trial of a later look starts before the look before it is
+    decided, every trial ran at most once, and the looks, decisions and statuses equal one
+    driver's run of the same design."""
+    url, drop = backend_url(tmp_path, "postgresql")
+    ref = f"sqlite:///{tmp_path / 'ref.db'}"
+    try:
+        _record(url, SEQUENTIAL)
+        a = _driver(["join", "seqmany"], url, tmp_path / "a")
+        b = _driver(["join", "seqmany"], url, tmp_path / "b")
+        _record(ref, SEQUENTIAL)
+        alone = _driver(["join", "seqmany"], ref, tmp_path / "alone")
+        for p in (a, b, alone):
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err
+        looks_sql = "SELECT stratum, look, decision FROM sequential_looks ORDER BY stratum, look"
+        looks = query(url, looks_sql)
+        assert looks and [tuple(r) for r in looks] == [tuple(r) for r in query(ref, looks_sql)]
+        assert len({(r.stratum, r.look) for r in looks}) == len(looks)  # once each
+        status_sql = "SELECT key, status FROM trials ORDER BY key"
+        assert query(url, status_sql) == query(ref, status_sql)
+        tried = query(url, "SELECT trial_id, COUNT(*) FROM attempts GROUP BY trial_id")
+        assert tried and all(n == 1 for _, n in tried)
+        # Look 2 (seeds 4..7) starts only after look 1 (seeds 0..3) has ended.
+        spans = query(
+            url,
+            "SELECT CAST(t.params->>'seed' AS INTEGER) < 4 AS first, MIN(a.started_at), MAX(a.ended_at) "
+            "FROM attempts a JOIN trials t ON t.id = a.trial_id GROUP BY 1",
+        )
+        by = {r[0]: (r[1], r[2]) for r in spans}
+        if False in by:  # look 1 did not decide every contrast
+            assert by[False][0] >= by[True][1]
+        assert query(url, "SELECT COUNT(*) FROM trials WHERE claimed_by IS NOT NULL")[0][0] == 0
+    finally:
+        drop()

@@ -20,6 +20,7 @@ from ray.tune.search import Searcher
 
 if TYPE_CHECKING:
     from orchestrator.runner.lifecycle import DriverSession
+    from orchestrator.runner.sequential import LookGate
 
 Trials = list[tuple[int, str, dict[str, Any]]]
 # Tune's "no more suggestions" (a string where its type says a config).
@@ -88,13 +89,18 @@ class ClaimSource:
     holds little that another driver could run. A sweep that packs seeds claims half of what it
     believes is left (never less than twice its slots), so packs form across seeds as they
     would in one driver's run. With nothing free it asks again every ``poll_s`` while another
-    live driver holds unfinished trials (they come free if it dies), and ends when none does."""
+    live driver holds unfinished trials (they come free if it dies), and ends when none does.
+    A sequential design claims through its ``gate`` (runner/sequential.LookGate): only the
+    current look's trials, and the feed lasts until every look is decided."""
 
-    def __init__(self, session: DriverSession, *, pending: int, slots: int, packs: bool) -> None:
+    def __init__(
+        self, session: DriverSession, *, pending: int, slots: int, packs: bool, gate: LookGate | None = None
+    ) -> None:
         self.session = session
         self.left = pending
         self.slots = max(1, slots)
         self.packs = packs
+        self.gate = gate
         self.poll_s = min(2.0, session.ttl / 4)
         self._quiet_until = 0.0
 
@@ -107,7 +113,13 @@ class ClaimSource:
         now = time.monotonic()
         if now < self._quiet_until:
             return []
-        batch = self.session.claim(self.size())
+        batch = self.session.claim(self.size(), self.gate)
+        if self.gate is not None:
+            self.gate.settle()
+            if not batch and not self.gate.done:
+                # The current look waits for trials running here or at other drivers.
+                self._quiet_until = now + min(self.poll_s, 0.5)
+                return []
         if batch is None or (not batch and self.session.held_elsewhere()):
             self._quiet_until = now + self.poll_s  # an exclusive step, or other drivers' trials
             return []

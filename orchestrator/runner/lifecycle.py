@@ -1,7 +1,6 @@
 """A driver's hold on a sweep while it runs: its row in ``drivers`` and its claims on trials
 (store/claims.py: claimed in batches, renewed on the database clock by a thread, released at
-exit), the sweep's lease for the exclusive steps (a design written or amended, a sequential
-design run whole by one driver), heartbeats of the trials it runs, and the ways a run is
+exit), the sweep's lease for the exclusive steps (a design written or amended), heartbeats of the trials it runs, and the ways a run is
 asked to stop: SIGINT/SIGTERM, ``orchestrator cancel`` (a flag on every live driver's row the
 renewal thread reads), a lost lease or claim (``--takeover`` by another driver), a database
 that stays unreachable, or one that is gone (its SQLite file deleted or replaced, its tables
@@ -45,9 +44,8 @@ class DriverSession:
     in a thread, stop on signals, release on exit. ``stop_reason`` is None while the run
     should go on.
 
-    ``exclusive``: keep the lease for the whole run (a sequential design: one driver decides
-    its looks); otherwise the caller writes what needs the sweep alone, calls :meth:`share`
-    and runs the trials it claims (:meth:`claim`) beside any other driver. ``take_lease=False``
+    The caller writes what needs the sweep alone under the lease, calls :meth:`share` and
+    runs the trials it claims (:meth:`claim`) beside any other driver. ``take_lease=False``
     (``join``): never take the lease; claims wait while another driver's exclusive step runs."""
 
     def __init__(
@@ -60,7 +58,6 @@ class DriverSession:
         note: Callable[[str], None] | None = None,
         ttl: float | None = None,
         handle_signals: bool = True,
-        exclusive: bool = True,
         take_lease: bool = True,
         command: str = "submit",
         max_concurrent: int | None = None,
@@ -73,7 +70,6 @@ class DriverSession:
         self.ttl = ttl if ttl is not None else lease.lease_ttl_s()
         self.owner = lease.new_owner()
         self.handle_signals = handle_signals
-        self.exclusive = exclusive and take_lease
         self.wants_lease = take_lease
         self.holds_lease = False
         # share() gives the lease back while the renewal thread may be renewing it.
@@ -134,7 +130,6 @@ class DriverSession:
             self.owner,
             command=self.command,
             max_concurrent=self.max_concurrent,
-            exclusive=self.exclusive,
         )
         if self.takeover:
             n = claims.take_over(conn, self.sid, self.owner, self.ttl)
@@ -143,22 +138,20 @@ class DriverSession:
 
     def _take_lease(self) -> None:
         """The sweep's lease, waiting (up to a minute, or the TTL if longer) while another
-        driver's short exclusive step (a design write) holds it; a driver that holds it for
-        its whole run (a sequential design) is refused at once."""
+        driver's short exclusive step (a design write) holds it."""
 
-        def claim(conn: Connection) -> tuple[lease.Holder | None, bool, bool]:
+        def claim(conn: Connection) -> tuple[lease.Holder | None, bool]:
             held = lease.holder(conn, self.sid)
             dead = held.owner if held is not None and held.expired else None
             ok = lease.claim(conn, self.sid, self.owner, ttl=self.ttl, force=self.takeover, dead_owner=dead)
             if ok:
                 self._register(conn)
-            whole = held is not None and not ok and claims.is_exclusive(conn, held.owner)
-            return held, ok, whole
+            return held, ok
 
         deadline = time.monotonic() + max(self.ttl, 60.0)
         while True:
-            held, ok, whole = self.write(claim)
-            if ok or whole or time.monotonic() >= deadline:
+            held, ok = self.write(claim)
+            if ok or time.monotonic() >= deadline:
                 break
             time.sleep(0.25)
         if not ok:
@@ -189,14 +182,17 @@ class DriverSession:
     def share(self) -> None:
         """End the exclusive step: give the lease back, so other drivers run beside this one."""
         with self._lease_lock:
-            if self.holds_lease and not self.exclusive:
+            if self.holds_lease:
                 self.write(lambda conn: lease.release(conn, self.sid, self.owner))
                 self.holds_lease = False
 
-    def claim(self, n: int) -> list[tuple[int, str, dict[str, Any]]] | None:
-        """Claim up to ``n`` free trials (id, key, params) in one transaction; None while
-        another driver's exclusive step holds the sweep (try again shortly)."""
-        return self.write(lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl))
+    def claim(
+        self, n: int, gate: Callable[[Connection], Any] | None = None
+    ) -> list[tuple[int, str, dict[str, Any]]] | None:
+        """Claim up to ``n`` free trials (id, key, params) in one transaction, of those
+        ``gate`` lets run (store.claims.claim_batch); None while another driver's exclusive
+        step holds the sweep (try again shortly)."""
+        return self.write(lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl, gate=gate))
 
     def held_elsewhere(self) -> int:
         """Unfinished trials other live drivers hold (they come free once those drivers
@@ -239,11 +235,10 @@ class DriverSession:
 
     def interrupt_running(self, conn) -> int:
         """Mark this driver's running trials interrupted (unless another driver took them
-        over, who owns them now): those it claimed, and for an exclusive run the sweep's."""
+        over, who owns them now): those it claimed."""
         if self.lost:
             return 0
-        n = claims.interrupt_own(conn, self.owner)
-        return n + (lease.interrupt_running(conn, self.sid) if self.exclusive else 0)
+        return claims.interrupt_own(conn, self.owner)
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()

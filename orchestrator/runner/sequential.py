@@ -99,67 +99,119 @@ def _record_looks(
     return skipped
 
 
-def drive(
-    seq: SequentialSpec,
-    axes: Mapping[str, Sequence[Any]],
-    thresholds: Mapping[str, Any],
-    sweep_id: int,
-    engine: Engine,
-    run: Callable[[Batch], dict[int, str]],
-    on_look: Callable[[LookRecord], None] | None = None,
-    *,
-    write: Callable[[Callable[[Connection], Any]], Any] | None = None,
-) -> SequentialRun:
-    """Run the sweep's looks; ``run(batch)`` runs trials to their end (trial_id -> status).
-    ``write(fn)`` runs a transaction that writes (a look, skipped seeds): the driver
-    session's ``write``; without one, ``store.outage.write_with_retry`` on ``engine``."""
-    if write is None:
-        write = partial(write_with_retry, engine)
-    seeds = list(axes[SEED_AXIS])
-    index = {s: i for i, s in enumerate(seeds)}
-    g0, g1 = seq.compare.groups
-    cells = strata_cells(seq, axes)
-    out = SequentialRun()
+# A look's trial that has ended: it is tested (finished) or left out (failed, skipped).
+_ENDED = {s.value for s in FINISHED} | {Status.failed.value, Status.skipped.value}
 
-    with engine.connect() as conn:
-        trials = repo.sweep_trials(conn, sweep_id)
-        stored = repo.sequential_looks(conn, sweep_id)
-    prior: dict[tuple, list[LookRecord]] = {}
-    for row in stored:
-        cell = json.loads(row["stratum"])
-        prior.setdefault(stratum_key(seq, cell), []).append(_record(row["record"]))
-    by_stratum: dict[tuple, list[tuple[int, str, dict, str]]] = {}
-    for t in trials:
-        by_stratum.setdefault(stratum_key(seq, t[2]), []).append(t)
 
-    def is_open(key: tuple) -> bool:
-        return not any(r.stopped for r in prior.get(key, []))
+@dataclass
+class GateStep:
+    """What one pass of :class:`LookGate` found, inside its transaction."""
 
-    for k, n_k in enumerate(seq.looks, start=1):
-        open_keys = [stratum_key(seq, c) for c in cells if is_open(stratum_key(seq, c))]
-        if not open_keys:
-            break
-        need = [key for key in open_keys if len(prior.get(key, [])) < k]
-        if not need:
-            continue  # this look is stored for every open stratum: replay, do not re-test
-        with engine.connect() as conn:
-            status = {t[0]: t[3] for t in repo.sweep_trials(conn, sweep_id)}
-        batch = [
-            (tid, key_, params)
-            for key in need
-            for tid, key_, params, _ in by_stratum.get(key, [])
-            if index[params[SEED_AXIS]] < n_k
-            and status[tid] not in (Status.completed.value, Status.diverged.value, Status.skipped.value)
-        ]
-        if batch:
-            results = run(batch)
-            out.ran += len(batch)
-            for st in results.values():
-                out.outcomes[st] = out.outcomes.get(st, 0) + 1
-        data: dict[tuple, dict[Any, FisherData | SurvivalData]] = {}
-        with engine.connect() as conn:
+    open: list[int] | None  # the current look's unended trials; None: every look is decided
+    records: list[LookRecord] = field(default_factory=list)  # looks decided in this pass
+    skipped: int = 0
+
+
+class LookGate:
+    """Which trials of a sequential sweep may run now, for any number of drivers.
+
+    Called in a claim transaction that holds the sweep (``store.claims.claim_batch``: the
+    sweep row locked on PostgreSQL, the write lock on SQLite), it first decides every look
+    whose trials have all ended and that is not stored yet: tests it, stores its records
+    and marks the seeds its decisions leave unrun ``skipped``, in that transaction. So each
+    look is decided exactly once, by whichever driver asks for work first after the look's
+    last outcome is stored, and a look stored by another driver (or an earlier run) is read,
+    never tested again. It returns the current look's trials that have not ended (None once
+    every look is decided; the seeds beyond the last look are skipped then).
+
+    A pass's in-memory effects wait for its transaction: :meth:`settle` after it commits (a
+    transaction retried through an outage runs the pass again)."""
+
+    def __init__(
+        self,
+        seq: SequentialSpec,
+        axes: Mapping[str, Sequence[Any]],
+        thresholds: Mapping[str, Any],
+        sweep_id: int,
+        on_look: Callable[[LookRecord], None] | None = None,
+    ) -> None:
+        self.seq, self.axes, self.thresholds, self.sweep_id, self.on_look = seq, axes, thresholds, sweep_id, on_look
+        self.index = {s: i for i, s in enumerate(axes[SEED_AXIS])}
+        self.cells = strata_cells(seq, axes)
+        self.records: list[LookRecord] = []
+        self.skipped = 0
+        self.done = False
+        self._step: GateStep | None = None
+
+    def __call__(self, conn: Connection) -> list[int] | None:
+        self._step = step = self._pass(conn)
+        return step.open
+
+    def settle(self) -> GateStep | None:
+        """Take in the last pass once its transaction has committed."""
+        step, self._step = self._step, None
+        if step is None:
+            return None
+        self.records += step.records
+        self.skipped += step.skipped
+        self.done = step.open is None
+        if self.on_look:
+            for rec in step.records:
+                self.on_look(rec)
+        return step
+
+    def _pass(self, conn: Connection) -> GateStep:
+        seq, index = self.seq, self.index
+        g0, g1 = seq.compare.groups
+        trials = repo.sweep_trials(conn, self.sweep_id)
+        prior: dict[tuple, list[LookRecord]] = {}
+        for row in repo.sequential_looks(conn, self.sweep_id):
+            prior.setdefault(stratum_key(seq, json.loads(row["stratum"])), []).append(_record(row["record"]))
+        by_stratum: dict[tuple, list[tuple[int, str, dict, str]]] = {}
+        for t in trials:
+            by_stratum.setdefault(stratum_key(seq, t[2]), []).append(t)
+        step = GateStep(open=None)
+        for k, n_k in enumerate(seq.looks, start=1):
+            keys = [stratum_key(seq, c) for c in self.cells]
+            open_keys = [key for key in keys if not any(r.stopped for r in prior.get(key, []))]
+            if not open_keys:
+                break
+            need = [key for key in open_keys if len(prior.get(key, [])) < k]
+            if not need:
+                continue  # this look is stored for every open stratum: replay, do not re-test
             members = {key: [t for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] < n_k] for key in need}
-            results_db = repo.trial_outcomes(conn, [t[0] for ts in members.values() for t in ts])
+            waiting = [t[0] for ts in members.values() for t in ts if t[3] not in _ENDED]
+            if waiting:
+                step.open = waiting
+                return step
+            decided = self._decide(conn, k, need, members, prior, g0, g1)
+            decisions = [
+                (
+                    rec,
+                    [t[0] for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] >= n_k]
+                    if rec.stopped and k < len(seq.looks)
+                    else None,
+                )
+                for key, rec in decided.items()
+            ]
+            step.skipped += _record_looks(conn, sweep_id=self.sweep_id, look=k, decisions=decisions)
+            for key, rec in decided.items():
+                prior.setdefault(key, []).append(rec)
+                step.records.append(rec)
+            # The skips are in this transaction: read the statuses again for the next look.
+            trials = repo.sweep_trials(conn, self.sweep_id)
+            by_stratum = {}
+            for t in trials:
+                by_stratum.setdefault(stratum_key(seq, t[2]), []).append(t)
+        # Seeds beyond the last look are not part of the design.
+        beyond = [t[0] for t in trials if index[t[2][SEED_AXIS]] >= seq.looks[-1]]
+        step.skipped += repo.skip_trials(conn, beyond, "beyond the last look")
+        return step
+
+    def _decide(self, conn: Connection, k: int, need: list, members: dict, prior: dict, g0: Any, g1: Any) -> dict:
+        seq, thresholds = self.seq, self.thresholds
+        results_db = repo.trial_outcomes(conn, [t[0] for ts in members.values() for t in ts])
+        data: dict[tuple, dict[Any, FisherData | SurvivalData]] = {}
         for key in need:
             groups: dict[Any, list[Mapping[str, Any]]] = {g0: [], g1: []}
             for tid, _, params, _ in members[key]:
@@ -178,29 +230,44 @@ def drive(
                     g: SurvivalData(times=[t for t, _ in e], events=[bool(x) for _, x in e]) for g, e in ev.items()
                 }
         try:
-            decided = decide_strata(seq, axes, k, data, prior)
+            return decide_strata(seq, self.axes, k, data, prior)
         except ValueError as exc:  # e.g. every seed of a group failed: nothing to test
             raise UserError(f"sequential look {k}: {exc}") from None
-        # The looks and the seeds their decisions leave unrun land together (one transaction,
-        # retried whole through an outage).
-        decisions = [
-            (
-                rec,
-                [t[0] for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] >= n_k]
-                if rec.stopped and k < len(seq.looks)
-                else None,
-            )
-            for key, rec in decided.items()
-        ]
-        out.skipped += write(partial(_record_looks, sweep_id=sweep_id, look=k, decisions=decisions))
-        for key, rec in decided.items():
-            prior.setdefault(key, []).append(rec)
-            out.records.append(rec)
-        if on_look:
-            for rec in decided.values():
-                on_look(rec)
-    # Seeds beyond the last look are not part of the design.
-    beyond = [t[0] for t in trials if index[t[2][SEED_AXIS]] >= seq.looks[-1]]
-    if beyond:
-        out.skipped += write(lambda conn: repo.skip_trials(conn, beyond, "beyond the last look"))
+
+
+def drive(
+    seq: SequentialSpec,
+    axes: Mapping[str, Sequence[Any]],
+    thresholds: Mapping[str, Any],
+    sweep_id: int,
+    engine: Engine,
+    run: Callable[[Batch], dict[int, str]],
+    on_look: Callable[[LookRecord], None] | None = None,
+    *,
+    write: Callable[[Callable[[Connection], Any]], Any] | None = None,
+) -> SequentialRun:
+    """Run the sweep's looks in this process, one driver alone: ``run(batch)`` runs trials to
+    their end (trial_id -> status). ``write(fn)`` runs a transaction that writes (a look,
+    skipped seeds): the driver session's ``write``; without one,
+    ``store.outage.write_with_retry`` on ``engine``. Drivers that share a sweep use
+    :class:`LookGate` through their claims instead (runner/feed.py)."""
+    if write is None:
+        write = partial(write_with_retry, engine)
+    gate = LookGate(seq, axes, thresholds, sweep_id, on_look)
+    out = SequentialRun()
+    last: list[int] | None = None
+    while True:
+        ids = write(gate)
+        gate.settle()
+        if ids is None:
+            break
+        if ids == last:
+            raise UserError(f"sequential design: trials {ids[:5]} did not end; the look cannot be tested")
+        last = ids
+        with engine.connect() as conn:
+            batch = [(tid, key, params) for tid, key, params, _ in repo.sweep_trials(conn, sweep_id) if tid in set(ids)]
+        for st in run(batch).values():
+            out.outcomes[st] = out.outcomes.get(st, 0) + 1
+        out.ran += len(batch)
+    out.skipped, out.records = gate.skipped, gate.records
     return out

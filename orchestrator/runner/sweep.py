@@ -7,8 +7,8 @@ time its queue runs dry), until no trial is left to claim and none is held by an
 lease TTL and are taken over). ``submit`` and ``resume`` write what needs the sweep alone
 (the design, an amendment, failed trials given another go) under the sweep's lease first,
 then share it; a design change is refused while other drivers run it, unless
-``--takeover``. A ``sequential:`` design is run whole by one driver holding the lease (its
-looks are decided in order by one driver); ``join`` refuses it.
+``--takeover``. A ``sequential:`` design is claimed look by look: the driver that first
+finds a look complete decides it, once, in its claim transaction (runner/sequential.py).
 """
 
 from __future__ import annotations
@@ -341,11 +341,6 @@ def join(
     sid, spec_text = found
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
-    if sweep.sequential is not None:
-        raise UserError(
-            f"sweep {name!r} has a sequential design: one driver decides its looks in order, so `join` "
-            f"cannot share it (`orchestrator resume {name}` runs it once its driver is gone; nothing was run)"
-        )
     code_change = _before_continuing(engine, sid, name, spec, options)
     with _on_ray(options.address):
         check_resources(spec.resources)
@@ -358,21 +353,20 @@ def join(
 
             todo, total = session.write(start)
             ctx = _context(session, spec, url, options, on_start, on_event)
-            return _run_claimed(ctx, todo, total)
+            return _run_claimed(ctx, sweep, todo, total)
 
 
 def _session(
     engine: Any, sid: int, sweep: Sweep, options: RunOptions, note: Callable[[str], None] | None, command: str
 ) -> DriverSession:
     """The driver's session: ``join`` never takes the sweep's lease; ``submit``/``resume``
-    take it for their exclusive step, and keep it for a sequential design's whole run."""
+    take it for their exclusive step only."""
     return DriverSession(
         engine,
         sid,
         sweep.spec.name,
         takeover=options.takeover,
         note=note,
-        exclusive=sweep.sequential is not None,
         take_lease=command != "join",
         command=command,
         max_concurrent=options.max_concurrent or sweep.spec.max_concurrent,
@@ -394,11 +388,8 @@ def _alone(conn: Any, session: DriverSession, name: str) -> None:
 
 
 def _run_design(ctx: RunContext, sweep: Sweep, to_run: list[tuple[int, str, dict[str, Any]]], total: int) -> RunSummary:
-    """Run the sweep's unfinished trials (``to_run`` of ``total``) as they are claimed, or
-    look by look for a ``sequential:`` design."""
-    if sweep.sequential is not None:
-        return _run_sequential(ctx, sweep, total)
-    return _run_claimed(ctx, len(to_run), total)
+    """Run the sweep's unfinished trials (``to_run`` of ``total``) as they are claimed."""
+    return _run_claimed(ctx, sweep, len(to_run), total)
 
 
 def batch_size(ctx: RunContext) -> int:
@@ -413,22 +404,30 @@ def batch_size(ctx: RunContext) -> int:
     return 2 * max(1, int(slots or 1))
 
 
-def _run_claimed(ctx: RunContext, pending: int, total: int) -> RunSummary:
+def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> RunSummary:
     """Run trials as they are claimed, in one Ray Tune run, until nothing is left to claim
     and no other live driver holds an unfinished trial (one that dies leaves its trials to
-    be taken over here after the TTL)."""
+    be taken over here after the TTL). A ``sequential:`` design is claimed look by look
+    (runner/sequential.LookGate), each look decided once by whichever driver first finds it
+    complete, and runs until every look is decided."""
     from orchestrator.runner.feed import ClaimSource
+    from orchestrator.runner.sequential import LookGate
 
     session = ctx.session
     if ctx.on_start:
         with ctx.engine.connect() as conn:
             todo = repo.unfinished_trials(conn, ctx.sweep_id)
         _started(ctx, total, todo)
-    source = ClaimSource(session, pending=pending, slots=batch_size(ctx) // 2, packs=ctx.spec.pack_seeds != 1)
+    seq = sweep.sequential
+    gate = LookGate(seq, sweep.axes, sweep.thresholds, ctx.sweep_id) if seq is not None else None
+    source = ClaimSource(
+        session, pending=pending, slots=batch_size(ctx) // 2, packs=ctx.spec.pack_seeds != 1, gate=gate
+    )
     run = _run_batch(ctx, source)
+    looks = {} if gate is None else {"skipped": gate.skipped, "looks": gate.records}
     if session.stop_reason is not None:
-        return _summary(ctx, total, pending, _stopped_tally(ctx, run.taken), ran=len(run.taken))
-    return _summary(ctx, total, pending, dict(Counter(run.outcomes.values())), ran=len(run.taken))
+        return _summary(ctx, total, pending, _stopped_tally(ctx, run.taken), ran=len(run.taken), **looks)
+    return _summary(ctx, total, pending, dict(Counter(run.outcomes.values())), ran=len(run.taken), **looks)
 
 
 def _run_batch(ctx: RunContext, trials: list[tuple[int, str, dict[str, Any]]] | Callable[[], Any]) -> FeedRun:
@@ -489,31 +488,3 @@ def _summary(
         db_arg=ctx.db_arg,
         **more,
     )
-
-
-class _LookStopped(Exception):
-    """The driver session stopped during a look: no decision on its partial data."""
-
-
-def _run_sequential(ctx: RunContext, sweep: Sweep, total: int) -> RunSummary:
-    """A sweep with a ``sequential:`` block runs look by look (runner/sequential.py)."""
-    from orchestrator.runner.sequential import drive
-
-    with ctx.engine.connect() as conn:
-        todo = repo.unfinished_trials(conn, ctx.sweep_id)
-    _started(ctx, total, todo)
-
-    def run(batch: list[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
-        out = _run_batch(ctx, batch).outcomes
-        if ctx.session.stop_reason is not None:
-            raise _LookStopped  # a look cut short is never tested
-        return out
-
-    assert sweep.sequential is not None
-    try:
-        res = drive(
-            sweep.sequential, sweep.axes, sweep.thresholds, ctx.sweep_id, ctx.engine, run, write=ctx.session.write
-        )
-    except _LookStopped:
-        return _summary(ctx, total, len(todo), _stopped_tally(ctx, [tid for tid, _, _ in todo]))
-    return _summary(ctx, total, len(todo), res.outcomes, ran=res.ran, skipped=res.skipped, looks=res.records)

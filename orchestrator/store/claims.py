@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,6 @@ def register(
     *,
     command: str,
     max_concurrent: int | None = None,
-    exclusive: bool = False,
 ) -> int:
     """Record a driver starting on ``sweep``; returns its id."""
     d = dialect.for_connection(conn)
@@ -74,7 +73,6 @@ def register(
             pid=os.getpid(),
             command=command[:16],
             max_concurrent=max_concurrent,
-            exclusive=exclusive,
             heartbeat_at=d.now_plus(0),
         )
         .returning(Driver.id)
@@ -156,11 +154,6 @@ def reap_dead(conn: Connection, sweep: int, *, alive: Callable[[int], bool]) -> 
     return len(dead)
 
 
-def is_exclusive(conn: Connection, owner: str) -> bool:
-    """Whether ``owner`` holds its sweep for its whole run (a sequential design)."""
-    return bool(conn.execute(sa.select(Driver.exclusive).where(Driver.owner == owner)).scalar_one_or_none())
-
-
 def take_over(conn: Connection, sweep: int, owner: str, ttl: float) -> int:
     """``--takeover``: end every other live driver of the sweep and free its claims (its
     running trials are taken over as a dead driver's would be). Returns how many."""
@@ -183,14 +176,29 @@ def take_over(conn: Connection, sweep: int, owner: str, ttl: float) -> int:
 # ---- claims -------------------------------------------------------------------------------------
 
 
-def claim_batch(conn: Connection, sweep: int, owner: str, n: int, *, ttl: float) -> list[tuple[int, str, dict]] | None:
+def claim_batch(
+    conn: Connection,
+    sweep: int,
+    owner: str,
+    n: int,
+    *,
+    ttl: float,
+    gate: Callable[[Connection], Collection[int] | None] | None = None,
+) -> list[tuple[int, str, dict]] | None:
     """Claim up to ``n`` free trials of the sweep for ``owner`` in the caller's transaction
     (which must be fresh: on SQLite this begins it with the write lock); (id, key, params) in
     insertion order, or None while another driver holds the sweep's lease for an exclusive
     step (a design being written). A trial a dead driver left ``running`` goes back to
-    ``pending`` and its open attempt ends ``lost``."""
+    ``pending`` and its open attempt ends ``lost``.
+
+    ``gate`` (a sequential design's looks: runner/sequential.LookGate) is called with the
+    sweep held by this transaction alone (its row locked on PostgreSQL; SQLite's write lock)
+    and may write; it returns the trials that may run now (None: none ever again), and only
+    those are claimed."""
     d = dialect.for_connection(conn)
     d.lock_for_claim(conn)
+    if gate is not None:
+        conn.execute(sa.select(SweepRow.id).where(SweepRow.id == sweep).with_for_update())
     held = conn.execute(
         sa.select(SweepRow.lease_owner).where(
             SweepRow.id == sweep,
@@ -201,13 +209,14 @@ def claim_batch(conn: Connection, sweep: int, owner: str, n: int, *, ttl: float)
     ).first()
     if held is not None:
         return None
-    if n <= 0:
+    only = gate(conn) if gate is not None else None
+    if n <= 0 or (gate is not None and not only):
         return []
+    where = [Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), sa.not_(_live_claim(d))]
+    if only is not None:
+        where.append(Trial.id.in_(list(only)))
     pick = d.skip_locked(
-        sa.select(Trial.id, Trial.key, Trial.params, Trial.status)
-        .where(Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), sa.not_(_live_claim(d)))
-        .order_by(Trial.id)
-        .limit(n)
+        sa.select(Trial.id, Trial.key, Trial.params, Trial.status).where(*where).order_by(Trial.id).limit(n)
     )
     rows = conn.execute(pick).all()
     if not rows:
