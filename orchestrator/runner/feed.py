@@ -32,7 +32,12 @@ class UnitFeed(Searcher):
 
     ``next_batch()`` gives more trials when the queue is empty: a list (empty: none now, ask
     again later), or None when there will be no more. ``units_of`` groups a batch into units
-    (seed packs, GPU placement); ``stopped()`` ends the feed (a signal, cancel, lost lease)."""
+    (seed packs, GPU placement); ``stopped()`` ends the feed (a signal, cancel, lost lease).
+
+    With none now and none of its own running, the feed ends the Tune run (``idle``): Tune
+    keeps an idle trial actor cached while it expects more trials, and on a Ray shared with
+    other drivers that actor's CPUs or GPU could be what their queued trials wait for. The
+    caller waits for work outside Tune and starts another run (:meth:`ClaimSource.wait`)."""
 
     def __init__(
         self,
@@ -45,7 +50,9 @@ class UnitFeed(Searcher):
         self._units_of = units_of
         self._stopped = stopped
         self._queue: deque[dict[str, Any]] = deque()
+        self._live: set[str] = set()  # Tune trials suggested and not yet complete
         self.taken: list[int] = []  # every trial id handed to this run, in order
+        self.idle = False  # ended with nothing to run now, more possibly later
 
     def suggest(self, trial_id: str) -> dict | None:
         from orchestrator.runner.tune_runner import Unit
@@ -57,13 +64,18 @@ class UnitFeed(Searcher):
             if batch is None:
                 return _FINISHED
             if not batch:
+                if not self._live:
+                    self.idle = True
+                    return _FINISHED
                 return None  # Tune asks again at its next step
             self.taken += [tid for tid, _, _ in batch]
             self._queue.extend(self._units_of(batch))
+        self._live.add(trial_id)
         return {"unit": Unit(self._queue.popleft())}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        pass  # the writer records every outcome (runner/writer.py)
+        # Only counted here: the writer records every outcome (runner/writer.py).
+        self._live.discard(trial_id)
 
     def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
         pass  # Tune's own restore is never used: a restart resumes from our checkpoints
@@ -103,13 +115,30 @@ class ClaimSource:
         self.gate = gate
         self.poll_s = min(2.0, session.ttl / 4)
         self._quiet_until = 0.0
+        self._ready: Trials | None = None  # a batch claimed by :meth:`wait`, for the next run
 
     def size(self) -> int:
         if self.packs:
             return max(2 * self.slots, math.ceil(self.left / 2))
         return self.slots
 
+    def wait(self) -> bool:
+        """Between Tune runs: wait until a batch is claimed (True; the next run starts with
+        it) or there will be none (False), or the session stops (False)."""
+        while not self.session.stop_event.is_set():
+            batch = self()
+            if batch is None:
+                return False
+            if batch:
+                self._ready = batch
+                return True
+            self.session.stop_event.wait(max(0.05, self._quiet_until - time.monotonic()))
+        return False
+
     def __call__(self) -> Trials | None:
+        if self._ready is not None:
+            ready, self._ready = self._ready, None
+            return ready
         now = time.monotonic()
         if now < self._quiet_until:
             return []

@@ -423,11 +423,20 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
     source = ClaimSource(
         session, pending=pending, slots=batch_size(ctx) // 2, packs=ctx.spec.pack_seeds != 1, gate=gate
     )
-    run = _run_batch(ctx, source)
+    outcomes: Counter[str] = Counter()
+    taken: list[int] = []
+    while True:
+        run = _run_batch(ctx, source)
+        outcomes.update(run.outcomes.values())
+        taken += run.taken
+        # A run that went idle (other drivers hold what is left, or a look waits for them)
+        # freed its Ray resources; the next starts when there is work again.
+        if not run.idle or session.stop_reason is not None or not source.wait():
+            break
     looks = {} if gate is None else {"skipped": gate.skipped, "looks": gate.records}
     if session.stop_reason is not None:
-        return _summary(ctx, total, pending, _stopped_tally(ctx, run.taken), ran=len(run.taken), **looks)
-    return _summary(ctx, total, pending, dict(Counter(run.outcomes.values())), ran=len(run.taken), **looks)
+        return _summary(ctx, total, pending, _stopped_tally(ctx, taken), ran=len(taken), **looks)
+    return _summary(ctx, total, pending, dict(outcomes), ran=len(taken), **looks)
 
 
 def _run_batch(ctx: RunContext, trials: list[tuple[int, str, dict[str, Any]]] | Callable[[], Any]) -> FeedRun:

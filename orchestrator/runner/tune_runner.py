@@ -314,6 +314,7 @@ def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]
 class FeedRun:
     outcomes: dict[int, str]  # trial id -> final status, of what ended in this run
     taken: list[int]  # every trial id the run was handed
+    idle: bool = False  # it ended with nothing to run now; more may come (runner/feed.py)
 
 
 def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> FeedRun:
@@ -389,7 +390,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
             writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
         checkpoints.stop_loader(loader_handle)
-    return FeedRun(writer.outcomes, source.taken)
+    return FeedRun(writer.outcomes, source.taken, source.idle)
 
 
 @contextmanager
