@@ -302,14 +302,6 @@ class _StopWhenSet(tune.Stopper):
         return {"session": None}  # Tune pickles its config; the session stays here
 
 
-def run_trials(ctx: RunContext, trials: Sequence[tuple[int, str, dict[str, Any]]]) -> dict[int, str]:
-    """Run a fixed list of (trial_id, key, params) trials to their end (a sequential look);
-    returns trial_id -> final status."""
-    if not trials:
-        return {}
-    return run_feed(ctx, feed.fixed(trials)).outcomes
-
-
 @dataclass
 class FeedRun:
     outcomes: dict[int, str]  # trial id -> final status, of what ended in this run

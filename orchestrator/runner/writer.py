@@ -116,20 +116,30 @@ class StoreWriter(tune.Callback):
         rows, touched, ckpts = list(self._rows), set(self._touched), dict(self._ckpts)
         to_db = self.checkpoint_folder is None
 
-        def write(conn) -> int:
-            n = repo.upsert_evals(conn, [r.store_row() for r in rows])
+        def write(conn) -> tuple[int, set[int]]:
+            # Nothing for a trial another driver took over while this one was cut off.
+            gone = claims.taken_from(conn, self.driver, {r.trial_id for r in rows} | set(ckpts) | touched)
+            n = repo.upsert_evals(conn, [r.store_row() for r in rows if r.trial_id not in gone])
             if to_db:  # after the rows: a stored checkpoint never claims a row that is missing
                 attempts.save_checkpoints(
-                    conn, [attempts.StoredCheckpoint(c.trial_id, c.step, c.state) for c in ckpts.values()]
+                    conn,
+                    [
+                        attempts.StoredCheckpoint(c.trial_id, c.step, c.state)
+                        for c in ckpts.values()
+                        if c.trial_id not in gone
+                    ],
                 )
-            repo.touch(conn, touched)
-            return n
+            repo.touch(conn, touched - gone)
+            return n, gone
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
-        self.rows_written += self.session.write(write)
+        n, gone = self.session.write(write)
+        self.rows_written += n
         if not to_db:
             assert self.checkpoint_folder is not None
             for c in ckpts.values():
+                if c.trial_id in gone:
+                    continue
                 checkpoints.save(
                     checkpoints.trial_path(self.checkpoint_folder, self.sweep, self._keys[c.trial_id]), c.state
                 )

@@ -242,6 +242,22 @@ def release(conn: Connection, owner: str, trial_ids: list[int] | tuple[int, ...]
         )
 
 
+def taken_from(conn: Connection, owner: str, trial_ids: Collection[int]) -> set[int]:
+    """Of ``trial_ids``, those another driver holds a claim on now, with every one of them
+    locked until the caller's transaction ends (PostgreSQL's row locks; SQLite's write lock,
+    taken here: call it first in the transaction), so
+    no claim can move while the caller writes for the rest. A driver cut off from the database
+    longer than the TTL finds here the trials taken over meanwhile, and writes nothing more
+    for them: the new attempt's trace stays its own."""
+    ids = sorted(trial_ids)
+    if not ids:
+        return set()
+    # SQLite: the write lock before the read, so the writes that follow need no upgrade.
+    dialect.for_connection(conn).lock_for_claim(conn)
+    rows = conn.execute(sa.select(Trial.id, Trial.claimed_by).where(Trial.id.in_(ids)).with_for_update()).all()
+    return {r.id for r in rows if r.claimed_by is not None and r.claimed_by != owner}
+
+
 def held_elsewhere(conn: Connection, sweep: int, owner: str) -> int:
     """Unfinished trials of the sweep another driver holds a live claim on (a driver with
     nothing left to claim waits for them: they come free if that driver dies)."""
