@@ -188,8 +188,9 @@ def join(
 
     Takes the sweep's name and ``db``, ``address``, ``max_concurrent``, ``checkpoint_dir``
     and ``allow_code_change`` as :func:`submit` does. Returns a :class:`SweepRun` (``ran``:
-    the trials this driver ran); an unknown sweep, or one with a ``sequential:`` design (one
-    driver decides its looks), is a :class:`~orchestrator.errors.UserError`."""
+    the trials this driver ran); an unknown sweep is a :class:`~orchestrator.errors.UserError`.
+    A ``sequential:`` design is shared look by look: whichever driver first finds a look
+    complete decides it, once."""
     from orchestrator.runner.sweep import RunOptions, join as run_join
     from orchestrator.store.engine import resolve_url
 
