@@ -328,15 +328,15 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
 
     def units_of(batch: feed.Trials) -> list[dict[str, Any]]:
         nonlocal packing_told
-        size = pack_size(pack_seeds, len(batch), slots)
         units = make_units(
             ctx.name,
             batch,
             cpu=cpu,
             gpu=gpu,
-            pack_seeds=size,
+            pack_seeds=pack_seeds,
             max_cpu=max_cpu,
             max_gpu=max_gpu,
+            slots=slots,
             stop=ctx.stop_rule(),
         )
         if spec.resources.gpu == "auto" or gpu or spec.resources.accelerator:
@@ -346,6 +346,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
         if ctx.on_event is not None and pack_seeds != 1 and not packing_told:
             packing_told = True
             packs = sum(len(u["members"]) > 1 for u in units)
+            size = pack_size(pack_seeds, len(batch), slots)
             ctx.on_event("packing", None, pack_seeds=pack_seeds, size=size, packs=packs, units=len(units))
         return units
 
