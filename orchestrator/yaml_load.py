@@ -85,3 +85,75 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 
 def load_strict(text: str) -> Any:
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
+
+
+class TooLargeError(yaml.YAMLError):
+    """YAML whose text, values (aliases counted every time they are used) or nesting pass
+    :func:`load_capped`'s caps."""
+
+
+MAX_CHARS = 8 * 1024 * 1024
+MAX_NODES = 1_000_000  # values after alias expansion ("billion laughs" stops here)
+MAX_DEPTH = 64
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _measure(root: yaml.Node, max_nodes: int, max_depth: int) -> None:
+    """Refuse a node graph whose expansion (an alias counted at every use) has more than
+    ``max_nodes`` values or ``max_depth`` levels; the graph is walked once per distinct node
+    (sizes memoized), so a bomb costs what its text costs."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        k = id(node)
+        if done:
+            open_.discard(k)
+            kids = _children(node)
+            size[k] = 1 + sum(size[id(c)] for c in kids)
+            depth[k] = 1 + max((depth[id(c)] for c in kids), default=0)
+            if size[k] > max_nodes:
+                raise TooLargeError(f"more than {max_nodes:,} values (an alias expanding too far?)")
+            if depth[k] > max_depth:
+                raise TooLargeError(f"nested deeper than {max_depth} levels")
+            continue
+        if k in size:
+            continue
+        open_.add(k)
+        stack.append((node, True))
+        for c in _children(node):
+            if id(c) in open_:
+                raise TooLargeError("an alias refers to a value that contains it")
+            if id(c) not in size:
+                stack.append((c, False))
+
+
+def load_capped(
+    text: str, *, max_chars: int = MAX_CHARS, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH
+) -> Any:
+    """:func:`load_strict` that also refuses (:class:`TooLargeError`) text longer than
+    ``max_chars``, more than ``max_nodes`` values once aliases are expanded, or more than
+    ``max_depth`` levels, before anything is built: for YAML read back from storage, which
+    may hold what no spec check ever saw."""
+    if len(text) > max_chars:
+        raise TooLargeError(f"{len(text):,} characters, more than {max_chars:,}")
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _measure(node, max_nodes, max_depth)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise TooLargeError("nested too deep to read") from None
+    finally:
+        loader.dispose()

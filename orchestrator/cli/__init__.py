@@ -19,7 +19,7 @@ from pathlib import Path
 
 from orchestrator.cli.app import app
 from orchestrator.cli.help import polish
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, printable
 
 # Every ``*_cmds`` module in this package registers its commands on import (one module per
 # command family: run_cmds, cells_cmds, tasks_cmds, analysis_cmds, ...).
@@ -112,7 +112,8 @@ def _run(args: list[str], debug: bool) -> int:
     try:
         rv = app(args=args, prog_name="orchestrator", standalone_mode=False)
     except UserError as exc:
-        print(f"error: {_first_line(exc)}", file=sys.stderr)
+        # a message may quote a file name or value holding terminal control characters
+        print(f"error: {printable(_first_line(exc))}", file=sys.stderr)
         return exc.exit_code
     except SystemExit as exc:  # typer/click exits (--help)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

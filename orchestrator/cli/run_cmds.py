@@ -574,17 +574,50 @@ def sql(
     elif as_json:
         print(json.dumps([dict(zip(cols, r)) for r in in_time(rows)], default=str))
     else:
-        from rich.table import Table
-
-        table = Table(*(escape(str(c)) for c in cols), show_header=True, header_style="bold")
-        for r in in_time(rows):
-            table.add_row(*("" if v is None else escape(_cell(v)) for v in r))
-        out.print(table)
+        _print_table(cols, rows, in_time, got.deadline, timeout)
         err.print(f"{len(rows)} row(s)")
     if got.cut:
         limit = f"--max-rows {max_rows}" if got.cut == "max_rows" else f"--max-bytes {max_bytes}"
         err.print(escape(f"note: output stopped after {len(rows)} row(s) at {limit}; raise it to see more"))
     return 0
+
+
+TABLE_CHUNK = 500  # rows drawn at a time: the --timeout is checked between chunks
+
+
+def _print_table(cols, rows, in_time, deadline: float, timeout: float) -> None:
+    """``rows`` as a table, drawn a chunk of rows at a time with the columns' widths fixed
+    from all of them (so the chunks line up as one table), stopping at the deadline: drawing
+    100,000 rows takes rich tens of seconds. Cells are shown with control characters escaped."""
+    import time
+
+    from rich.cells import cell_len
+    from rich.table import Column, Table
+
+    from orchestrator.errors import UserError, printable
+
+    names = [printable(str(c)) for c in cols]
+    texts = [["" if v is None else printable(_cell(v), keep="\n\t") for v in r] for r in in_time(rows)]
+    widths = [cell_len(n) for n in names]
+    for r in texts:
+        for i, t in enumerate(r):
+            w = max(map(cell_len, t.split("\n"))) if "\n" in t else cell_len(t)
+            if w > widths[i]:
+                widths[i] = w
+    for start in range(0, max(len(texts), 1), TABLE_CHUNK):
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"output cancelled after the {timeout:g} s timeout, {start} row(s) printed (--timeout to change)"
+            )
+        table = Table(
+            *(Column(escape(n), min_width=w, max_width=w) for n, w in zip(names, widths)),
+            show_header=start == 0,
+            header_style="bold",
+            show_edge=False,
+        )
+        for r in texts[start : start + TABLE_CHUNK]:
+            table.add_row(*(escape(t) for t in r))
+        out.print(table)
 
 
 def _cell(v: object, width: int = 1000) -> str:

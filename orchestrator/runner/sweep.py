@@ -240,12 +240,15 @@ def submit(
         checkpoints.check_writable(folder / spec.name)
     # What `--db` reaches this database again (the spec's storage: is not read by `sql`/`resume`).
     options = replace(options, db=options.db or spec.storage or None)
+    _refuse_imported(options.db, spec)  # before Ray starts (checked again below, and by ensure_sweep)
     with _on_ray(options.address):
         check_resources(spec.resources, [p for _, p in sweep.trials])
         check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
         engine, url = open_store_engine(options.db, spec.storage)
         with engine.connect() as conn:
             found = reader.find_sweep(conn, spec.name)
+            if found is not None and reader.sweep_origin(conn, spec.name) == reader.ORIGIN_IMPORT:
+                raise UserError(repo.imported_refusal(spec.name))
             existing = found[0] if found is not None else None
             code_change = None
             if existing is not None:  # refuse before the lease: nothing written at all
@@ -280,6 +283,22 @@ def submit(
             return _run_design(ctx, sweep, to_run, len(sweep.trials))
 
 
+def _refuse_imported(db: str | None, spec: SweepSpec) -> None:
+    """UserError when the database already holds a sweep of the spec's name that
+    ``orchestrator import`` made (no database yet, or one to upgrade first: nothing to say)."""
+    try:
+        engine, _ = open_store_engine(db, spec.storage, auto_create=False)
+    except UserError:
+        return
+    try:
+        with engine.connect() as conn:
+            origin = reader.sweep_origin(conn, spec.name)
+    finally:
+        engine.dispose()
+    if origin == reader.ORIGIN_IMPORT:
+        raise UserError(repo.imported_refusal(spec.name))
+
+
 def resume(
     name: str,
     options: RunOptions = RunOptions(),
@@ -296,8 +315,11 @@ def resume(
     engine, url = open_store_engine(options.db, auto_create=False)
     with engine.connect() as conn:
         found = reader.find_sweep(conn, name)
+        origin = reader.sweep_origin(conn, name)
     if found is None:
         raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
+    if origin == reader.ORIGIN_IMPORT:
+        raise UserError(repo.imported_refusal(name))
     sid, spec_text = found
     # The design was accepted (and its size cap chosen) at submit: resume does not re-cap it.
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
@@ -336,8 +358,11 @@ def join(
     engine, url = open_store_engine(options.db, auto_create=False)
     with engine.connect() as conn:
         found = reader.find_sweep(conn, name)
+        origin = reader.sweep_origin(conn, name)
     if found is None:
         raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
+    if origin == reader.ORIGIN_IMPORT:
+        raise UserError(repo.imported_refusal(name))
     sid, spec_text = found
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
@@ -419,7 +444,7 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
             todo = repo.unfinished_trials(conn, ctx.sweep_id)
         _started(ctx, total, todo)
     seq = sweep.sequential
-    gate = LookGate(seq, sweep.axes, sweep.thresholds, ctx.sweep_id) if seq is not None else None
+    gate = LookGate(seq, sweep.axes, sweep.analysis, ctx.sweep_id) if seq is not None else None
     source = ClaimSource(
         session, pending=pending, slots=batch_size(ctx) // 2, packs=ctx.spec.pack_seeds != 1, gate=gate
     )

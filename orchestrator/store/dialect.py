@@ -24,6 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.errors import UserError
+from orchestrator.store import sql_screen
+from orchestrator.store import deadline
 
 Rows = tuple[list[str], list[tuple[Any, ...]]]
 
@@ -95,96 +97,6 @@ READ_PRAGMAS = {
     "read_uncommitted",  # SQLAlchemy reads it on connect
 }
 
-# What a read may start with, per backend (the first keyword of the statement); anything
-# else (COPY, LOCK, ANALYZE, VACUUM, DO, SET, CALL, LISTEN, PREPARE, ...) is refused before
-# it reaches the server. The connection's own read-only-ness stays the real guard.
-SQLITE_READ_STATEMENTS = frozenset({"select", "with", "values", "explain", "pragma"})
-PG_READ_STATEMENTS = frozenset({"select", "with", "values", "table", "explain", "show"})
-
-# Server functions a reader has no business calling, refused by name before the statement
-# is sent: they act on the server (signals, configuration, WAL, files, large objects, locks,
-# session settings) or run SQL hidden in a string. A reader role lacks the rights for most
-# of them anyway; a few (terminating one's own backend, advisory locks, set_config) every
-# role may call, so the name check is what stops those.
-PG_ADMIN_FUNCTIONS = frozenset(
-    {
-        "pg_terminate_backend",
-        "pg_cancel_backend",
-        "pg_reload_conf",
-        "pg_rotate_logfile",
-        "pg_switch_wal",
-        "pg_switch_xlog",
-        "pg_create_restore_point",
-        "pg_promote",
-        "pg_checkpoint",
-        "pg_backup_start",
-        "pg_backup_stop",
-        "pg_start_backup",
-        "pg_stop_backup",
-        "pg_log_backend_memory_contexts",
-        "pg_stat_reset",
-        "pg_stat_reset_shared",
-        "pg_stat_reset_single_table_counters",
-        "pg_stat_reset_single_function_counters",
-        "pg_stat_reset_slru",
-        "pg_stat_reset_replication_slot",
-        "pg_stat_reset_subscription_stats",
-        "pg_read_file",
-        "pg_read_binary_file",
-        "pg_stat_file",
-        "pg_ls_dir",
-        "pg_ls_logdir",
-        "pg_ls_waldir",
-        "pg_ls_tmpdir",
-        "pg_ls_archive_statusdir",
-        "pg_ls_logicalsnapdir",
-        "pg_ls_logicalmapdir",
-        "pg_ls_replslotdir",
-        "pg_file_write",
-        "pg_file_rename",
-        "pg_file_unlink",
-        "lo_import",
-        "lo_export",
-        "lo_create",
-        "lo_creat",
-        "lo_unlink",
-        "lo_open",
-        "lo_put",
-        "lo_from_bytea",
-        "lo_truncate",
-        "lowrite",
-        "set_config",
-        "pg_notify",
-        "pg_advisory_lock",
-        "pg_advisory_lock_shared",
-        "pg_advisory_xact_lock",
-        "pg_advisory_xact_lock_shared",
-        "pg_try_advisory_lock",
-        "pg_try_advisory_lock_shared",
-        "pg_try_advisory_xact_lock",
-        "pg_try_advisory_xact_lock_shared",
-        "pg_advisory_unlock",
-        "pg_advisory_unlock_shared",
-        "pg_advisory_unlock_all",
-        "query_to_xml",
-        "query_to_xmlschema",
-        "query_to_xml_and_xmlschema",
-        "cursor_to_xml",
-        "cursor_to_xmlschema",
-        "dblink",
-        "dblink_exec",
-        "dblink_connect",
-        "dblink_connect_u",
-        "pg_create_logical_replication_slot",
-        "pg_create_physical_replication_slot",
-        "pg_drop_replication_slot",
-        "pg_replication_origin_create",
-        "pg_import_system_collations",
-        "pg_wal_replay_pause",
-        "pg_wal_replay_resume",
-    }
-)
-
 # Predefined roles whose members act on the server rather than read rows.
 PG_ADMIN_ROLES = (
     "pg_execute_server_program",
@@ -204,6 +116,12 @@ READER_COMMENT = "orchestrator read-only role (db create-reader)"
 
 
 DEFAULT_QUERY_TIMEOUT_S = 60.0
+READER_POOL = 5  # connections a reader engine keeps (as many again on overflow)
+
+
+def _past_deadline() -> int:
+    """SQLite progress handler of the reader engines: non-zero interrupts the statement."""
+    return 1 if deadline.passed() else 0
 
 
 def describe(url: str) -> str:
@@ -296,12 +214,17 @@ class Dialect:
         inside the caller's transaction, at the driver's best speed."""
         raise NotImplementedError
 
-    read_statements: ClassVar[frozenset[str]]
-    admin_functions: ClassVar[frozenset[str]] = frozenset()
+    def screen(self, sql: str) -> None:
+        """UserError (one line) unless ``sql`` is one statement this backend only reads with
+        (``store/sql_screen.py``); the connection's read-only-ness stays the real guard."""
+        raise NotImplementedError
 
-    def reader_engine(self, url: str) -> Engine:
+    def reader_engine(self, url: str, *, pool_size: int = READER_POOL) -> Engine:
         """An engine that reads on a user's behalf with no more than a reader's rights, and
-        cannot write, whatever the URL grants (UserError when that cannot be had)."""
+        cannot write, whatever the URL grants (UserError when that cannot be had). One
+        connection per thread from a pool of ``pool_size`` (as many again on overflow);
+        reads made inside :func:`orchestrator.store.deadline.within` are cancelled when its
+        deadline passes."""
         raise NotImplementedError
 
     def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
@@ -424,7 +347,8 @@ class SQLite(Dialect):
         finally:
             cur.close()
 
-    read_statements = SQLITE_READ_STATEMENTS
+    def screen(self, sql: str) -> None:
+        sql_screen.screen_sqlite(sql)
 
     def _reader_connect(self, path: Path) -> sqlite3.Connection:
         conn = sqlite_connect(path, readonly=True)  # never created, never written
@@ -437,11 +361,28 @@ class SQLite(Dialect):
             raise UserError(f"no database at {path} (run a sweep first, or pass --db)")
         return path
 
-    def reader_engine(self, url: str) -> Engine:
+    def reader_engine(self, url: str, *, pool_size: int = READER_POOL) -> Engine:
         # mode=ro and the read-only authorizer on every pooled connection: no WAL pragma, no
-        # checkpoint, no write of any kind reaches the file.
+        # checkpoint, no write of any kind reaches the file. A file URL and a QueuePool: each
+        # thread checks out a connection of its own (a bare `sqlite://` would get the
+        # SingletonThreadPool, which closes connections other threads still use once more
+        # than its five threads read). The progress handler interrupts a statement whose
+        # thread's deadline has passed.
         path = self._existing(url)
-        return sa.create_engine("sqlite://", creator=lambda: self._reader_connect(path))
+
+        def connect() -> sqlite3.Connection:
+            conn = self._reader_connect(path)
+            conn.set_progress_handler(_past_deadline, 1000)
+            return conn
+
+        return sa.create_engine(
+            sqlite_url(path),
+            creator=connect,
+            poolclass=sa.pool.QueuePool,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_timeout=30,
+        )
 
     def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
         # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs; a
@@ -541,15 +482,21 @@ class PostgreSQL(Dialect):
             )
             cur.execute(f"TRUNCATE {stage}")
 
-    read_statements = PG_READ_STATEMENTS
-    admin_functions = PG_ADMIN_FUNCTIONS
+    def screen(self, sql: str) -> None:
+        sql_screen.screen_postgresql(sql)
 
-    def reader_engine(self, url: str) -> Engine:
+    def _pooled(self, url: str, pool_size: int) -> Engine:
+        try:
+            return sa.create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
+        except Exception as exc:  # e.g. missing driver, malformed URL
+            raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
+
+    def reader_engine(self, url: str, *, pool_size: int = READER_POOL) -> Engine:
         # A superuser (or a member of the server-acting roles) can run programs and read
         # server files even in a READ ONLY transaction, and SET ROLE from such a session is
         # undone by set_config('role', ...) inside a SELECT: so a privileged URL reads by
         # logging in as a reader role instead (one `db create-reader` made), or is refused.
-        engine = self.make_engine(url)
+        engine = self._pooled(url, pool_size)
         try:
             with engine.connect() as conn:
                 who, why = _privileged(conn)
@@ -571,7 +518,7 @@ class PostgreSQL(Dialect):
             raise UserError(f"refused: the URL connects as {who!r}, {why}; {fix}")
         reader = readers[0]
         rurl = sa.engine.make_url(url).set(username=reader, password=None).render_as_string(hide_password=False)
-        engine = self.make_engine(rurl)
+        engine = self._pooled(rurl, pool_size)
         try:
             with engine.connect() as conn:
                 _, rwhy = _privileged(conn)
@@ -596,6 +543,8 @@ class PostgreSQL(Dialect):
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
                 remaining = min(timeout_s, limits.deadline - time.monotonic())
                 conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(remaining * 1000))}")
+                # The screen parsed the statement with this rule ('\' is a whole string).
+                conn.exec_driver_sql("SET LOCAL standard_conforming_strings = on")
                 # Take the snapshot now: after it, `SET TRANSACTION READ WRITE` is an error.
                 conn.exec_driver_sql("SELECT 1")
                 raw = conn.connection.driver_connection
@@ -626,8 +575,12 @@ class PostgreSQL(Dialect):
                     if isinstance(exc, psycopg.OperationalError) and raw.closed:
                         raise UserError(f"query ended the database session: {msg}") from None
                     raise UserError(f"query failed: {msg}") from None
-                # COMMIT/ROLLBACK as the statement would end the read-only transaction.
-                if raw.info.transaction_status != psycopg.pq.TransactionStatus.INTRANS:
+                # COMMIT/ROLLBACK as the statement would end the read-only transaction (the
+                # screen refuses them first). Rows cut at a limit were cancelled on the
+                # server, which leaves the transaction failed: expected, and rolled back.
+                status = raw.info.transaction_status
+                ok = (psycopg.pq.TransactionStatus.INTRANS,) + ((psycopg.pq.TransactionStatus.INERROR,) if cut else ())
+                if status not in ok:
                     raise UserError(
                         "refused: transaction control is not allowed in `orchestrator sql` (it is read-only)"
                     )
@@ -694,6 +647,31 @@ def _read_only_sessions(engine: Engine) -> Engine:
         with dbapi_conn.cursor() as cur:
             cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
         dbapi_conn.commit()
+
+    @sa.event.listens_for(engine, "begin")
+    def _deadline(conn: Connection) -> None:
+        # Each transaction's statements get what is left of the thread's deadline (SET LOCAL
+        # ends with the transaction); the server cancels one that runs past it. Under a
+        # deadline.Stop, the connection's running statement is also cancelled when it is set.
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        stop = deadline.current_stop()
+        if stop is not None:
+            stop.register(id(raw), getattr(raw, "cancel_safe", None) or raw.cancel)
+            conn.connection.info["orch_stop"] = stop
+        left = deadline.remaining()
+        if left is not None:
+            cur = raw.cursor()
+            try:
+                cur.execute(f"SET LOCAL statement_timeout = {max(1, int(left * 1000))}")
+            finally:
+                cur.close()
+
+    @sa.event.listens_for(engine, "checkin")
+    def _forget(dbapi_conn, record) -> None:
+        stop = record.info.pop("orch_stop", None)
+        if stop is not None:
+            stop.unregister(id(dbapi_conn))
 
     engine.pool.dispose()  # a connection opened before the listener would be read-write
     return engine

@@ -26,8 +26,10 @@ text cannot hold); a JSON object with the same key twice; parameter names that a
 have an empty dotted part (``""``, ``"task."``, ``".K"``), that hold control characters, or
 that collide once nested objects are flattened (``{"task.K": 8, "task": {"K": 16}}``);
 values of the store's typed parameter columns (``seed``, ``lr``, ``arm``, ...) that are not
-of the column's type (``"seed": true``). Imports never write into a sweep that ``submit``
-created (its trials are real runs); the sweep name follows the rule of spec names.
+of the column's type (``"seed": true``); trial parameters outside the bounds a spec holds
+them to (``params.TrialParams``: ``"seed": -5``, ``"lr": 9.2e18``). Imports never write into a
+sweep that ``submit`` created (its trials are real runs): the sweep's stored ``origin``
+says who made it, whatever its spec text; the sweep name follows the rule of spec names.
 Every line is validated before anything is written, and the whole file is written in one
 transaction: a malformed file imports nothing. Re-importing a file is idempotent (trial
 keys come from the parameters, eval rows are upserts).
@@ -258,6 +260,36 @@ def checked_flat_params(params: dict[str, Any]) -> dict[str, Any]:
             why = _typed_value_error(out[name], col_type)
             if why:
                 raise ValueError(f"{name} must be {why} (the store keeps it in a typed column)")
+    for name, adapter in _spec_bounds().items():
+        if name in out and out[name] is not None:
+            try:
+                adapter.validate_python(out[name])
+            except ValidationError as exc:
+                msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"{name} {_show(out[name])}: {msg} (the bound a spec holds it to)") from None
+    return out
+
+
+@functools.cache
+def _spec_bounds() -> dict[str, Any]:
+    """A validator per numeric trial parameter (``seed``, ``lr``, ``steps``, ...) with the
+    bounds a spec's trials are held to (``params.TrialParams``): an import stores no trial a
+    spec would refuse (a seed of -5, an lr of 9.2e18)."""
+    import typing
+
+    from pydantic import TypeAdapter
+
+    from orchestrator.params import TrialParams
+
+    out: dict[str, Any] = {}
+    for name, info in TrialParams.model_fields.items():
+        kinds = set(typing.get_args(info.annotation)) - {type(None)} or {info.annotation}
+        # PositiveInt | None: the union's member is Annotated[int, Gt(0)]
+        kinds = {typing.get_args(k)[0] if typing.get_origin(k) is typing.Annotated else k for k in kinds}
+        if kinds and kinds <= {int, float}:
+            args = (info.annotation, *info.metadata)
+            ann: Any = typing.Annotated[args] if info.metadata else info.annotation
+            out[name] = TypeAdapter(ann)
     return out
 
 
@@ -444,9 +476,7 @@ def write_records(
     counts: trials given, new trials, eval rows written."""
     import sqlalchemy as sa
 
-    from orchestrator.store import reader, repo
     from orchestrator.store.engine import open_store_engine
-    from orchestrator.store.models import Trial
 
     check_sweep_name(sweep)
     linenos = list(linenos) if linenos is not None else list(range(1, len(records) + 1))
@@ -468,11 +498,39 @@ def write_records(
         keyed.append((key, params, rec))
     engine = db if isinstance(db, Engine) else open_store_engine(db)[0]
     digest = hashlib.sha256(json.dumps([p for _, p, _ in keyed], sort_keys=True, default=str).encode()).hexdigest()
+    try:
+        # Two imports (or an import and a `submit`) creating the same new sweep at once: the
+        # loser's insert breaks the name's uniqueness; it then finds the winner's row and goes
+        # on (an import of its own) or is refused (a submitted sweep), never a traceback.
+        for attempt in range(2):
+            try:
+                return _write(engine, sweep, keyed, source, digest)
+            except sa.exc.IntegrityError as exc:
+                if attempt:
+                    raise UserError(
+                        f"sweep {sweep!r}: the import conflicted with another writer; nothing imported"
+                    ) from exc
+        raise AssertionError("unreachable")
+    finally:
+        if engine is not db:  # the engine opened here (a caller's own is left open)
+            engine.dispose()
+
+
+def _write(
+    engine: Engine, sweep: str, keyed: list[tuple[str, dict[str, Any], ImportRecord]], source: str, digest: str
+) -> dict[str, Any]:
+    import sqlalchemy as sa
+
+    from orchestrator.store import dialect, reader, repo
+    from orchestrator.store.models import Trial
+
     with engine.begin() as conn:
+        # SQLite: the write lock now, so a concurrent writer waits instead of failing the upgrade.
+        dialect.for_connection(conn).lock_for_claim(conn)
         found = reader.find_sweep(conn, sweep)
         if found is None:
-            sid = repo.upsert_sweep(conn, sweep, f"{IMPORTED_PREFIX}{source}\n", digest)
-        elif not found[1].startswith(IMPORTED_PREFIX):
+            sid = repo.upsert_sweep(conn, sweep, f"{IMPORTED_PREFIX}{source}\n", digest, origin=reader.ORIGIN_IMPORT)
+        elif reader.sweep_origin(conn, sweep) != reader.ORIGIN_IMPORT:
             # Its trials are real runs of `submit`: an import must never rewrite them.
             raise UserError(
                 f"sweep {sweep!r} was created by `orchestrator submit`; import into a new sweep name (nothing imported)"

@@ -42,6 +42,9 @@ class SweepRow(Base):
     lease_renewed_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # Set by `orchestrator cancel`; the lease holder sees it at its next renewal and stops.
     cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # Who made the sweep: "runner" (submit) or "import" (`orchestrator import`), set when the
+    # row is made (reader.ORIGIN_RUNNER / ORIGIN_IMPORT); import writes only into its own.
+    origin: Mapped[str] = mapped_column(sa.String(16), nullable=False, server_default="runner")
 
 
 class Trial(Base):

@@ -55,14 +55,15 @@ def open_engine(db: str | Engine | None) -> Engine:
     return open_store_engine(db, auto_create=False)[0]
 
 
-def open_reader_engine(db: str | None) -> tuple[Engine, str]:
+def open_reader_engine(db: str | None, *, pool_size: int = dialect.READER_POOL) -> tuple[Engine, str]:
     """An engine on ``db`` that refuses writes and reads with a reader's rights (the
-    backend's :meth:`~orchestrator.store.dialect.Dialect.reader_engine`), and its URL; a
-    missing SQLite file or a privileged PostgreSQL URL without a reader role is a UserError."""
+    backend's :meth:`~orchestrator.store.dialect.Dialect.reader_engine`, ``pool_size``
+    connections), and its URL; a missing SQLite file or a privileged PostgreSQL URL without a
+    reader role is a UserError."""
     from orchestrator.store.engine import ensure_schema, resolve_url
 
     url = resolve_url(db)
-    engine = dialect.for_url(url).reader_engine(url)
+    engine = dialect.for_url(url).reader_engine(url, pool_size=pool_size)
     try:
         ensure_schema(engine, url, auto_create=False)
     except sa.exc.DBAPIError as exc:
@@ -97,6 +98,17 @@ def find_sweep(conn: Connection, name: str) -> tuple[int, str] | None:
     """(id, stored spec text) of the sweep called ``name``, or None."""
     row = conn.execute(sa.select(SweepRow.id, SweepRow.spec_text).where(SweepRow.name == name)).first()
     return (row.id, row.spec_text) if row is not None else None
+
+
+# Who made a sweep (``sweeps.origin``): the runner (``submit``) or ``orchestrator import``.
+ORIGIN_RUNNER = "runner"
+ORIGIN_IMPORT = "import"
+
+
+def sweep_origin(conn: Connection, name: str) -> str | None:
+    """Who made the sweep called ``name`` (:data:`ORIGIN_RUNNER` or :data:`ORIGIN_IMPORT`),
+    or None when there is no such sweep."""
+    return conn.execute(sa.select(SweepRow.origin).where(SweepRow.name == name)).scalar()
 
 
 def sweep_id(conn: Connection, name: str) -> int:
@@ -331,6 +343,7 @@ class AnalysisRows:
     budget_steps: int = 0  # every trial's full budget (superseded ones are no longer in the design)
     running: int = 0  # trials still running (any status filter), and of those the stale ones
     stale: int = 0
+    failed: int = 0  # trials that failed (any status filter)
     # trial id -> its newest attempt's PROVENANCE_COLUMNS values (trials that never ran left out)
     provenance: dict[int, tuple[Any, ...]] = field(default_factory=dict)
 
@@ -375,6 +388,7 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> Analys
         _, stop_steps = stopped_savings(conn, sid)
         running = count(Trial.status == Status.running.value)
         stale = count(stale_condition(conn))
+        failed = count(Trial.status == Status.failed.value)
         budget_steps = steps(Trial.status != Status.superseded.value)
         stopped = stops(conn, sid)
         provenance = latest_provenance(conn, sid)
@@ -388,6 +402,7 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> Analys
         budget_steps=int(budget_steps),
         running=int(running),
         stale=int(stale),
+        failed=int(failed),
         provenance=provenance,
     )
 

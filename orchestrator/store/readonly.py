@@ -4,9 +4,9 @@ The statement goes to the database exactly as the user wrote it. Read-only-ness 
 the connection: SQLite opened with ``mode=ro`` plus an authorizer that denies writes,
 ATTACH and assigning PRAGMAs; PostgreSQL in a READ ONLY transaction, logged in as a role
 with a reader's rights whatever role the URL names (see ``Dialect.reader_engine`` and
-``orchestrator db create-reader``). A SQL tokenizer (sqlparse) screens the statement
-first: exactly one, starting with a reading keyword of the backend, calling none of the
-server-acting functions (quotes, comments and ``$$`` strings understood). Both backends
+``orchestrator db create-reader``). The backend's screen (``store/sql_screen.py``) looks
+at the statement first: exactly one, a read (PostgreSQL's parsed by PostgreSQL's own parser,
+calling only read functions, however spelled). Both backends
 cancel a statement past its timeout, and the rows brought back are capped.
 """
 
@@ -14,65 +14,25 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
-import sqlparse
-
-from orchestrator.errors import UserError
-from orchestrator.store import dialect
+from orchestrator.errors import UserError, utf8_problem
+from orchestrator.store import dialect, sql_screen
 from orchestrator.store.dialect import DEFAULT_QUERY_TIMEOUT_S, READER_COMMENT, Fetched, Limits
 
 
-def _meaningful(stmt: str) -> bool:
-    """Whether a piece of a split holds more than whitespace, comments and semicolons."""
-    for tok in sqlparse.parse(stmt)[0].flatten() if stmt.strip() else ():
-        if (
-            tok.is_whitespace
-            or tok.ttype in sqlparse.tokens.Comment
-            or tok.ttype in sqlparse.tokens.Comment.Single
-            or tok.ttype in sqlparse.tokens.Comment.Multiline
-            or (tok.ttype is sqlparse.tokens.Punctuation and tok.value == ";")
-        ):
-            continue
-        return True
-    return False
-
-
-def _words(stmt: sqlparse.sql.Statement) -> list[tuple[Any, str]]:
-    """(token type, lower-cased value) of every token that is not whitespace or comment."""
-    out = []
-    for tok in stmt.flatten():
-        if tok.is_whitespace or tok.ttype in sqlparse.tokens.Comment:
-            continue
-        out.append((tok.ttype, tok.value.lower()))
-    return out
+# statement_timeout is a 32-bit count of milliseconds: a longer --timeout cannot be set.
+MAX_TIMEOUT_S = (2**31 - 1) // 1000
 
 
 def check_statement(sql: str, backend: dialect.Dialect | None = None) -> str:
-    """``sql`` itself, unchanged, when it holds exactly one statement that starts with a
-    reading keyword of ``backend`` and names none of its server-acting functions; else
-    UserError."""
-    if not sql.strip():
-        raise UserError("empty query")
-    pieces = [p for p in sqlparse.split(sql) if _meaningful(p)]
-    if not pieces:
-        raise UserError("empty query (only comments)")
-    if len(pieces) > 1:
-        raise UserError(
-            f"one statement at a time ({len(pieces)} given): `orchestrator sql` runs a single read-only statement"
-        )
+    """``sql`` itself, unchanged, when it holds exactly one statement that ``backend``'s
+    screen lets through (``store/sql_screen.py``: one reading statement, PostgreSQL's parsed
+    by its own parser and calling read functions only); else UserError. Without a backend
+    only the one-statement rule applies."""
     if backend is None:
-        return sql
-    words = _words(sqlparse.parse(pieces[0])[0])
-    first = words[0][1] if words else ""
-    if first not in backend.read_statements:
-        allowed = ", ".join(sorted(w.upper() for w in backend.read_statements))
-        raise UserError(f"refused: `orchestrator sql` is read-only: it runs {allowed}, not {first.upper()}")
-    for i, (ttype, word) in enumerate(words):
-        name = word.strip('"')
-        called = i + 1 < len(words) and words[i + 1][1] == "("
-        if called and ttype not in sqlparse.tokens.Literal.String and name in backend.admin_functions:
-            raise UserError(f"refused: `orchestrator sql` is read-only, and {name}() acts on the server")
+        sql_screen.one_statement(sql)
+    else:
+        backend.screen(sql)
     return sql
 
 
@@ -89,8 +49,16 @@ def readonly_query(
     ``Fetched.deadline`` is the timeout's end: the caller formats the rows within it."""
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise UserError(f"--timeout must be a positive number of seconds, got {timeout_s}")
+    if timeout_s > MAX_TIMEOUT_S:
+        raise UserError(
+            f"--timeout must be at most {MAX_TIMEOUT_S:,} seconds (PostgreSQL's longest statement timeout, "
+            f"about 24 days), got {timeout_s:.15g}"
+        )
     if max_rows < 0 or max_bytes < 1:
         raise UserError(f"--max-rows must be >= 0 and --max-bytes >= 1 (got {max_rows}, {max_bytes})")
+    bad = utf8_problem(sql, "the query")
+    if bad:
+        raise UserError(bad)
     backend = dialect.for_url(url)
     body = check_statement(sql, backend)
     limits = Limits(max_rows=max_rows, max_bytes=max_bytes, deadline=time.monotonic() + timeout_s)

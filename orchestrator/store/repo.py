@@ -16,10 +16,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from orchestrator.errors import UserError
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
 from orchestrator.store import attempts, claims, dialect
-from orchestrator.store.reader import find_sweep
+from orchestrator.store.reader import ORIGIN_IMPORT, ORIGIN_RUNNER, find_sweep, sweep_origin
 from orchestrator.store.models import (
     Attempt,
     Driver,
@@ -60,12 +61,17 @@ def _param_row(trial_id: int, name: str, value: Any) -> dict[str, Any]:
     return {"trial_id": trial_id, "name": name, "value_num": num, "value_text": text}
 
 
-def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) -> int:
-    """Create the sweep row or refresh its spec (a spec may grow seeds); returns its id."""
+def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str, *, origin: str = ORIGIN_RUNNER) -> int:
+    """Create the sweep row (made by ``origin``: the runner or an import) or refresh its spec
+    (a spec may grow seeds; the origin of an existing row never changes); returns its id."""
+    if origin not in (ORIGIN_RUNNER, ORIGIN_IMPORT):
+        raise ValueError(f"sweep origin {origin!r}: expected {ORIGIN_RUNNER!r} or {ORIGIN_IMPORT!r}")
     row = conn.execute(sa.select(SweepRow.id).where(SweepRow.name == name)).first()
     if row is None:
         return conn.execute(
-            sa.insert(SweepRow).values(name=name, spec_text=spec_text, spec_hash=spec_hash).returning(SweepRow.id)
+            sa.insert(SweepRow)
+            .values(name=name, spec_text=spec_text, spec_hash=spec_hash, origin=origin)
+            .returning(SweepRow.id)
         ).scalar_one()
     conn.execute(
         sa.update(SweepRow)
@@ -75,19 +81,31 @@ def upsert_sweep(conn: Connection, name: str, spec_text: str, spec_hash: str) ->
     return row.id
 
 
+def imported_refusal(name: str) -> str:
+    """Why the runner refuses to run the sweep ``name`` (``orchestrator import`` made it)."""
+    return (
+        f"sweep {name!r} was made by `orchestrator import`: its trials are imported records, not runs "
+        "to submit, resume or join; give the spec another name"
+    )
+
+
 def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> int:
     """The sweep's id, creating the row (with this spec) when it is new. Two drivers racing
-    to create the same sweep both get the one row (the name is unique)."""
+    to create the same sweep both get the one row (the name is unique). A sweep that
+    ``orchestrator import`` made is refused: its trials are records, not runs to continue."""
     for _ in range(2):
         with engine.connect() as conn:
             found = find_sweep(conn, name)
+            origin = sweep_origin(conn, name) if found is not None else None
         if found is not None:
+            if origin == ORIGIN_IMPORT:
+                raise UserError(imported_refusal(name))
             return found[0]
         try:
             with engine.begin() as conn:
                 return conn.execute(
                     sa.insert(SweepRow)
-                    .values(name=name, spec_text=spec_text, spec_hash=spec_hash)
+                    .values(name=name, spec_text=spec_text, spec_hash=spec_hash, origin=ORIGIN_RUNNER)
                     .returning(SweepRow.id)
                 ).scalar_one()
         except sa.exc.IntegrityError:
@@ -532,21 +550,24 @@ def sweep_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict, str
 
 
 def trial_outcomes(conn: Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-    """id -> {status, final_acc, best_acc, trace: [(step, acc), ...]} (trace in step order)."""
+    """id -> {status, stopped_at, trace: [(step, acc, nonfinite), ...]} in step order, the
+    rows the events are computed from (``nonfinite``: the point holds a non-finite value, as
+    the analysis reads ``evals.nonfinite``; ``stopped_at``: the stop rule's step, or None)."""
     if not ids:
         return {}
-    out = {
-        r.id: {"status": r.status, "final_acc": r.final_acc, "best_acc": r.best_acc, "trace": []}
-        for r in conn.execute(
-            sa.select(Trial.id, Trial.status, Trial.final_acc, Trial.best_acc).where(Trial.id.in_(list(ids)))
-        )
+    wanted = list(ids)
+    out: dict[int, dict[str, Any]] = {
+        r.id: {"status": r.status, "stopped_at": None, "trace": []}
+        for r in conn.execute(sa.select(Trial.id, Trial.status).where(Trial.id.in_(wanted)))
     }
+    for stop in conn.execute(sa.select(TrialStop.trial_id, TrialStop.step).where(TrialStop.trial_id.in_(wanted))):
+        out[stop.trial_id]["stopped_at"] = stop.step
     for r in conn.execute(
-        sa.select(Eval.trial_id, Eval.step, Eval.acc)
-        .where(Eval.trial_id.in_(list(ids)))
+        sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.nonfinite.is_not(None).label("nonfinite"))
+        .where(Eval.trial_id.in_(wanted))
         .order_by(Eval.trial_id, Eval.step)
     ):
-        out[r.trial_id]["trace"].append((r.step, r.acc))
+        out[r.trial_id]["trace"].append((r.step, r.acc, bool(r.nonfinite)))
     return out
 
 

@@ -13,8 +13,10 @@ script, so a string that slipped past all of that still could not run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +31,27 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.errors import UserError
-from orchestrator.store import reader
+from orchestrator.store import deadline, reader
 from orchestrator.store.dialect import describe
 from orchestrator.store.reader import NotFound
 
 from . import db as q
+from .guard import Exposure, Guard, exposure_for
 
 DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
 POLL_MS = 2000
 # A traces POST carries the cursor: a few bytes per trial still being written.
 MAX_BODY = 8 * 1024 * 1024
+# Worker threads (and reader connections: one each); more requests wait for one.
+WORKERS = 8
+# Requests computing an analysis (escape times, grid, compare, CSV) at once; past it a 429.
+MAX_EXPENSIVE = 4
+# A request's database work is cancelled once it has run this long (a 503).
+REQUEST_TIMEOUT_S = 30.0
+# Open connections uvicorn serves at once (past it a 503), and seconds a SIGTERM waits for
+# the requests in flight (their database work is cancelled as it starts).
+MAX_CONNECTIONS = 256
+SHUTDOWN_GRACE_S = 3
 _HERE = Path(__file__).resolve().parent
 
 # Scripts and data only from this server; nothing inline but styles (Plotly.js sets style
@@ -78,11 +91,15 @@ class SecurityHeaders:
 
 
 class _Dashboard(Starlette):
-    """Starlette with :class:`SecurityHeaders` outside its whole stack: middleware added the
-    usual way sits inside the server-error handler, so a 500 page would go out without them."""
+    """Starlette with :class:`SecurityHeaders` outside its whole stack (middleware added the
+    usual way sits inside the server-error handler, so a 500 page would go out without them),
+    and inside it the :class:`~orchestrator.ui.guard.Guard` of the Host names and token."""
+
+    exposure: Exposure | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
-        return SecurityHeaders(super().build_middleware_stack())
+        inner = super().build_middleware_stack()
+        return SecurityHeaders(inner if self.exposure is None else Guard(inner, self.exposure))
 
 
 def plotly_js() -> Path:
@@ -125,8 +142,35 @@ class _JSON(JSONResponse):
         return json.dumps(content, separators=(",", ":"), default=str, allow_nan=False).encode()
 
 
-def create_app(engine, url: str) -> Starlette:
-    """The dashboard over an engine that cannot write (see :func:`reader.open_reader_engine`)."""
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None once it is past ``limit`` bytes (read as it streams in:
+    the rest is never read, and a Content-Length past it is refused before any)."""
+    length = request.headers.get("content-length", "")
+    if length.isascii() and length.isdigit() and int(length) > limit:
+        return None
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            return None
+    return bytes(buf)
+
+
+def create_app(
+    engine,
+    url: str,
+    *,
+    exposure: Exposure | None = None,
+    request_timeout_s: float | None = REQUEST_TIMEOUT_S,
+    max_expensive: int = MAX_EXPENSIVE,
+    workers: int = WORKERS,
+    stop: deadline.Stop | None = None,
+) -> Starlette:
+    """The dashboard over an engine that cannot write (see :func:`reader.open_reader_engine`).
+    ``exposure``: the Host names served and the token needed (None: no check, for an app
+    called in-process); ``request_timeout_s``: each request's database deadline;
+    ``max_expensive``: analysis requests at once; ``workers``: handler threads; ``stop``: set
+    when the server stops, which cancels the database work in flight."""
     # The escape-time view needs lifelines (with scipy, ~1.5 s to import): pay that at start
     # rather than on the first page load.
     import lifelines  # noqa: F401
@@ -145,16 +189,48 @@ def create_app(engine, url: str) -> Starlette:
             return _JSON({"error": msg}, status_code=404)
         return page(request, "404.html", status=404, message=msg)
 
-    def guarded(fn):
+    expensive_slots = threading.BoundedSemaphore(max_expensive)
+
+    def cancelled() -> Response:
+        if stop is not None and stop.is_set():
+            msg = "error: the server is stopping; this request's database work was cancelled"
+        else:
+            msg = (
+                f"error: the request ran past its {request_timeout_s:g} s deadline and its database work "
+                "was cancelled (narrow it with where=, or raise --request-timeout)"
+            )
+        return _JSON({"error": msg}, status_code=503)
+
+    def guarded(fn, expensive: bool = False):
         def handler(request: Request) -> Response:
+            if expensive and not expensive_slots.acquire(blocking=False):
+                return _JSON(
+                    {"error": f"error: {max_expensive} analysis views are being computed already; retry in a moment"},
+                    status_code=429,
+                    headers={"retry-after": "1"},
+                )
             try:
-                return fn(request)
-            except NotFound as exc:
-                return not_found(request, str(exc))
-            except UserError as exc:
-                return _JSON({"error": f"error: {exc}"}, status_code=400)
+                with deadline.within(request_timeout_s, stop):
+                    try:
+                        return fn(request)
+                    except NotFound as exc:
+                        return not_found(request, str(exc))
+                    except UserError as exc:
+                        return _JSON({"error": f"error: {exc}"}, status_code=400)
+                    except Exception:
+                        # SQLite's "interrupted", PostgreSQL's "canceling statement due to
+                        # statement timeout", in whatever wrapper the caller put them.
+                        if deadline.passed():
+                            return cancelled()
+                        raise
+            finally:
+                if expensive:
+                    expensive_slots.release()
 
         return handler
+
+    def heavy(fn):
+        return guarded(fn, expensive=True)
 
     def arg(request: Request, name: str) -> str | None:
         v = request.query_params.get(name)
@@ -212,9 +288,13 @@ def create_app(engine, url: str) -> Starlette:
         past 16 KiB (about 600 running trials) never reaches the app."""
         if request.method == "GET":
             return await run_in_threadpool(api_traces_get, request)
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return _JSON({"error": f"error: request body of {len(body)} bytes, more than {MAX_BODY}"}, status_code=400)
+        body = await read_body(request, MAX_BODY)
+        if body is None:  # the rest is never read: the connection closes after the answer
+            return _JSON(
+                {"error": f"error: request body over {MAX_BODY:,} bytes; a traces POST carries only the cursor"},
+                status_code=413,
+                headers={"connection": "close"},
+            )
         try:
             data = json.loads(body or b"{}")
         except (ValueError, RecursionError):
@@ -225,7 +305,7 @@ def create_app(engine, url: str) -> Starlette:
         name = request.path_params["name"]
         return await run_in_threadpool(guarded(lambda _r: traces_answer(name, args)), request)
 
-    @guarded
+    @heavy
     def api_grid(request: Request) -> Response:
         g = q.grid(
             engine,
@@ -238,7 +318,7 @@ def create_app(engine, url: str) -> Starlette:
         )
         return _JSON(_clean(g))
 
-    @guarded
+    @heavy
     def api_csv(request: Request) -> Response:
         args = {k: arg(request, k) for k in ("where", "by", "x", "y", "facet", "metric")}
         fname, text = q.csv_view(engine, request.path_params["name"], request.path_params["view"], args)
@@ -260,18 +340,18 @@ def create_app(engine, url: str) -> Starlette:
             )
         )
 
-    @guarded
+    @heavy
     def api_compare(request: Request) -> Response:
         return _JSON(compare_args(request))
 
-    @guarded
+    @heavy
     def api_compare_csv(request: Request) -> Response:
         c = compare_args(request)
         cols = ["sweep", c["by"], "n", "k", "rate", "ci_low", "ci_high", "median"]
         rows = [{"sweep": c[s], c["by"]: r["value"], **r} for s in ("a", "b") for r in c[s + "_cells"]]
         return _csv(f"compare-{c['a']}-{c['b']}.csv", q.to_csv(cols, rows))
 
-    @guarded
+    @heavy
     def api_km(request: Request) -> Response:
         return _JSON(
             _clean(q.escape_times(engine, request.path_params["name"], arg(request, "by"), arg(request, "where")))
@@ -299,28 +379,85 @@ def create_app(engine, url: str) -> Starlette:
         Route("/static/plotly.min.js", plotly),
         Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]
-    return _Dashboard(routes=routes, exception_handlers={404: missing})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        # The handlers' thread pool: as many threads as the engine has connections to hand out.
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = workers
+        yield
+
+    app = _Dashboard(routes=routes, exception_handlers={404: missing}, lifespan=lifespan)
+    app.exposure = exposure
+    app.state.expensive_slots = expensive_slots
+    return app
 
 
-def serve(db: str | None, host: str, port: int, *, announce=print) -> None:
-    """Open the database read-only, print the URL, serve until Ctrl-C."""
-    import uvicorn
-
+def _listen(host: str, port: int):
     import socket
 
-    engine, url = reader.open_reader_engine(db)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:  # a taken port is one line and exit 2, not uvicorn's log and exit 1
-        with socket.create_server((host, port)):
-            pass
-    except OSError as exc:
-        engine.dispose()
-        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with --port") from None
-    app = create_app(engine, url)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    shown = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}/"
-    announce(f"orchestrator ui: serving {describe(url)} read-only at {shown} (Ctrl-C stops)")
+        return socket.create_server((host, port), family=family, backlog=MAX_CONNECTIONS)
+    except (OSError, OverflowError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise UserError(f"cannot listen on {host}:{port}: {why}; pick another with --host/--port") from None
+
+
+def serve(
+    db: str | None,
+    host: str,
+    port: int,
+    *,
+    announce=print,
+    token: str | None = None,
+    allow_hosts: tuple[str, ...] = (),
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
+) -> None:
+    """Open the database read-only, print the URL, serve until Ctrl-C or SIGTERM. Off
+    loopback a ``token`` is required (see :mod:`orchestrator.ui.guard`)."""
+    import uvicorn
+
+    if not request_timeout_s > 0:
+        raise UserError(f"--request-timeout {request_timeout_s}: expected a number of seconds above 0")
+    exposure = exposure_for(host, port, allow_hosts, token)
+    engine, url = reader.open_reader_engine(db, pool_size=WORKERS)
     try:
-        server.run()
+        sock = _listen(host, port)
+    except UserError:
+        engine.dispose()
+        raise
+    bound_host, bound_port = sock.getsockname()[:2]
+    exposure = exposure_for(host, bound_port, allow_hosts, token)
+    stop = deadline.Stop()
+    app = create_app(engine, url, exposure=exposure, request_timeout_s=request_timeout_s, stop=stop)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        limit_concurrency=MAX_CONNECTIONS,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            stop.set()  # the database work in flight is cancelled, so its requests end now
+            await super().shutdown(sockets)
+
+    server = _Server(config)
+    name = f"[{bound_host}]" if ":" in bound_host else bound_host
+    if host in ("", "0.0.0.0", "::"):
+        where = f"on every interface ({name}:{bound_port})"
+        import socket
+
+        name = socket.gethostname()
+    else:
+        where = f"on {name}:{bound_port}"
+    link = f"http://{name}:{bound_port}/" + (f"?token={token}" if token else "")
+    announce(f"orchestrator ui: serving {describe(url)} read-only {where} at {link} (Ctrl-C stops)")
+    try:
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         engine.dispose()

@@ -30,6 +30,7 @@ from orchestrator.errors import UserError
 from orchestrator.status import Status
 from orchestrator.store import reader
 from orchestrator.store.reader import NotFound, aware
+from orchestrator.yaml_load import load_capped
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
@@ -42,22 +43,47 @@ def _params(p: Any) -> dict:
     return p if isinstance(p, dict) else json.loads(p or "{}")
 
 
-def spec_description(spec_text: str) -> str:
-    """The ``description:`` of a stored spec ("" when it has none or is not YAML)."""
+# A stored spec is read back with the product's strict loader and its caps (an import's
+# file name, or any other stored text, is never trusted to be a small spec).
+SPEC_MAX_CHARS = 1024 * 1024
+SPEC_MAX_NODES = 100_000
+MAX_DESCRIPTION = 2000
+
+
+def read_spec(spec_text: str | None) -> tuple[dict[str, Any], str | None]:
+    """A stored spec as a mapping, and why it could not be read as one (None when it could:
+    empty text is an empty spec)."""
     try:
-        data = yaml.safe_load(spec_text) or {}
-    except yaml.YAMLError:
-        return ""
-    return str(data.get("description") or "") if isinstance(data, dict) else ""
+        data = load_capped(spec_text or "", max_chars=SPEC_MAX_CHARS, max_nodes=SPEC_MAX_NODES)
+    except yaml.YAMLError as exc:
+        why = str(exc).strip().splitlines()
+        return {}, (why[0] if why else type(exc).__name__)[:200]
+    if data is None:
+        return {}, None
+    if not isinstance(data, dict):
+        return {}, f"a {type(data).__name__}, not a mapping"
+    return data, None
+
+
+def spec_description(spec_text: str) -> str:
+    """The ``description:`` of a stored spec ("" when it has none; a note when the stored
+    text is not a spec this dashboard can read)."""
+    return _description(*read_spec(spec_text))
+
+
+def _description(data: dict[str, Any], problem: str | None) -> str:
+    if problem is not None:
+        return f"(stored spec unparseable: {problem})"
+    d = data.get("description")
+    if isinstance(d, bool) or not isinstance(d, (str, int, float)):
+        return ""  # a structure is not a description (and str() of one can be huge)
+    d = str(d)
+    return d if len(d) <= MAX_DESCRIPTION else d[:MAX_DESCRIPTION] + "…"
 
 
 def spec_analysis(conn, name: str) -> dict[str, Any]:
-    text = reader.spec_text(conn, name) or ""
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError:
-        return {}
-    block = data.get("analysis") if isinstance(data, dict) else None
+    data, _problem = read_spec(reader.spec_text(conn, name))
+    block = data.get("analysis")
     return block if isinstance(block, dict) else {}
 
 
@@ -71,10 +97,12 @@ def sweeps(engine: Engine) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         st = report.get(r.name, {})
+        spec = read_spec(r.spec_text)
         out.append(
             {
                 "name": r.name,
-                "description": spec_description(r.spec_text),
+                "description": _description(*spec),
+                "spec_error": spec[1],
                 "total": st.get("total", 0),
                 "counts": st.get("counts", {}),
                 "progress": st.get("progress"),
@@ -387,6 +415,7 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
     prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg))
     if by:
         check_params(prep.trials, [by], prep.data.params, "by")
+        _few_values(prep.trials, "by", by, MAX_GROUPS, "curves the escape-time view draws")
     cfg = cfg.with_overrides(by=[by] if by else None)
     km = survival.km(prep.trials, cfg)
     out: dict[str, Any] = {"by": cfg.by, "escape_at": cfg.escape_at, "groups": km.to_dict()["groups"], "logrank": None}
@@ -397,6 +426,24 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
 
 
 # ---- the grid view, the comparison of two sweeps, CSV ------------------------------------------
+# What one view groups into at most: a parameter with more values (a seed, a learning rate
+# drawn at random) is refused with one line rather than drawn as thousands of curves.
+MAX_GROUPS = 50
+MAX_AXIS = 200
+MAX_CELLS = 10_000
+
+
+def _few_values(trials, flag: str, name: str, cap: int, what: str) -> int:
+    """How many values ``name`` takes in ``trials``; a UserError past ``cap``."""
+    n = int(trials[name].map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique())
+    if n > cap:
+        raise UserError(
+            f"{flag}={name!r}: {n:,} values, more than the {cap} {what}; "
+            "pick a parameter with fewer values, or narrow with where="
+        )
+    return n
+
+
 GRID_DROPS = ("by", "cells", "strata", "compare", "contrasts", "heatmap", "where")
 CI_METHOD = "Clopper-Pearson exact 95% (scipy.stats.binomtest)"
 
@@ -407,14 +454,13 @@ def _grid_prepared(engine: Engine, name: str, where: str | None):
     groups and filter."""
     from orchestrator.analysis import pipeline
     from orchestrator.analysis.config import parse_config
-    from orchestrator.analysis.report import apply_horizon
 
     with engine.connect() as conn:
         reader.sweep_id(conn, name)
         block = {k: v for k, v in spec_analysis(conn, name).items() if k not in GRID_DROPS}
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(where=where or None)
     key = (id(engine), name, "grid", cfg.model_dump_json())
-    return PREPARED.get(engine, name, key, lambda: apply_horizon(pipeline.prepare(engine, name, cfg)))
+    return PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg))
 
 
 def _cell(row: dict[str, Any]) -> dict[str, Any]:
@@ -443,6 +489,14 @@ def grid(
     prep = _grid_prepared(engine, name, where)
     for flag, axis in (("x", x), ("y", y), ("facet", facet)):
         check_params(prep.trials, [axis] if axis else [], prep.data.params, flag)
+    nx = _few_values(prep.trials, "x", x, MAX_AXIS, "columns a grid draws")
+    ny = _few_values(prep.trials, "y", y, MAX_AXIS, "rows a grid draws")
+    nf = _few_values(prep.trials, "facet", facet, MAX_GROUPS, "panels a grid draws") if facet else 1
+    if nx * ny * nf > MAX_CELLS:
+        raise UserError(
+            f"x={x!r}, y={y!r}, facet={facet!r}: {nx} x {ny} x {nf} cells, more than the {MAX_CELLS:,} "
+            "a grid draws; pick parameters with fewer values, or narrow with where="
+        )
     axes = ([facet] if facet else []) + [y, x]
     cells = grid_cells(prep.trials, prep.cfg, axes, metric or "lockin", prep.data.params)
     rows = cells.to_dict("records")
@@ -494,6 +548,7 @@ def compare(
     out: dict[str, Any] = {"a": a, "b": b, "by": by, "metric": metric or "lockin", "shared": shared, "ci": CI_METHOD}
     for side, name in (("a", a), ("b", b)):
         prep = _grid_prepared(engine, name, where)
+        _few_values(prep.trials, "by", by, MAX_AXIS, "values a comparison lists")
         cells = grid_cells(prep.trials, prep.cfg, [by], metric or "lockin", prep.data.params)
         out[side + "_cells"] = [{"value": r[by], **_cell(r)} for r in cells.to_dict("records")]
     return out
