@@ -138,3 +138,19 @@ def test_bench_cells_cpu_clock(capsys):
     assert data["clock"] == "cpu" and data["threads"] == 1
     (row,) = data["rows"]
     assert row["naive_tok_s"] > 0 and row["default_tok_s"] > 0
+
+
+def test_cells_spec_counts_are_the_built_models(capsys):
+    # Unmatched rows come from the spec's own (arm, d_model, n_layers, vocab): a count must be
+    # the model each trial builds, not one with the vocabulary and width swapped.
+    rows = _json(capsys, ["cells", "--spec", "sweeps/basin_map.yaml", "--json"])
+    assert {r["vocab_size"] for r in rows} == {80, 88, 96}
+    for r in rows:
+        assert r["arm"] == "mlstm" and r["d_model"] == 94 and r["n_layers"] == 1
+        model = cells.build("mlstm", r["vocab_size"], 94, 1, **r["knobs"])
+        assert r["params"] == sum(p.numel() for p in model.parameters()), r
+        assert r["params"] == cells.describe("mlstm", r["vocab_size"], d_model=94, n_layers=1, **r["knobs"])["params"]
+    assert main(["cells", "--spec", "sweeps/basin_map.yaml"]) == 0
+    table = capsys.readouterr().out
+    v80 = next(r for r in rows if r["vocab_size"] == 80)
+    assert f"{v80['params']:,}" in table

@@ -90,3 +90,66 @@ def test_cli_bad_spec_exit_2(tmp_path, capsys):
     f = tmp_path / "s.yaml"
     f.write_text(SPEC % "{target: 100}")
     assert main(["cells", "--spec", str(f), "--json"]) == 2
+
+
+def test_within_cell_toggles_share_their_base_width():
+    # The paper toggles one knob at a time: armed_gdn is gated_deltanet plus the convolution,
+    # so it carries gated_deltanet's MLP and the convolution's parameters come on top.
+    sweep = load("sweeps/factorial.yaml")
+    by_arm = {r["arm"]: r for r in sweep.matched}
+    pairs = [
+        ("armed_gdn", "gated_deltanet", {}),
+        ("deltanet", "gated_deltanet", {}),
+        ("dg_diag", "dg_rank", {}),
+        ("mamba2_ref", "mamba2_ref_noconv", {"d_state": 16}),
+    ]
+    for arm, base, knobs in pairs:
+        assert by_arm[arm]["mlp_hidden"] == by_arm[base]["mlp_hidden"], (arm, base)
+        assert by_arm[arm]["width_of"] == base
+        # The count differs by the toggle's own parameters: the same difference as at the default harness.
+        own = (
+            cells.describe(arm, 91, d_model=32, **knobs)["params"]
+            - cells.describe(base, 91, d_model=32, **knobs)["params"]
+        )
+        assert by_arm[arm]["params"] - by_arm[base]["params"] == own, arm
+    assert by_arm["armed_gdn"]["params"] > by_arm["gated_deltanet"]["params"] + 300  # the conv, ~0.4k
+    # Matching across families still holds for the solved bases.
+    for base in ("gated_deltanet", "dg_rank", "mamba2_ref_noconv"):
+        assert by_arm[base]["width_of"] == base and abs(by_arm[base]["params"] - 29000) <= 0.02 * 29000
+    widths = {(p["arm"], p["model.mlp_hidden"]) for _, p in sweep.trials if "model.mlp_hidden" in p}
+    assert ("armed_gdn", by_arm["gated_deltanet"]["mlp_hidden"]) in widths
+
+
+def test_a_chain_of_toggles_shares_the_root_width():
+    sweep = load("sweeps/transition_hardened.yaml")
+    by_arm = {r["arm"]: r for r in sweep.matched}
+    assert by_arm["armed_dg_diag"]["width_of"] == "dg_rank"
+    assert by_arm["armed_dg_diag"]["mlp_hidden"] == by_arm["dg_rank"]["mlp_hidden"]
+    # Bases that are not arms of the sweep are solved all the same: the factorial's models.
+    fact = {r["arm"]: r for r in load("sweeps/factorial.yaml").matched}
+    for arm in ("armed_gdn", "mamba2_ref", "deltanet", "dg_rank"):
+        assert by_arm[arm]["mlp_hidden"] == fact[arm]["mlp_hidden"], arm
+
+
+TOGGLE_SPEC = """
+name: t
+fixed: {task: mqar, d_model: 32, n_layers: 1, steps: 10, eval_every: 5}
+axes: {arm: [armed_gdn, gated_deltanet, dg_rank], seed: [0]}
+match_params: {target: 29000, %s}
+"""
+
+
+@pytest.mark.parametrize(
+    "block,needle",
+    [
+        ("toggles: {armed_gdn: dg_rank}", "different families"),
+        ("toggles: {armed_gdn: deltanet}", "differ in 2 knob defaults (conv, decay)"),
+        ("toggles: {armed_gdn: gated_deltanet, gated_deltanet: armed_gdn}", "a cycle"),
+        ("arms: [dg_rank], toggles: {armed_gdn: gated_deltanet}", "not in match_params.arms"),
+        ("toggles: {armed_gdn: gated_deltanett}", "unknown arm 'gated_deltanett'"),
+    ],
+)
+def test_bad_toggles_are_one_line(block, needle):
+    with pytest.raises(SpecError) as exc:
+        load(text=TOGGLE_SPEC % block)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)

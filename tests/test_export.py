@@ -131,3 +131,36 @@ def test_every_parameter_kept_and_placement_in_its_own_columns(tmp_path, capsys)
     paths = orchestrator.export("pl", db=db, out=tmp_path / "py", format="csv")
     assert [p.name for p in paths] == ["trials.csv", "evals.csv", "spec.yaml"]
     assert (tmp_path / "py" / "trials.csv").read_text() == (out / "trials.csv").read_text()
+
+
+def test_nonfinite_column_kept_in_every_format(tmp_path, capsys):
+    # A NaN loss and a loss never recorded are both NULL in `loss`; only `nonfinite` tells them apart.
+    db = str(tmp_path / "nf.db")
+    recs = [
+        {
+            "params": {"arm": "deltanet", "seed": 0},
+            "trace": [
+                {"step": 10, "acc": 0.25, "loss": float("nan")},
+                {"step": 20, "acc": 0.5},
+                {"step": 30, "acc": 0.75, "loss": 0.5},
+            ],
+        }
+    ]
+    write_records(db, "nf", recs)
+    for fmt in ("csv", "parquet"):
+        out = tmp_path / fmt
+        assert main(["export", "nf", "--format", fmt, "--out", str(out), "--db", db]) == 0
+        capsys.readouterr()
+        if fmt == "csv":
+            with open(out / "evals.csv") as f:
+                rows = list(csv.DictReader(f))
+            got = [(int(r["step"]), r["loss"], r["nonfinite"]) for r in rows]
+            assert got == [(10, "", "loss=nan"), (20, "", ""), (30, "0.5", "")]
+        else:
+            import pyarrow.parquet as pq
+
+            t = pq.read_table(out / "evals.parquet")
+            assert t.column("step").to_pylist() == [10, 20, 30]
+            assert t.column("nonfinite").to_pylist() == ["loss=nan", None, None]
+            loss = t.column("loss").to_pylist()
+            assert loss[2] == 0.5 and all(x is None or x != x for x in loss[:2])

@@ -126,7 +126,15 @@ def _spec_rows(path: str, json_out: bool) -> None:
             sig = (top["arm"], top["d_model"], top["n_layers"], vocab, tuple(sorted(knobs.items())))
             if sig not in seen:
                 seen.add(sig)
-                rows.append({**unmatched(*sig), "knobs": dict(knobs)})
+                # By keyword: the signature's order (arm, vocab, d_model, ...) is not this tuple's.
+                row = unmatched(
+                    arm=top["arm"],
+                    vocab=vocab,
+                    d_model=top["d_model"],
+                    n_layers=top["n_layers"],
+                    knobs=tuple(sorted(knobs.items())),
+                )
+                rows.append({**row, "knobs": dict(knobs)})
     if json_out:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -5,6 +5,12 @@ The matched-state factorial compares mixers at equal recurrent state *and* (as i
 capacity with the knob under test. The lever is the harness MLP's hidden width
 (``model.mlp_hidden``): it adds ``n_layers * (2 * d_model + 1)`` parameters per unit and
 touches neither the mixer nor its state, so the recurrent state stays exactly as specified.
+
+A within-cell toggle (``armed_gdn`` is ``gated_deltanet`` plus a convolution) must change one
+knob only: solving each side to the target separately would move the MLP width with the
+convolution and make the contrast two knobs. ``toggles: {armed_gdn: gated_deltanet}`` gives
+the toggled arm its base's solved width, so the toggle's own parameters come on top (the
+paper's ≈28.9k vs ≈29.3k) and matching stays a between-family affair.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 LEVER = "mlp_hidden"
 
@@ -27,6 +33,30 @@ class MatchParams(BaseModel):
         None,
         description="arms to size (default: every arm); the others keep their default harness and are listed unmatched",
     )
+    toggles: dict[str, str] = Field(
+        default_factory=dict,
+        description="toggled arm -> base arm: the toggled arm takes the width solved for its base (same family, "
+        "one knob default apart), so a within-cell toggle changes that knob only",
+    )
+
+    @model_validator(mode="after")
+    def _toggles_reach_a_sized_root(self) -> MatchParams:
+        for arm in self.toggles:
+            root = self.root(arm)
+            if self.arms is not None and root not in self.arms:
+                raise ValueError(f"toggles: {arm!r} takes the width of {root!r}, which is not in match_params.arms")
+        return self
+
+    def root(self, arm: str) -> str:
+        """The solved arm whose width ``arm`` carries: its base's, or its base's base's (a
+        chain of single-knob toggles, armed_dg_diag -> dg_diag -> dg_rank, shares one width)."""
+        seen = [arm]
+        while seen[-1] in self.toggles:
+            nxt = self.toggles[seen[-1]]
+            if nxt in seen:
+                raise ValueError(f"toggles: a cycle ({' -> '.join([*seen, nxt])})")
+            seen.append(nxt)
+        return seen[-1]
 
 
 def _count(arm: str, vocab: int, d: int | None, n: int | None, knobs: tuple) -> dict[str, Any]:
@@ -45,6 +75,7 @@ def unmatched(arm: str, vocab: int, d_model: int | None, n_layers: int | None, k
         "state_scaling": row["state_scaling"],
         LEVER: None,
         "target": None,
+        "width_of": None,
         "d_model": row["d_model"],
         "n_layers": row["n_layers"],
         "vocab_size": vocab,
@@ -88,6 +119,58 @@ def solve(
         "state_scaling": row["state_scaling"],
         LEVER: width,
         "target": target,
+        "width_of": arm,
+        "d_model": row["d_model"],
+        "n_layers": row["n_layers"],
+        "vocab_size": vocab,
+    }
+
+
+def check_toggle(arm: str, base: str) -> None:
+    """Raise ValueError (one line) unless ``arm`` is ``base`` with one knob's default changed."""
+    import cells
+    from cells.registry import spec
+
+    for name in (arm, base):
+        if name not in cells.ARMS:
+            raise ValueError(f"toggles: unknown arm {name!r}")
+    fa, fb = spec(arm).family, spec(base).family
+    if fa != fb:
+        raise ValueError(f"toggles: {arm!r} ({fa}) and {base!r} ({fb}) are different families; match them by target")
+    ka, kb = cells.knobs(arm), cells.knobs(base)
+    differ = sorted(k for k in ka.keys() | kb.keys() if ka.get(k) != kb.get(k))
+    if len(differ) != 1:
+        raise ValueError(
+            f"toggles: {arm!r} and {base!r} differ in {len(differ)} knob defaults "
+            f"({', '.join(differ) or 'none'}), not one"
+        )
+
+
+def toggled(
+    arm: str,
+    base: str,
+    root: str,
+    vocab: int,
+    d_model: int | None,
+    n_layers: int | None,
+    knobs: tuple,
+    target: int,
+    tolerance: float,
+) -> dict[str, Any]:
+    """The row of ``arm`` (one knob from ``base``) built at the width :func:`solve` gives
+    ``root`` (``base``, or the solved arm at the end of its chain of toggles; same knobs): its
+    count is the root's plus the toggles' own parameters, not held to the tolerance."""
+    check_toggle(arm, base)
+    width = solve(root, vocab, d_model, n_layers, knobs, target, tolerance)[LEVER]
+    row = _count(arm, vocab, d_model, n_layers, tuple(sorted({**dict(knobs), LEVER: width}.items())))
+    return {
+        "arm": arm,
+        "params": row["params"],
+        "state_elements": row["state_elements"],
+        "state_scaling": row["state_scaling"],
+        LEVER: width,
+        "target": target,
+        "width_of": root,
         "d_model": row["d_model"],
         "n_layers": row["n_layers"],
         "vocab_size": vocab,

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store.reader import sweep_frames
+from orchestrator.store.models import Eval, Trial
+from orchestrator.store.reader import sweep_frames, sweep_id
 
 
 def _portable(df: pd.DataFrame) -> pd.DataFrame:
@@ -24,16 +26,38 @@ def _portable(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _with_nonfinite(engine: Engine, sweep: str, evals: pd.DataFrame) -> pd.DataFrame:
+    """``evals`` with the ``nonfinite`` column beside the numbers: a measurement stored as
+    NULL is either not recorded or not finite, and only this column tells which (``loss=nan``).
+    Placed after ``elapsed_s``, before the ``metrics.*`` columns."""
+    with engine.connect() as conn:
+        sid = sweep_id(conn, sweep)
+        rows = conn.execute(
+            sa.select(Eval.trial_id, Eval.step, Eval.nonfinite)
+            .join(Trial, Trial.id == Eval.trial_id)
+            .where(Trial.sweep_id == sid)
+        ).all()
+    marks = {(int(t), int(s)): n for t, s, n in rows}
+    out = evals.drop(columns=["nonfinite"], errors="ignore")
+    col = pd.Series(
+        [marks.get((int(t), int(s))) for t, s in zip(out["trial_id"], out["step"])], index=out.index, dtype=object
+    )
+    at = list(out.columns).index("elapsed_s") + 1 if "elapsed_s" in out.columns else len(out.columns)
+    out.insert(at, "nonfinite", col)
+    return out
+
+
 def export_sweep(engine: Engine, sweep: str, fmt: str, out_dir: str | Path) -> list[Path]:
     """Write ``trials.<fmt>``, ``evals.<fmt>`` (parquet or csv) and ``spec.yaml`` (the spec
     text stored with the sweep) under ``out_dir``; returns the paths written."""
     if fmt not in ("parquet", "csv"):
         raise UserError(f"--format {fmt!r}: expected parquet or csv")
     frames = sweep_frames(engine, sweep)
+    evals = _with_nonfinite(engine, sweep, frames.evals)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, df in (("trials", frames.trials), ("evals", frames.evals)):
+    for name, df in (("trials", frames.trials), ("evals", evals)):
         p = out / f"{name}.{fmt}"
         if fmt == "parquet":
             _portable(df).to_parquet(p, index=False, engine="pyarrow")
