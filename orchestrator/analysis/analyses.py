@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import contrasts, scaling, survival, tables
+from . import contrasts, multiplicity, scaling, survival, tables
 from .config import AnalysisConfig
 from .data import formula_name
 from .hazard import HazardResult, default_rhs, fit_hazard
@@ -71,14 +71,19 @@ def format_test(res: TestResult) -> str:
 
 
 def format_strata(res: list[dict[str, Any]]) -> str:
-    """Per-stratum log-rank (``logrank`` with strata)."""
+    """Per-stratum log-rank (``logrank`` with strata); adjusted p-values where the entries
+    carry them (:func:`.multiplicity.annotate`), the raw beside."""
     out = []
     for e in res:
         stratum = " ".join(f"{k}={v}" for k, v in e["cell"].items()) or "all"
         p = e.get("p_value")
         out.append(
             f"{stratum}: "
-            + (f"p = {p:.4g}, chi2 = {e['test_statistic']:.3g}" if p is not None else f"- ({e.get('reason')})")
+            + (
+                f"{multiplicity.p_text(e)}, chi2 = {e['test_statistic']:.3g}"
+                if p is not None
+                else f"- ({e.get('reason')})"
+            )
         )
     return "\n".join(out)
 
