@@ -44,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, utf8_problem
 from orchestrator.status import ALL, FINISHED
 
 DEFAULT_STATUSES = tuple(s.value for s in FINISHED)
@@ -164,6 +164,14 @@ class AnalysisConfig(BaseModel):
     alternative: Literal["two-sided", "greater", "less"] = Field(
         "two-sided", description="two-sided, greater (the first group higher) or less"
     )
+    # Holm by default: a table's tests share trials (Fisher and permutation on the same
+    # groups), and Holm holds the family-wise error under any dependence; BH is for screens.
+    adjust: Literal["holm", "bh", "bonferroni", "none"] = Field(
+        "holm",
+        description="multiplicity adjustment within each family of p-values a command prints (the "
+        "per-stratum log-rank tests, the report's contrast table): holm, bh (Benjamini-Hochberg), "
+        "bonferroni or none; a single test is left as it is. Raw p-values are shown beside",
+    )
     n_resamples: int = Field(100_000, gt=0, description="permutation resamples (exact when fewer relabellings exist)")
     random_seed: int = Field(0, description="random seed of Monte Carlo permutations")
     heatmap: HeatmapConfig | None = Field(
@@ -195,6 +203,14 @@ class AnalysisConfig(BaseModel):
         "point with a non-finite loss)",
     )
 
+    logrank: Literal["auto", "permutation", "hypergeometric"] = Field(
+        "auto",
+        description="variance of the two-group log-rank, for reports and sequential looks alike: "
+        "'permutation' (holds its level with few seeds and tied escapes), 'hypergeometric' (the "
+        "textbook one, lifelines'), or 'auto' (permutation while a group has under 30 trials or "
+        "the escapes are heavily tied)",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data: Any) -> Any:
@@ -214,6 +230,15 @@ class AnalysisConfig(BaseModel):
 
     _lists = field_validator("by", "strata", "statuses", "pair_on", mode="before")(_name_list)
     _mappings = field_validator("heatmap", "scaling", mode="before")(_mapping)
+
+    @field_validator("where", "formula")
+    @classmethod
+    def _utf8(cls, v: str | None, info: Any) -> str | None:
+        # An argument with bytes that are not UTF-8 arrives as lone surrogates.
+        bad = None if v is None else utf8_problem(v, f"--{info.field_name}")
+        if bad:
+            raise ValueError(bad)
+        return v
 
     @field_validator("compare", mode="before")
     @classmethod

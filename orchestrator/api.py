@@ -249,13 +249,12 @@ def analyze(sweep: str, kind: str, *legacy: Any, db: str | Engine | None = None,
     and the statistic's own fields (e.g. ``.p_value``). An unknown name or a bad value is a
     :class:`~orchestrator.errors.UserError`."""
     from orchestrator.analysis import pipeline
-    from orchestrator.analysis.report import apply_horizon
 
     if legacy:  # analyze(db, sweep, kind)
         _old_order("analyze", legacy, db, 1)
         db, sweep, kind = sweep, kind, legacy[0]
     engine = connect(db)
-    prep = apply_horizon(pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options))
+    prep = pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
     return pipeline.result(kind, pipeline.run(prep, kind))
 
 

@@ -17,6 +17,15 @@ without an explicit ``cosine_steps`` period, a read-blend ``anneal`` (its length
 of the budget), a ``ramp`` curriculum without ``ramp_steps`` (it spans half the budget).
 Such a trial at another budget is another trial.
 
+The key survives an upgrade of the tool. Resolved configs carry every top-level field with
+its default filled in, so a release that adds a field would change every key (and strand
+every checkpoint) if the key hashed them all. The identity schema is therefore versioned:
+:data:`IDENTITY_V1` lists the top-level fields a key has always hashed (defaults included,
+so stored keys stay as they are); a field added after it enters the key only when a trial
+sets it to something other than its default, which is the only case where it makes another
+trial. Add a new field to ``TrialParams`` and nothing here changes; ``tests/test_keys.py``
+pins it.
+
 Imported records (``record_key``) keep a hash of every parameter: they are finished runs from
 elsewhere, never continued. Migration ``0005_identity`` re-keys databases written before this
 rule with a frozen copy of it; change the rule only together with a new migration.
@@ -29,6 +38,18 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.params import TrialParams
+
+# The top-level fields of identity schema 1, frozen: keys hash them whatever their value.
+# Never edit this list; a field added to TrialParams after it is hashed only off its default.
+IDENTITY_V1 = frozenset(
+    (
+        "arm", "task", "seed", "data_seed", "eval_seed", "lr", "batch_size", "steps", "eval_every",
+        "schedule", "cosine_steps", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1", "beta2",
+        "grad_clip", "d_model", "n_layers", "device", "fp32", "rebinding", "anneal", "anneal_frac",
+        "anneal_escape_at", "checkpoint_every_s", "threads",
+    )
+)  # fmt: skip
 BUDGET_FIELDS = ("steps", "eval_every")
 EXECUTION_FIELDS = ("threads", "checkpoint_every_s")
 LABEL_PREFIX = "tag."
@@ -58,9 +79,18 @@ def non_identity(name: str, params: Mapping[str, Any]) -> bool:
     return False
 
 
+def _at_default(name: str, value: Any) -> bool:
+    """A top-level field newer than :data:`IDENTITY_V1` left at its default."""
+    if name in IDENTITY_V1 or "." in name:
+        return False
+    field = TrialParams.model_fields.get(name)
+    return field is not None and not field.is_required() and value == field.get_default(call_default_factory=True)
+
+
 def identity(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a resolved config that decides the trajectory."""
-    return {k: v for k, v in params.items() if not non_identity(k, params)}
+    """The part of a resolved config that decides the trajectory (identity schema 1: see
+    the module docstring)."""
+    return {k: v for k, v in params.items() if not non_identity(k, params) and not _at_default(k, v)}
 
 
 def trial_key(params: Mapping[str, Any]) -> str:

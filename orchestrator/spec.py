@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.analysis_config import AnalysisConfig, parse_config
 from orchestrator.design.matching import MatchParams
 from orchestrator.errors import UserError
 from orchestrator.keys import spec_hash, trial_key
@@ -60,10 +61,15 @@ def _not_bool(cls, v: Any) -> Any:
 _ACCELERATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
+MIN_RESOURCE = 0.01  # the smallest CPU or GPU share a trial may ask for
+
+
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cpu: float = Field(1.0, gt=0, le=MAX_CPU, description="CPUs per trial (also torch threads, rounded down)")
+    cpu: float = Field(
+        1.0, ge=MIN_RESOURCE, le=MAX_CPU, description="CPUs per trial (also torch threads, rounded down)"
+    )
     gpu: float | Literal["auto"] = Field(
         0.0,
         description="GPU fraction per trial (0.25 = four share a GPU), or auto: the fraction the trial's "
@@ -75,6 +81,17 @@ class Resources(BaseModel):
     )
 
     _not_bool = field_validator("cpu", "gpu", mode="before")(_not_bool)
+
+    @field_validator("cpu", "gpu")
+    @classmethod
+    def _ray_granularity(cls, v: Any) -> Any:
+        # Ray keeps resource amounts to 4 decimals; a fraction finer than that is not a
+        # request it can place (1e-300 CPUs ended in a Tune internal error with trials pending).
+        if isinstance(v, float) and v > 0:
+            if v < MIN_RESOURCE:
+                raise ValueError(f"must be at least {MIN_RESOURCE} (or 0 for gpu), got {v:g}")
+            return round(v, 4)
+        return v
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -229,9 +246,9 @@ class Sweep:
     # match_params: one row per distinct sized model ({arm, params, state_elements, mlp_hidden, ...})
     matched: list[dict[str, Any]] = field(default_factory=list)
     sequential: Any = None  # design.sequential.SequentialSpec when the spec has the block
-    # The analysis block's event thresholds, resolved here so the runner (which never imports
-    # the analysis) tests looks with the same definitions the analysis reports.
-    thresholds: dict[str, Any] = field(default_factory=dict)
+    # The spec's analysis block, whole: the runner's looks and the stop rule decide on the
+    # events the analysis reports (orchestrator/events.py), under the same configuration.
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     # Things worth saying that do not stop the sweep (an exclude matching nothing, a
     # password in the spec); the CLI prints them on stderr.
     warnings: list[str] = field(default_factory=list)
@@ -282,6 +299,10 @@ MAX_INT_FIELD = 2**31 - 1
 MAX_KNOB_INT = 2**63 - 1  # anything in params is stored as JSON and a DOUBLE in trial_params
 # A trial's memory: weights, gradients and two Adam moments in fp32 = 16 bytes a parameter.
 BYTES_PER_PARAM = 16
+# Far past any study (the papers train at batch 4..256 and evaluate every 10..200 steps), and
+# bounded so a typo cannot ask for a 2-billion batch or a billion eval rows per trial.
+MAX_BATCH_SIZE = 65_536
+MAX_EVALS_PER_TRIAL = 100_000
 
 
 def _node_memory_bytes() -> int:
@@ -368,8 +389,10 @@ def _base_types(ann: Any) -> set[type]:
 _FIELD_KINDS = {n: _base_types(f.annotation) for n, f in TrialParams.model_fields.items()}
 
 
-def _model_params(params: Mapping[str, Any]) -> int | None:
-    """Estimated parameter count of a trial's model (None: no usable d_model)."""
+def _rough_params(params: Mapping[str, Any]) -> int | None:
+    """A first bound on a trial's parameter count from its widths alone (None: no usable
+    d_model), checked before anything is built, so a d_model of a million is refused in one
+    line instead of constructed; :func:`model_params` is the count itself."""
     d = params.get("d_model") or 0
     n = params.get("n_layers") or 0
     if not isinstance(d, int) or not isinstance(n, int) or d <= 0:
@@ -383,7 +406,7 @@ def _model_params(params: Mapping[str, Any]) -> int | None:
 def _memory_check(params: Mapping[str, Any], where: str, fail, node_memory: int) -> None:
     """Refuse a model whose estimated training memory exceeds the largest node's memory,
     before anything is built (a bad d_model would otherwise allocate terabytes)."""
-    n_params = _model_params(params)
+    n_params = _rough_params(params)
     if n_params is None:
         return
     need = n_params * BYTES_PER_PARAM
@@ -424,18 +447,62 @@ def _task_shape_of(name: str, task_params: tuple[tuple[str, Any], ...]) -> tuple
     return _TASK_SHAPES[key]
 
 
-def gpu_memory_bytes(params: Mapping[str, Any], members: int = 1) -> int:
-    """Estimated GPU memory of one training process of this resolved trial (``members``: a
-    seed pack of that many trials trained as one model): the CUDA context, weights,
-    gradients and Adam state, and the activations of one batch. What ``resources: {gpu:
-    auto}`` divides a GPU by."""
-    n_params = _model_params(params) or 0
+_PARAM_COUNTS: dict[str, int] = {}
+
+
+def _model_signature(top: Mapping[str, Any], knobs: Mapping[str, Any], task_params: Mapping[str, Any]) -> str:
+    return repr(
+        (top["arm"], top["d_model"], top["n_layers"], sorted(knobs.items()), top["task"], sorted(task_params.items()))
+    )
+
+
+def _build_count(top: Mapping[str, Any], knobs: Mapping[str, Any], task_params: Mapping[str, Any]) -> int:
+    """Build the trial's task and model on torch's meta device (shapes without storage, so a
+    65M-parameter model costs nothing to check) and count its parameters; constructor-level
+    errors (heads that do not divide the width, a task that cannot be laid out) raise here."""
+    import torch
+
+    import cells
+    import tasks
+
+    sig = _model_signature(top, knobs, task_params)
+    if sig not in _PARAM_COUNTS:
+        task = tasks.build(top["task"], **task_params)
+        with torch.device("meta"):
+            model = cells.build(
+                top["arm"], vocab_size=task.vocab_size, d_model=top["d_model"], n_layers=top["n_layers"], **knobs
+            )
+        _PARAM_COUNTS[sig] = sum(p.numel() for p in model.parameters())
+    return _PARAM_COUNTS[sig]
+
+
+def model_params(params: Mapping[str, Any]) -> int:
+    """The parameter count of a resolved trial's model, from the model itself (built once per
+    distinct model, on the meta device)."""
+    top, knobs, task_params, _ = split(dict(params))
+    return _build_count(top, knobs, task_params)
+
+
+def _activation_bytes(params: Mapping[str, Any]) -> int:
     d = int(params.get("d_model") or 0)
     layers = max(int(params.get("n_layers") or 1), 1)
     batch = int(params.get("batch_size") or 1)
     seq, vocab = _task_shape(params)
-    acts = 4 * batch * seq * (ACT_TENSORS * layers * d + 3 * vocab)
-    return CUDA_CONTEXT_BYTES + members * (n_params * BYTES_PER_PARAM + acts)
+    return 4 * batch * seq * (ACT_TENSORS * layers * d + 3 * vocab)
+
+
+def train_memory_bytes(params: Mapping[str, Any]) -> int:
+    """Estimated memory of training one resolved trial, on the host or a GPU alike: weights,
+    gradients and two Adam moments of the built model, and the activations of one batch."""
+    return model_params(params) * BYTES_PER_PARAM + _activation_bytes(params)
+
+
+def gpu_memory_bytes(params: Mapping[str, Any], members: int = 1) -> int:
+    """Estimated GPU memory of one training process of this resolved trial (``members``: a
+    seed pack of that many trials trained as one model): the CUDA context, weights,
+    gradients and Adam state of the built model, and the activations of one batch. What
+    ``resources: {gpu: auto}`` divides a GPU by."""
+    return CUDA_CONTEXT_BYTES + members * train_memory_bytes(params)
 
 
 # ---- parameter names and values ----------------------------------------------------------
@@ -616,18 +683,13 @@ def _validate_trial(params: dict[str, Any], where: str, fail, built: set[str]) -
         cells.validate(top["arm"], knobs, d_model=top["d_model"], n_layers=top["n_layers"])
     except ValueError as exc:
         fail(where, str(exc))
-    # Build each distinct model and task once on the CPU: constructor-level errors (heads that
-    # do not divide the width, a task that cannot be laid out) fail here, not in trial 417.
-    sig = repr(
-        (top["arm"], top["d_model"], top["n_layers"], sorted(knobs.items()), top["task"], sorted(task_params.items()))
-    )
+    # Build each distinct model and task once (on the meta device): constructor-level errors
+    # fail here, not in trial 417, and the model's own parameter count bounds its memory.
+    sig = _model_signature(top, knobs, task_params)
     if sig not in built:
         built.add(sig)
         try:
-            task = tasks.build(top["task"], **task_params)
-            cells.build(
-                top["arm"], vocab_size=task.vocab_size, d_model=top["d_model"], n_layers=top["n_layers"], **knobs
-            )
+            _build_count(top, knobs, task_params)
         except (ValueError, TypeError, AssertionError) as exc:
             fail(where, f"cannot build {top['arm']!r} on {top['task']!r}: {exc}")
     return resolved
@@ -636,10 +698,11 @@ def _validate_trial(params: dict[str, Any], where: str, fail, built: set[str]) -
 def _match(
     params: dict[str, Any], mp: MatchParams, where: str, fail, matched: dict[tuple, dict[str, Any]]
 ) -> dict[str, Any]:
-    """Set ``model.mlp_hidden`` so this trial's model has ``mp.target`` parameters."""
+    """Set ``model.mlp_hidden`` so this trial's model has ``mp.target`` parameters (a toggled
+    arm: its base's width, see ``MatchParams.toggles``)."""
     import tasks
 
-    from orchestrator.design.matching import LEVER, solve, unmatched
+    from orchestrator.design.matching import LEVER, solve, toggled, unmatched
 
     try:
         top, knobs, task_params, _ = split(resolve(params))
@@ -648,14 +711,33 @@ def _match(
         fail(where, f"{loc}: {msg}")
     try:
         vocab = tasks.build(top["task"], **task_params).vocab_size
-        if mp.arms is not None and top["arm"] not in mp.arms:
+        if top["arm"] in mp.toggles:
+            row = toggled(
+                top["arm"],
+                mp.toggles[top["arm"]],
+                mp.root(top["arm"]),
+                vocab,
+                top["d_model"],
+                top["n_layers"],
+                tuple(sorted(knobs.items())),
+                mp.target,
+                mp.tolerance,
+            )
+        elif mp.arms is not None and top["arm"] not in mp.arms:
             row = unmatched(top["arm"], vocab, top["d_model"], top["n_layers"], tuple(sorted(knobs.items())))
             sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
             matched.setdefault(sig, {**row, "knobs": dict(knobs)})
             return params
-        row = solve(
-            top["arm"], vocab, top["d_model"], top["n_layers"], tuple(sorted(knobs.items())), mp.target, mp.tolerance
-        )
+        else:
+            row = solve(
+                top["arm"],
+                vocab,
+                top["d_model"],
+                top["n_layers"],
+                tuple(sorted(knobs.items())),
+                mp.target,
+                mp.tolerance,
+            )
     except (ValueError, TypeError) as exc:
         fail(f"match_params ({where})", str(exc))
     sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
@@ -836,7 +918,32 @@ def _trial(
             f"eval_every ({resolved['eval_every']}) is above steps "
             f"({resolved['steps']}): the trial would never be evaluated",
         )
+    _size_check(resolved, where, fail, memory)
     return resolved
+
+
+def _size_check(resolved: Mapping[str, Any], where: str, fail: Fail, node_memory: int) -> None:
+    """The built model's training memory against the largest node, a batch no study comes
+    near, and the eval rows one trial would store."""
+    batch = int(resolved["batch_size"])
+    if batch > MAX_BATCH_SIZE:
+        fail(where, f"batch_size {batch:,} is above {MAX_BATCH_SIZE:,} (far past any study's batch)")
+    rows = int(resolved["steps"]) // int(resolved["eval_every"]) + 2
+    if rows > MAX_EVALS_PER_TRIAL:
+        fail(
+            where,
+            f"steps {resolved['steps']:,} / eval_every {resolved['eval_every']:,} stores about {rows:,} eval rows "
+            f"per trial, above {MAX_EVALS_PER_TRIAL:,}: evaluate less often",
+        )
+    n_params = model_params(resolved)
+    need = train_memory_bytes(resolved)
+    if need > node_memory:
+        fail(
+            where,
+            f"{resolved['arm']} with these settings has {n_params:,} parameters: about {_gb(need)} to train "
+            f"(weights, gradients and Adam state x {BYTES_PER_PARAM} bytes, plus one batch's activations), "
+            f"more than the largest node's {_gb(node_memory)} of memory",
+        )
 
 
 def _add_once(
@@ -897,27 +1004,36 @@ def _sequential(spec: SweepSpec, axes: dict[str, list[Any]], label: str) -> Any:
         raise SpecError(f"{label}: {exc}") from None
 
 
-def _check_stop(spec: SweepSpec, fail: Fail) -> None:
-    """A stop rule needs lone trials (not seed packs)."""
-    if spec.stop is not None and spec.pack_seeds != 1:
+def _check_stop(spec: SweepSpec, acfg: AnalysisConfig, fail: Fail) -> None:
+    """A stop rule needs lone trials (not seed packs); a sequential Fisher design decides on
+    lock-in at budget, which a stopped trial does not have unless the analysis imputes it."""
+    if spec.stop is None:
+        return
+    if spec.pack_seeds != 1:
         fail(
             "stop", "needs pack_seeds: 1 (a seed pack trains its members in lockstep, so one member cannot stop alone)"
         )
+    seq = spec.sequential if isinstance(spec.sequential, dict) else {}
+    if seq.get("test") == "fisher" and acfg.stopped_as is None:
+        fail(
+            "stop",
+            "a sequential fisher design tests lock-in at budget, which a trial the stop rule ended "
+            "does not have: set analysis.stopped_as: solved (the analysis's own imputation), use "
+            "test: logrank, or drop stop",
+        )
 
 
-def _resolve_thresholds(spec: SweepSpec) -> dict[str, Any]:
-    """The analysis block's event thresholds for the looks and the stop rule (the stop rule's
-    ``escape_at`` defaults to the block's); empty when neither is there."""
-    if spec.sequential is None and spec.stop is None:
-        return {}
-    # Imported only here: the analysis package loads pandas and the statistics.
-    from orchestrator.analysis_config import AnalysisConfig
-
-    acfg = AnalysisConfig.model_validate(spec.analysis or {})
+def _resolve_analysis(spec: SweepSpec, label: str) -> AnalysisConfig:
+    """The spec's analysis block, validated (one line naming the field); the stop rule's
+    ``escape_at`` defaults to the block's."""
+    try:
+        acfg = parse_config(spec.analysis, source=f"{label}: analysis")
+    except UserError as exc:
+        raise SpecError(str(exc)) from None
     if spec.stop is not None and spec.stop.escape_at is None:
         # The trial decides from its own trace, so the threshold travels with the spec.
         spec.stop.escape_at = acfg.escape_at
-    return {"lockin": acfg.lockin, "escape_at": acfg.escape_at, "metric": acfg.metric, "horizon": acfg.horizon}
+    return acfg
 
 
 def _stored_text(text: str, warnings: list[str]) -> str:
@@ -953,9 +1069,9 @@ def load(
     memory = node_memory if node_memory is not None else _node_memory_bytes()
     expanded = _expand(spec, designs, fail, memory)
     sequential = _sequential(spec, expanded.axes, label)
-    _check_stop(spec, fail)
-    thresholds = _resolve_thresholds(spec)
+    analysis = _resolve_analysis(spec, label)
+    _check_stop(spec, analysis, fail)
     stored = _stored_text(text, expanded.warnings)
     path = Path(path) if path is not None else None
     # the expansion's trials, axes, matched models and warnings are the Sweep's fields of those names
-    return Sweep(spec=spec, path=path, text=stored, sequential=sequential, thresholds=thresholds, **vars(expanded))
+    return Sweep(spec=spec, path=path, text=stored, sequential=sequential, analysis=analysis, **vars(expanded))

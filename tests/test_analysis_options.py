@@ -158,6 +158,8 @@ EVERY = {
         | {"floor": 0.1},
     ),
     "diverged": ("censor", "censor"),
+    "adjust": ("bh", "bh"),
+    "logrank": ("hypergeometric", "hypergeometric"),
 }
 
 

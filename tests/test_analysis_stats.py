@@ -200,7 +200,8 @@ def test_logrank_and_km_against_hand_formulas_and_a_permutation_estimate(db_url)
     recs = [rec("baseline", s, 0.95 if e else (0.0 if c else 0.03), e, c) for s, (e, c) in enumerate(base)]
     recs += [rec("ns5", s, 0.95 if e else 0.03, e, c) for s, (e, c) in enumerate(ns5)]
     write_records(engine, "small", recs)
-    res = oa.logrank(engine, "small", by="group").to_dict()
+    res = oa.logrank(engine, "small", by="group", logrank="hypergeometric").to_dict()
+    assert res["variance"] == "hypergeometric"
     times = [e or c or 3000 for e, c in base + ns5]
     events = [e is not None for e, _ in base + ns5]
     in_a = [1] * len(base) + [0] * len(ns5)
@@ -218,6 +219,20 @@ def test_logrank_and_km_against_hand_formulas_and_a_permutation_estimate(db_url)
     p_perm = float(np.mean(perm >= stat - 1e-9))
     assert 0.005 < res["p_value"] < 0.1  # a contrast where the approximation matters
     assert res["p_value"] == pytest.approx(p_perm, abs=0.01)
+
+    # The default at 9 vs 9 seeds (auto): the permutation variance, named. Its numerator is
+    # the sum of group a's log-rank scores a_i = event_i - Lambda(t_i) (pooled Nelson-Aalen);
+    # its variance is that sum's exact variance over the 48,620 relabellings above.
+    auto = oa.logrank(engine, "small", by="group").to_dict()
+    assert auto["variance"] == "permutation"
+    t, d = np.asarray(times, float), np.asarray(events, bool)
+    cum = {u: sum(((t == v) & d).sum() / (t >= v).sum() for v in np.unique(t) if v <= u) for u in np.unique(t)}
+    scores = d - np.array([cum[u] for u in t])
+    sums = labels @ scores
+    z_brute = float(np.asarray(in_a, float) @ scores) / math.sqrt(float(np.mean(sums**2) - np.mean(sums) ** 2))
+    assert auto["z"] == pytest.approx(z_brute, rel=1e-10)
+    assert auto["test_statistic"] == pytest.approx(z_brute**2, rel=1e-10)
+    assert auto["p_value"] == pytest.approx(chi2.sf(z_brute**2, 1), rel=1e-10)
 
     km = oa.km(engine, "small", by="group").to_dict()
     for g, rows in (("baseline", base), ("ns5", ns5)):

@@ -36,6 +36,15 @@ resources: {cpu: 1}
 """
 
 
+# A sequential design over the smoke sweep's arms and seeds, for `design replay`.
+SEQ_SPEC = """
+name: seq
+fixed: {task: mqar, task.K: 8, d_model: 16, n_layers: 1, steps: 400, eval_every: 100}
+axes: {arm: [armed_gdn, gated_deltanet], seed: 0..3}
+sequential: {compare: {by: arm, groups: [armed_gdn, gated_deltanet]}, test: logrank, looks: [2, 4]}
+"""
+
+
 def _smoke_records() -> list[dict]:
     return [
         {
@@ -101,6 +110,7 @@ def smoke_dir(tmp_path_factory) -> Path:
         assert main(["import", str(_jsonl(d / f"{name}.jsonl", records)), "--sweep", name, "--db", url]) == 0
     _record_a_look(url)
     (d / "tiny.yaml").write_text(SPEC)
+    (d / "seq.yaml").write_text(SEQ_SPEC)
     return d
 
 
@@ -136,6 +146,7 @@ CASES: list[tuple[str, str, str]] = [
     ("tasks", "", "Masked MQAR"),
     ("tasks selftest", "--json", '"ok": true'),
     ("design power", "--test fisher --rates 0.9,0.4", "fixed design: 17 seeds per group"),
+    ("design replay", "{dir}/seq.yaml --sweep smoke " + READ, "replayed on sweep smoke"),
     ("submit", "{dir}/tiny.yaml --dry-run", "sweep tiny: 2 trials"),
     ("resume", "--help", "from their checkpoints"),
     ("join", "--help", "Add a driver"),

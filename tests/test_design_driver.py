@@ -54,7 +54,7 @@ def test_stratified_driver_decides_each_stratum_on_its_own(db_url):
                 repo.finish_trial(conn, tid, "completed")
         return {tid: "completed" for tid, _, _ in batch}
 
-    res = drive(sweep.sequential, sweep.axes, sweep.thresholds, sid, engine, run)
+    res = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run)
     by_k = {}
     for r in res.records:
         by_k.setdefault(r.stratum["task.K"], []).append(r)
@@ -73,7 +73,7 @@ def test_stratified_driver_decides_each_stratum_on_its_own(db_url):
     skipped = [(p["task.K"], p["seed"]) for _, _, p, st in rows if st == "skipped"]
     assert sorted(skipped) == sorted((4, s) for s in range(8, 12) for _ in range(2))
     # A second drive replays the stored looks: nothing runs, nothing is re-tested.
-    again = drive(sweep.sequential, sweep.axes, sweep.thresholds, sid, engine, run)
+    again = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run)
     assert again.ran == 0 and again.records == [] and len(batches) == 3
     with engine.connect() as conn:
         assert len(repo.sequential_looks(conn, sid)) == 5

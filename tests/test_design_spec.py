@@ -29,7 +29,7 @@ def _spec(block: str = GOOD, extra_axes: str = "") -> str:
 def test_good_block_parses_with_thresholds():
     sweep = load(text=_spec())
     assert sweep.sequential.looks == [2, 4, 8]
-    assert sweep.thresholds["lockin"] == 0.8 and sweep.thresholds["escape_at"] == 0.8
+    assert sweep.analysis.lockin == 0.8 and sweep.analysis.escape_at == 0.8
 
 
 BAD = {
@@ -68,9 +68,23 @@ def test_stated_stratum_is_accepted():
 
 
 def test_stop_block_takes_escape_threshold_from_analysis():
-    text = _spec().replace("sequential:", "analysis: {escape_at: 0.7}\nstop: {after_escape_evals: 2}\nsequential:")
+    text = _spec().replace(
+        "sequential:", "analysis: {escape_at: 0.7, stopped_as: solved}\nstop: {after_escape_evals: 2}\nsequential:"
+    )
     sweep = load(text=text)
     assert sweep.spec.stop.after_escape_evals == 2 and sweep.spec.stop.escape_at == 0.7
+    assert sweep.analysis.stopped_as == "solved"
+
+
+def test_sequential_fisher_with_stop_needs_the_imputation_rule():
+    # A look on lock-in at budget cannot read a trial the stop rule ended; the analysis
+    # refuses such trials unless told to impute them, and so does the spec.
+    text = _spec().replace("sequential:", "stop: {after_escape_evals: 2}\nsequential:")
+    with pytest.raises(SpecError, match="stopped_as: solved"):
+        load(text=text)
+    assert "test: fisher" in GOOD
+    logrank = text.replace("test: fisher", "test: logrank")
+    assert load(text=logrank).spec.stop is not None  # escape times are unaffected by a stop
 
 
 @pytest.mark.parametrize(

@@ -133,3 +133,42 @@ def test_permutation_variance_holds_the_level_where_the_textbook_one_does_not():
     print(f"log-rank type-I at 8 vs 8 seeds: hypergeometric {hyper:.4f}, permutation {perm:.4f} (n={sims})")
     assert hyper > 0.05 + 3 * se
     assert perm <= 0.05 + 3 * se
+
+
+@pytest.mark.parametrize("hazard", [0.05, 0.1, 0.2])
+def test_the_shared_logrank_holds_its_size_at_the_designs_own_n(hazard):
+    # The issue's setting: 8 vs 8 seeds, 15 tied eval intervals, equal per-interval escape
+    # hazards, two-sided 0.05. What `analyze logrank` and a look use there (auto) is the
+    # permutation variance; lifelines' (hypergeometric) rejects too often.
+    from orchestrator.design.stats import logrank_method, logrank_test
+
+    rng = np.random.default_rng(int(hazard * 1000))
+    sims, n, k = 40_000, 8, 15
+    # interval of escape (0..k-1), or k: censored at the last eval
+    b0 = np.minimum(rng.geometric(hazard, (sims, n)) - 1, k)
+    b1 = np.minimum(rng.geometric(hazard, (sims, n)) - 1, k)
+
+    def counts(b):
+        d = np.stack([(b == j).sum(1) for j in range(k)], 1)
+        c = np.zeros_like(d)
+        c[:, -1] = (b == k).sum(1)
+        return d, c
+
+    (d0, c0), (d1, c1) = counts(b0), counts(b1)
+    se = np.sqrt(0.05 * 0.95 / sims)
+    perm = float(np.mean(np.abs(logrank_counts(d0, c0, d1, c1, "permutation")) >= 1.959964))
+    hyper = float(np.mean(np.abs(logrank_counts(d0, c0, d1, c1, "hypergeometric")) >= 1.959964))
+    print(f"size at 8 vs 8, hazard {hazard}: permutation {perm:.4f}, hypergeometric {hyper:.4f} ({sims} sims)")
+    assert perm <= 0.05 + 3 * se
+    assert hyper > perm
+    # The scalar test on one of these datasets: auto picks permutation here, and the
+    # hypergeometric z squared is lifelines' statistic.
+    from lifelines.statistics import logrank_test as lifelines_logrank
+
+    t0 = np.where(b0[0] < k, b0[0] + 1, k).astype(float)
+    t1 = np.where(b1[0] < k, b1[0] + 1, k).astype(float)
+    e0, e1 = b0[0] < k, b1[0] < k
+    assert logrank_method("auto", t0, e0, t1, e1) == "permutation"
+    res = logrank_test(t0, e0, t1, e1, method="hypergeometric")
+    assert res.chi2 == pytest.approx(lifelines_logrank(t0, t1, e0, e1).test_statistic, rel=1e-9)
+    assert logrank_test(t0, e0, t1, e1).method == "permutation"

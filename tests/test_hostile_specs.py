@@ -46,6 +46,8 @@ def _refused(code: int, err: str) -> None:
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_bad_spec_is_refused_and_writes_nothing(path, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    if path.stem.endswith("small_node"):
+        monkeypatch.setenv("ORCH_NODE_MEMORY_BYTES", str(500 * 10**6))  # the node the file names
     db = tmp_path / "sub" / "o.db"
     code = main(["submit", str(path), "--db", str(db), "-q"])
     out = capsys.readouterr()
@@ -353,3 +355,42 @@ def _dump(db: Path) -> list[str]:
         return list(con.iterdump())
     finally:
         con.close()
+
+
+def test_memory_estimate_counts_the_built_model(monkeypatch, capsys):
+    # The width estimate said 80,384 parameters for an MLP a million wide at d 32; the built
+    # model (on the meta device: nothing allocated) has 65,010,205, and its training memory
+    # is refused on a 500 MB node with the real count in the line.
+    import torch
+
+    import cells
+    import tasks
+
+    text = (CORPUS / "mlp_hidden_million_small_node.yaml").read_text()
+    sweep = specs.load(text=text, node_memory=10**12)
+    params = sweep.trials[0][1]
+    task = tasks.build("mqar", K=8)
+    real = sum(
+        p.numel()
+        for p in cells.build(
+            "gated_deltanet", vocab_size=task.vocab_size, d_model=32, n_layers=1, mlp_hidden=1000000
+        ).parameters()
+    )
+    assert real == 65_010_205
+    assert abs(specs.model_params(params) - real) <= 0.1 * real
+    assert specs.train_memory_bytes(params) >= real * specs.BYTES_PER_PARAM
+    assert specs.gpu_memory_bytes(params) > specs.train_memory_bytes(params)
+    with pytest.raises(specs.SpecError, match="65,010,205 parameters") as exc:
+        specs.load(text=text, node_memory=500 * 10**6)
+    assert "0.5 GB of memory" in str(exc.value)
+    del torch
+
+
+@pytest.mark.parametrize("cpu, ok", [(1.0e-300, False), (0.005, False), (0.01, True), (0.123456, True)])
+def test_cpu_share_bounded_below_and_rounded_as_ray_keeps_it(cpu, ok):
+    text = GOOD + f"resources: {{cpu: {cpu}}}\n"
+    if not ok:
+        with pytest.raises(specs.SpecError, match="resources.cpu"):
+            specs.load(text=text)
+        return
+    assert specs.load(text=text).spec.resources.cpu == round(cpu, 4)

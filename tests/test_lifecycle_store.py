@@ -180,13 +180,27 @@ def test_status_counts_failed_as_failed_not_as_steps_done(db_url, capsys):
     sid, ids = fill_sweep(engine, n_steps=2)  # each trial: steps 20, evals at 10 and 20
     with engine.begin() as conn:
         repo.finish_trial(conn, ids["k0"], "completed")
+        conn.execute(
+            sa.text("DELETE FROM evals WHERE trial_id IN (:a, :b) AND step = 20"), {"a": ids["k1"], "b": ids["k2"]}
+        )
         repo.finish_trial(conn, ids["k1"], "failed", "ValueError: x")
-        conn.execute(sa.text("DELETE FROM evals WHERE trial_id = :t AND step = 20"), {"t": ids["k2"]})
     assert main(["status", "s1", "--db", db_url, "--json"]) == 0
     st = json.loads(capsys.readouterr().out)["sweeps"][0]
-    # completed 20 of 20 + pending 10 of 20; the failed trial is neither done nor to do.
-    assert st["progress"] == pytest.approx(30 / 40)
+    # completed 20 of 20 + failed at 10 of 20 + pending 10 of 20: the failed trial's unrun
+    # steps are not done (a sweep with a failed trial is never "100% of steps").
+    assert st["progress"] == pytest.approx(40 / 60)
     assert st["counts"]["failed"] == 1 and st["failed"][0]["error"] == "ValueError: x"
+    with engine.begin() as conn:
+        repo.finish_trial(conn, ids["k2"], "completed")
+    assert main(["status", "s1", "--db", db_url]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "failed 1" in line and "83% of steps" in line  # (20 + 10 + 20) / 60
+    # The analyses leave the failed trial out, and say so.
+    assert main(["analyze", "s1", "lockin", "--db", db_url]) == 0
+    err = capsys.readouterr().err
+    assert "the sweep's 1 failed trial(s)" in err and "are not in this analysis" in err
+    assert main(["analyze", "s1", "lockin", "--db", db_url, "--statuses", "all"]) == 0
+    assert "failed trial" not in capsys.readouterr().err
     engine.dispose()
 
 

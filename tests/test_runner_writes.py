@@ -57,7 +57,7 @@ def test_a_look_is_never_recorded_in_a_deleted_database(tmp_path):
     with pytest.raises(DatabaseGone, match=r"seq\.db was deleted while the sweep ran"):
         with session:
             session.write(lambda conn: repo.add_trials(conn, sid, sweep.trials))
-            drive(sweep.sequential, sweep.axes, sweep.thresholds, sid, engine, run, looks.append, write=session.write)
+            drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run, looks.append, write=session.write)
     assert looks == []  # no decision was taken as recorded
     assert session.fatal is not None and session.stop_reason == "database gone"
     with pytest.raises(DatabaseGone):

@@ -120,7 +120,7 @@ BAD = {
     "exclude_unknown": (GOOD + "exclude: [{K: 8}]\n", "exclude[0].K: 'K' is not a parameter"),
     "all_excluded": (GOOD + "exclude: [{lr: [1.0e-3, 3.0e-3]}]\n", "no trials left"),
     "no_arm": (GOOD.replace("  arm: [gated_deltanet, armed_gdn]\n", ""), "'arm' is required"),
-    "cpu_zero": (GOOD + "resources: {cpu: 0}\n", "resources.cpu: Input should be greater than 0"),
+    "cpu_zero": (GOOD + "resources: {cpu: 0}\n", "resources.cpu: Input should be greater than or equal to 0.01"),
     "gpu_fraction": (GOOD + "resources: {gpu: 1.5}\n", "resources.gpu"),
     "negative_retries": (GOOD + "retries: -1\n", "retries: Input should be greater than or equal"),
     "warmup_too_long": (

@@ -52,17 +52,27 @@ class SweepData:
     # those the stale ones (no heartbeat for longer than the lease TTL: their driver is gone).
     running: int = 0
     stale: int = 0
+    # Failed trials the status filter leaves out (a failed trial has no outcome to count).
+    failed: int = 0
 
     def unfinished_note(self) -> str | None:
-        """One line about running and stale trials not in the analysis, or None."""
-        if not self.running:
+        """One line about the running, stale and failed trials not in the analysis, or None."""
+        parts = []
+        if self.running:
+            stale = (
+                f", {self.stale} of them stale (no heartbeat: their driver is gone; `orchestrator resume` re-runs them)"
+                if self.stale
+                else ""
+            )
+            parts.append(f"{self.running} trial(s) still running{stale}")
+        if self.failed:
+            parts.append(
+                f"the sweep's {self.failed} failed trial(s) (`orchestrator status {self.sweep}` shows why; "
+                "`orchestrator resume` retries them)"
+            )
+        if not parts:
             return None
-        stale = (
-            f", {self.stale} of them stale (no heartbeat: their driver is gone; `orchestrator resume` re-runs them)"
-            if self.stale
-            else ""
-        )
-        return f"{self.running} trial(s) still running{stale} are not in this analysis"
+        return " and ".join(parts) + " are not in this analysis"
 
     def column(self, name: str) -> str:
         """The trials column for a parameter given by full name or alias."""
@@ -149,4 +159,5 @@ def load_sweep(
         budget_steps=stored.budget_steps,
         running=0 if Status.running in statuses else stored.running,
         stale=0 if Status.running in statuses else stored.stale,
+        failed=0 if Status.failed in statuses else stored.failed,
     )

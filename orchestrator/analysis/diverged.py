@@ -13,51 +13,18 @@ without a finite accuracy. Two rules:
   which closes its last at-risk interval without an event (as a collapse does) and whose
   accuracy is not read: an escape must come before it.
 
-:func:`analysed_evals` turns the stored eval rows into the rows the events
-(:func:`.events.trial_events`) and the person-period intervals are computed from.
+:func:`analysed_evals` (defined in :mod:`orchestrator.events`) turns the stored eval rows
+into the rows the events and the person-period intervals are computed from.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-RULES = ("at-risk", "censor")
+# The rules themselves live with every other event definition (orchestrator/events.py).
+from orchestrator.events import RULES, analysed_evals, divergence_steps
 
-
-def divergence_steps(evals: pd.DataFrame) -> np.ndarray:
-    """Per row, the step at which the row's trial diverged (NaN: it never did); ``evals``
-    sorted by trial then step, with ``acc`` and optionally ``nonfinite``."""
-    tid = evals["trial_id"].to_numpy()
-    if len(tid) == 0:
-        return np.array([], dtype=float)
-    bad = ~np.isfinite(evals["acc"].to_numpy(dtype=float))
-    if "nonfinite" in evals:
-        bad |= evals["nonfinite"].to_numpy(dtype=bool)
-    step = evals["step"].to_numpy(dtype=float)
-    first = pd.Series(np.where(bad, step, np.nan)).groupby(tid).transform("min")  # min skips NaN
-    return first.to_numpy(dtype=float)
-
-
-def analysed_evals(evals: pd.DataFrame, rule: str) -> pd.DataFrame:
-    """The rows the analysis reads under ``rule``, with two more columns: ``diverge_step``
-    (the trial's divergence step, NaN when none) and ``censor`` (True on the divergence
-    point that censors its trial; only under ``censor``)."""
-    if rule not in RULES:
-        raise ValueError(f"diverged rule {rule!r}: expected one of {', '.join(RULES)}")
-    div = divergence_steps(evals)
-    step = evals["step"].to_numpy(dtype=float)
-    finite_acc = np.isfinite(evals["acc"].to_numpy(dtype=float))
-    if rule == "at-risk":
-        keep = finite_acc
-        censor = np.zeros(len(step), dtype=bool)
-    else:
-        with np.errstate(invalid="ignore"):
-            before = np.isnan(div) | (step < div)
-            censor = step == div
-        keep = before | censor
-    out = evals.assign(diverge_step=div, censor=censor)
-    return out[keep].reset_index(drop=True)
+__all__ = ["RULES", "analysed_evals", "divergence_steps", "diverged_note", "n_diverged"]
 
 
 def n_diverged(trials: pd.DataFrame) -> int:

@@ -27,8 +27,7 @@ from orchestrator.errors import UserError
 from .analyses import ANALYSES, KINDS, hazard_rhs
 from .config import AnalysisConfig
 from .data import SweepData, load_sweep
-from .diverged import analysed_evals
-from .events import with_events
+from .events import events, n_stopped
 from .groups import check_params
 from .hazard import HazardResult, fit_hazard
 from .person_period import person_period
@@ -53,7 +52,8 @@ def config(cfg: AnalysisConfig | None = None, **overrides: Any) -> AnalysisConfi
 
 
 def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: Any) -> Prepared:
-    """Load a sweep, check the parameters the config names, attach the events."""
+    """Load a sweep, check the parameters the config names, attach the events (the traces
+    cut at ``cfg.horizon``, read under ``cfg.diverged``, ``cfg.stopped_as`` applied)."""
     cfg = config(cfg, **overrides)
     data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses)
     check_params(data.trials, cfg.by, data.params, "--by")
@@ -65,17 +65,15 @@ def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: 
             data.params,
             "heatmap",
         )
-    data = replace(data, evals=analysed_evals(data.evals, cfg.diverged))
-    trials = with_events(data.trials, data.evals, cfg)
-    if cfg.stopped_as == "solved" and "stopped_at" in trials:
-        # The stated imputation rule: a trial stopped after a sustained escape counts as solved.
-        stopped = trials["stopped_at"].notna()
-        trials.loc[stopped, "locked"] = True
-        trials.loc[stopped, "outcome"] = "solved"
+    # The one event rule (orchestrator/events.py): horizon, diverged, stopped-as.
+    rows, trials = events(data.trials, data.evals, cfg)
+    data = replace(data, evals=rows)
     if trials.empty:
         raise UserError(
             f"sweep {sweep!r}: no trials with eval points match (statuses "
-            f"{', '.join(cfg.statuses)}" + (f"; --where {cfg.where!r})" if cfg.where else ")")
+            f"{', '.join(cfg.statuses)}"
+            + (f"; --where {cfg.where!r}" if cfg.where else "")
+            + (f"; at or before the horizon, step {cfg.horizon})" if cfg.horizon else ")")
         )
     return Prepared(data=data, trials=trials, cfg=cfg)
 
@@ -89,10 +87,6 @@ def fit(prep: Prepared, formula: str | None = None, link: str | None = None) -> 
 # Analyses of the state at the budget (lock-in, outcome classes, final accuracy): undefined
 # for trials the stop rule ended early.
 AT_BUDGET = ("lockin", "outcomes", "fisher", "permutation", "mcnemar", "scaling")
-
-
-def n_stopped(trials: pd.DataFrame) -> int:
-    return int(trials["stopped_at"].notna().sum()) if "stopped_at" in trials else 0
 
 
 def run(prep: Prepared, kind: str) -> Any:

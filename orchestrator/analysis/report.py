@@ -32,13 +32,12 @@ import pandas as pd
 
 from orchestrator.errors import UserError
 
-from . import survival, tables
+from . import multiplicity, survival, tables
 from .analyses import ANALYSES
 from .pipeline import Prepared, fit, run
 from .config import AnalysisConfig, HeatmapConfig, parse_config
 from .diverged import diverged_note
 from .diverged import n_diverged
-from .events import with_events
 from .groups import format_value, labels, strata_groups, strata_iter
 from .hazard import HazardResult
 from .results import jsonable
@@ -217,35 +216,22 @@ def _contrast_line(e: dict[str, Any]) -> str:
     parts = [f"{e['a']} vs {e['b']}" + (f" at {stratum}" if stratum else "") + ":"]
     if pm:
         ma, mb = pm["groups"][e["a"]]["mean"], pm["groups"][e["b"]]["mean"]
-        parts.append(f"mean {ma:.3f} vs {mb:.3f} (gap {ma - mb:+.3f}, permutation p = {pm['p_value']:.4g});")
+        parts.append(f"mean {ma:.3f} vs {mb:.3f} (gap {ma - mb:+.3f}, permutation {multiplicity.p_text(pm)});")
     else:
         parts.append("mean - (no accuracies to permute);")
     if f:
         ga, gb = f["groups"][e["a"]], f["groups"][e["b"]]
+        # The family holds Fisher's p_value (the --alternative one); the other side stays raw.
         parts.append(
-            f"lock-in {ga['k']}/{ga['n']} vs {gb['k']}/{gb['n']} (Fisher p = "
-            f"{f['p_two_sided']:.4g}, one-sided first-higher {f['p_greater']:.4g});"
+            f"lock-in {ga['k']}/{ga['n']} vs {gb['k']}/{gb['n']} (Fisher {f['alternative']} "
+            f"{multiplicity.p_text(f)}, one-sided first-higher raw {f['p_greater']:.4g});"
         )
     lr = e["logrank"]
-    parts.append(f"log-rank p = {lr['p_value']:.4g}" if lr else "log-rank - (no escapes)")
+    parts.append(f"log-rank {multiplicity.p_text(lr)}" if lr else "log-rank - (no escapes)")
     if e["mcnemar"]:
         mc = e["mcnemar"]
-        parts[-1] += f"; McNemar p = {mc['p_value']:.4g} ({mc['only_a']} vs {mc['only_b']} discordant)"
+        parts[-1] += f"; McNemar {multiplicity.p_text(mc)} ({mc['only_a']} vs {mc['only_b']} discordant)"
     return " ".join(parts)
-
-
-def apply_horizon(prep: Prepared) -> Prepared:
-    """``prep`` with every trace cut at ``cfg.horizon`` and the events recomputed (unchanged
-    without a horizon)."""
-    h = prep.cfg.horizon
-    if h is None:
-        return prep
-    evals = prep.data.evals[prep.data.evals["step"] <= h].reset_index(drop=True)
-    data = replace(prep.data, evals=evals)
-    trials = with_events(data.trials, evals, prep.cfg)
-    if trials.empty:
-        raise UserError(f"horizon {h}: no trial has an eval at or before step {h}")
-    return Prepared(data=data, trials=trials, cfg=prep.cfg)
 
 
 def attach_rebinding(prep: Prepared, db) -> Prepared:
@@ -307,6 +293,11 @@ class Report:
                 "heatmap": self.heatmap.model_dump() if self.heatmap else None,
                 "accuracy": self.accuracy,
                 "contrasts": self.contrasts,
+                "adjust": {
+                    "method": self.cfg.adjust,
+                    "logrank_cells": multiplicity.STRATA_FAMILY,
+                    "contrasts": multiplicity.CONTRASTS_FAMILY,
+                },
                 "figures": self.figures,
                 "html": self.html_path,
                 "design": self.design,
@@ -340,6 +331,9 @@ class Report:
         elif c.by:
             out.append("  pooled: - (no escapes, or fewer than two groups)")
         out += [f"  {stratum}: {line}" for stratum, line in _strata_lines(self.logrank_strata)]
+        # After the strata, not above them: scripts read the pooled line and the strata by position.
+        if self.logrank_strata:
+            out.append("  " + multiplicity.note(c.adjust, multiplicity.STRATA_FAMILY) + "; pooled: a single test")
         out.append("")
         if self.hazard is not None:
             h = self.hazard
@@ -386,6 +380,7 @@ class Report:
             out.append("")
             out.append(f"F. contrasts ({c.metric} acc; permutation {c.alternative}, lock-in >= {c.lockin:g})")
             if self.contrasts:
+                out.append("  " + multiplicity.note(c.adjust, multiplicity.CONTRASTS_FAMILY))
                 out.extend("  " + _contrast_line(e) for e in self.contrasts)
             else:
                 out.append("  - (no stratum holds both groups of any contrast)")
@@ -414,7 +409,9 @@ def _strata_lines(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def _logrank_line(d: dict[str, Any]) -> str:
     parts = [f"{g} {v['escapes']}/{v['n']}" for g, v in d["groups"].items()]
-    return f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, p = {d['p_value']:.4g}"
+    variance = d.get("variance")
+    how = f" ({variance} variance)" if variance else ""
+    return f"{' vs '.join(parts)} escaped, chi2 = {d['test_statistic']:.2f}, {multiplicity.p_text(d)}{how}"
 
 
 def design_lines(prep: Prepared) -> tuple[list[str], Prepared]:
@@ -461,7 +458,6 @@ def build_report(
     evals' metrics; without it table E has no ``rb``."""
     from .figures import hazard_figure, heatmap_figure, km_figure, traces_figure
 
-    prep = apply_horizon(prep)
     if db is not _NO_DB:
         prep = attach_rebinding(prep, db)
     cfg, trials = prep.cfg, prep.trials
@@ -480,6 +476,7 @@ def build_report(
     if cfg.by and n_groups >= 2 and int(trials["event"].sum()) > 0:
         logrank = run(prep, "logrank").to_dict()
     lr_strata = survival.logrank_strata(trials, cfg) if cfg.by and cfg.strata else []
+    multiplicity.annotate(lr_strata, cfg.adjust)
     km = run(prep, "km")
     hz, hz_err = None, None
     try:
@@ -505,6 +502,7 @@ def build_report(
     rep.accuracy = accuracy_table(budget.trials, cfg)
     rep.accuracy_layout = accuracy_layout(rep.accuracy, cfg.strata)
     rep.contrasts = contrast_tests(budget.trials, cfg)
+    multiplicity.annotate((e[t] for e in rep.contrasts for t in multiplicity.CONTRAST_TESTS), cfg.adjust)
     rep.design = design
     rep.diverged = diverged_note(cfg.diverged, n_diverged(trials), len(trials))
     if db is not _NO_DB:
@@ -582,7 +580,10 @@ def render_html(rep: Report) -> str:
     )
     if rep.contrasts:
         parts.append(
-            "<h2>Contrasts</h2><ul>" + "".join(f"<li>{e(_contrast_line(x))}</li>" for x in rep.contrasts) + "</ul>"
+            "<h2>Contrasts</h2>"
+            + f"<p class='note'>{e(multiplicity.note(c.adjust, multiplicity.CONTRASTS_FAMILY))}.</p><ul>"
+            + "".join(f"<li>{e(_contrast_line(x))}</li>" for x in rep.contrasts)
+            + "</ul>"
         )
     if rep.design:
         parts.append(
@@ -606,6 +607,8 @@ def render_html(rep: Report) -> str:
         lr_rows.append(("pooled", _logrank_line(rep.logrank)))
     lr_rows += _strata_lines(rep.logrank_strata)
     if lr_rows:
+        if rep.logrank_strata:
+            parts.append(f"<p class='note'>{e(multiplicity.note(c.adjust, multiplicity.STRATA_FAMILY))}.</p>")
         parts.append(_table(pd.DataFrame(lr_rows, columns=["stratum", "log-rank"]), index=False))
     km_sum = pd.DataFrame.from_dict(
         {g: {k: v for k, v in d.items() if k != "survival"} for g, d in rep.km["groups"].items()}, orient="index"

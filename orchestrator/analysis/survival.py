@@ -80,9 +80,13 @@ def km(trials: pd.DataFrame, cfg: AnalysisConfig) -> KMResult:
 
 
 def logrank(trials: pd.DataFrame, cfg: AnalysisConfig) -> TestResult:
-    """Two-group log-rank (``cfg.compare``, or when there are exactly two groups), else the
-    multi-group log-rank over every group."""
-    from lifelines.statistics import logrank_test, multivariate_logrank_test
+    """Two-group log-rank (``cfg.compare``, or when there are exactly two groups) with the
+    variance ``cfg.logrank`` names (:func:`orchestrator.design.stats.logrank_test`, the test the
+    sequential looks decide with), else lifelines' multi-group log-rank over every group. The
+    variance used is in ``details["variance"]``."""
+    from lifelines.statistics import multivariate_logrank_test
+
+    from orchestrator.design.stats import logrank_test
 
     if not cfg.by:
         raise UserError("logrank needs --by PARAM to form groups")
@@ -91,23 +95,32 @@ def logrank(trials: pd.DataFrame, cfg: AnalysisConfig) -> TestResult:
     if cfg.compare or len(avail) == 2:
         a, b = pick_two(avail, cfg.compare, "logrank")
         ta, tb = trials[labs == a], trials[labs == b]
+        # The design's own test (a sequential look calls the same function on the same events).
         res = logrank_test(
-            ta["time"].to_numpy(float), tb["time"].to_numpy(float), ta["event"].to_numpy(int), tb["event"].to_numpy(int)
+            ta["time"].to_numpy(float),
+            ta["event"].to_numpy(bool),
+            tb["time"].to_numpy(float),
+            tb["event"].to_numpy(bool),
+            method=cfg.logrank,
         )
-        groups = {a: _group_figures(ta), b: _group_figures(tb)}
-        kind = "two-group"
-    else:
-        if len(avail) < 2:
-            raise UserError(f"logrank needs at least two groups, found {len(avail)}")
-        res = multivariate_logrank_test(trials["time"].to_numpy(float), labs.to_numpy(), trials["event"].to_numpy(int))
-        groups = {g: _group_figures(trials[labs == g]) for g in avail}
-        kind = "multi-group"
+        return TestResult(
+            test="logrank",
+            p_value=res.p,
+            test_statistic=res.chi2,
+            groups={a: _group_figures(ta), b: _group_figures(tb)},
+            details={"kind": "two-group", "degrees_of_freedom": 1, "variance": res.method, "z": res.z},
+        )
+    if len(avail) < 2:
+        raise UserError(f"logrank needs at least two groups, found {len(avail)}")
+    multi = multivariate_logrank_test(trials["time"].to_numpy(float), labs.to_numpy(), trials["event"].to_numpy(int))
+    groups = {g: _group_figures(trials[labs == g]) for g in avail}
     return TestResult(
         test="logrank",
-        p_value=float(res.p_value),
-        test_statistic=float(res.test_statistic),
+        p_value=float(multi.p_value),
+        test_statistic=float(multi.test_statistic),
         groups=groups,
-        details={"kind": kind, "degrees_of_freedom": len(groups) - 1},
+        # lifelines' multi-group test: the textbook variance, whatever --logrank says.
+        details={"kind": "multi-group", "degrees_of_freedom": len(groups) - 1, "variance": "hypergeometric"},
     )
 
 

@@ -15,7 +15,7 @@ import typer
 
 from orchestrator.cli.analysis_options import analysis_options
 from orchestrator.cli.app import DB_HELP, app, bench_app
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, printable
 
 # The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
 # is written out here because that table imports the statistics libraries.
@@ -63,24 +63,33 @@ def analyze(
     from orchestrator.analysis import pipeline
     from orchestrator.analysis.analyses import ANALYSES, format_result, to_json
     from orchestrator.analysis.diverged import diverged_note, n_diverged
-    from orchestrator.analysis.report import apply_horizon
     from orchestrator.analysis.survival import logrank_strata
 
     if kind not in ANALYSES:
         raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
     name, cfg, storage = _config(sweep, db, options)
-    prep = apply_horizon(pipeline.prepare(db or storage, name, cfg))
+    prep = pipeline.prepare(db or storage, name, cfg)
     note = prep.data.unfinished_note()
     if note is not None:
         print(f"note: {note}", file=sys.stderr)
     n_div = n_diverged(prep.trials)
     rule = diverged_note(prep.cfg.diverged, n_div, len(prep.trials)) if kind in _SURVIVAL or n_div else None
     if kind == "logrank" and options.get("strata"):
+        from orchestrator.analysis import multiplicity
+
         res = logrank_strata(prep.trials, prep.cfg)
+        multiplicity.annotate(res, prep.cfg.adjust)
         if json_out:
-            _print_json({"cells": res, "diverged": {"rule": prep.cfg.diverged, "trials": n_div}})
+            _print_json(
+                {
+                    "cells": res,
+                    "adjust": {"method": prep.cfg.adjust, "family": multiplicity.STRATA_FAMILY},
+                    "diverged": {"rule": prep.cfg.diverged, "trials": n_div},
+                }
+            )
         else:
-            print(f"{rule}\n{format_result(kind, res)}")
+            print(f"{rule}\n{multiplicity.note(prep.cfg.adjust, multiplicity.STRATA_FAMILY)}")
+            print(format_result(kind, res))
         return
     res = pipeline.run(prep, kind)
     if json_out:
@@ -135,9 +144,12 @@ def import_cmd(
         _print_json(res)
     else:
         div = f", {res['diverged']} diverged" if res.get("diverged") else ""
+        # a file name may hold terminal control characters (an ESC would start a sequence)
         print(
-            f"imported {res['trials']} trials ({res['new_trials']} new{div}, {res['evals']} "
-            f"eval rows) from {res['file']} into sweep {res['sweep']}"
+            printable(
+                f"imported {res['trials']} trials ({res['new_trials']} new{div}, {res['evals']} "
+                f"eval rows) from {res['file']} into sweep {res['sweep']}"
+            )
         )
 
 

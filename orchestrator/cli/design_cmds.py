@@ -1,14 +1,16 @@
-"""orchestrator design power: seeds per group before the run (fixed and group-sequential)."""
+"""orchestrator design power | replay: seeds per group before the run (fixed and group-sequential),
+and a sequential design decided on a finished sweep's traces."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import app
-from orchestrator.errors import UserError
+from orchestrator.cli.app import DB_HELP, app
+from orchestrator.errors import UserError, printable
 
 design_app = typer.Typer(help="Study design: power and seeds per group before the run.", no_args_is_help=True)
 app.add_typer(design_app, name="design")
@@ -159,4 +161,48 @@ def power_cmd(
             f"H1 {r['expected_n_h1']:.1f}, H0 {r['expected_n_h0']:.1f} (max {r['looks'][-1]}; "
             f"{r['method']})"
         )
+    return 0
+
+
+@design_app.command("replay")
+def replay_cmd(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="a spec with a sequential: block"),
+    sweep: str = typer.Option(..., "--sweep", help="the stored (or imported) sweep whose traces the looks read"),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    as_json: bool = typer.Option(False, "--json", help="one object per look: statistic, p, boundary, decision"),
+) -> int:
+    """Decide every look of SPEC's sequential design on a finished sweep's traces, through the
+    decision the runner's look gate makes (the analysis's events and log-rank), writing
+    nothing: what the design would have concluded, and the seeds it would have left unrun."""
+    from orchestrator.design.sequential import format_records
+    from orchestrator.runner.sequential import replay
+    from orchestrator.spec import load
+    from orchestrator.store import reader, repo
+
+    spec = load(spec_path)
+    if spec.sequential is None:
+        raise UserError(f"{spec_path}: no sequential: block to replay")
+    engine, _ = reader.open_reader_engine(db)
+    try:
+        with engine.connect() as conn:
+            sid = reader.sweep_id(conn, sweep)
+            trials = repo.sweep_trials(conn, sid)
+            results = repo.trial_outcomes(conn, [t[0] for t in trials])
+    finally:
+        engine.dispose()
+    looks = replay(spec.sequential, spec.axes, spec.analysis, trials, results)
+    if as_json:
+        print(json.dumps([lk.as_dict() for lk in looks], indent=2, default=str))
+        return 0
+    print(
+        f"{spec.name}'s design replayed on sweep {printable(sweep)} ({spec.sequential.test}, looks {spec.sequential.looks}):"
+    )
+    print(format_records([lk.record for lk in looks]))
+    for lk in looks:
+        if lk.unrun:
+            where = " ".join(f"{k}={v}" for k, v in lk.record.stratum.items()) or "all"
+            print(
+                f"{where}: decided at look {lk.record.look} ({lk.record.decision}); seeds {lk.unrun} "
+                f"({2 * len(lk.unrun)} trials) would not have run"
+            )
     return 0

@@ -197,6 +197,7 @@ class LookRecord:
     decision: Literal["continue", "reject", "accept"]  # reject/accept both stop
     seeds_saved: int  # seeds (all groups) not run because of this decision
     stratum: dict[str, Any] = field(default_factory=dict)
+    variance: str | None = None  # the log-rank's variance (None: Fisher, or a record stored before it was kept)
 
     @property
     def stopped(self) -> bool:
@@ -221,19 +222,16 @@ def _fisher(spec: SequentialSpec, a: FisherData, b: FisherData) -> tuple[float, 
     return float(z_from_p(p, diff, spec.sided)), p
 
 
-def _logrank(spec: SequentialSpec, a: SurvivalData, b: SurvivalData) -> tuple[float, float]:
-    from scipy.stats import norm
-
-    from orchestrator.design.stats import logrank_z
+def _logrank(spec: SequentialSpec, a: SurvivalData, b: SurvivalData, method: str) -> tuple[float, float, str]:
+    from orchestrator.design.stats import logrank_test
 
     for g in (a, b):
         if g.n < 1 or len(g.events) != g.n:
             raise ValueError("log-rank data needs >= 1 seed per group and one event flag per time")
-    # Permutation-variance log-rank z (see stats.logrank_counts for why not lifelines' variance;
-    # the numerator O - E is lifelines' and is tested against it).
-    z = logrank_z(a.times, a.events, b.times, b.events)
-    p = float(2 * norm.sf(abs(z))) if spec.sided == 2 else float(norm.sf(z))
-    return z, p
+    # The log-rank `orchestrator analyze logrank` reports (its variance named by the analysis
+    # config's `logrank`; see stats.logrank_counts for why the permutation one at these seeds).
+    res = logrank_test(a.times, a.events, b.times, b.events, method=method, sided=spec.sided)
+    return res.z, res.p, res.method
 
 
 def decide_look(
@@ -244,13 +242,15 @@ def decide_look(
     *,
     n_contrasts: int = 1,
     stratum: Mapping[str, Any] | None = None,
+    logrank: str = "auto",
 ) -> LookRecord:
     """Test one contrast at look ``look`` (1-based) and decide: continue, reject (stop), accept (last look).
 
     ``data`` maps each of ``spec.compare.groups`` to that group's data at this look (its first
     ``looks[look-1]`` seeds); ``prior`` is the record of looks 1..look-1 of this contrast, which
     must all have continued (a decided contrast is never re-tested, so a resumed sweep cannot
-    re-test with different data). The statistic is the log-rank z (permutation variance), or for Fisher the z with the
+    re-test with different data). The statistic is the log-rank z (the variance ``logrank`` names:
+    :func:`orchestrator.design.stats.logrank_test`, as the analysis reports it), or for Fisher the z with the
     exact test's p (``Phi^-1(1 - p/2)`` signed by the rate difference); Fisher's discreteness
     makes the nominal levels conservative (see the module docstring).
     """
@@ -272,10 +272,11 @@ def decide_look(
         if not (isinstance(a, FisherData) and isinstance(b, FisherData)):
             raise ValueError("test fisher needs FisherData for both groups")
         z, p = _fisher(spec, a, b)
+        variance = None
     else:
         if not (isinstance(a, SurvivalData) and isinstance(b, SurvivalData)):
             raise ValueError("test logrank needs SurvivalData for both groups")
-        z, p = _logrank(spec, a, b)
+        z, p, variance = _logrank(spec, a, b, logrank)
     k = look - 1
     # Lan-DeMets at the information actually observed: seeds that failed shrink this look's
     # fraction (two-sample information is proportional to n0·n1/(n0+n1)); the last look spends
@@ -302,6 +303,7 @@ def decide_look(
         decision=decision,
         seeds_saved=saved,
         stratum=dict(stratum or {}),
+        variance=variance,
     )
 
 
@@ -316,6 +318,7 @@ def decide_strata(
     look: int,
     data: Mapping[tuple, Mapping[Any, FisherData | SurvivalData]],
     prior: Mapping[tuple, Sequence[LookRecord]],
+    logrank: str = "auto",
 ) -> dict[tuple, LookRecord]:
     """Decide every still-open stratum's contrast at ``look``; each at alpha / S (Bonferroni).
 
@@ -331,7 +334,7 @@ def decide_strata(
             continue
         if key not in data:
             raise ValueError(f"no data for open stratum {cell} at look {look}")
-        out[key] = decide_look(spec, look, data[key], rec, n_contrasts=len(cells), stratum=cell)
+        out[key] = decide_look(spec, look, data[key], rec, n_contrasts=len(cells), stratum=cell, logrank=logrank)
     return out
 
 

@@ -1,11 +1,14 @@
 """Vectorised two-group tests for the design simulations and enumerations.
 
-The sequential decision on real data uses scipy.stats.fisher_exact and lifelines (see
-``sequential.decide_look``); these array versions compute the same statistics for thousands of
-simulated sweeps at once and are tested against those libraries (tests/test_design_stats.py).
+The sequential decision on real data uses scipy.stats.fisher_exact and :func:`logrank_test`
+(see ``sequential.decide_look``), the very log-rank ``orchestrator analyze logrank`` reports;
+these array versions compute the same statistics for thousands of simulated sweeps at once and
+are tested against scipy, lifelines and brute-force permutation (tests/test_design_stats.py).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special, stats
@@ -112,3 +115,45 @@ def logrank_z(time0, event0, time1, event1, variance: str = "permutation") -> fl
     d1 = np.bincount(j1[e1], minlength=T)
     c1 = np.bincount(j1[~e1], minlength=T)
     return float(logrank_counts(d0, c0, d1, c1, variance))
+
+
+LOGRANK_METHODS = ("auto", "permutation", "hypergeometric")
+# auto: the permutation variance while a group is this small or escapes are heavily tied
+# (where the hypergeometric one rejects too often), the textbook variance beyond.
+AUTO_PERMUTATION_BELOW = 30
+
+
+@dataclass(frozen=True)
+class LogRank:
+    """One two-group log-rank test: z (> 0: group 0 escapes faster), chi2 = z², the p-value
+    against the normal reference, and the variance it used (``method``)."""
+
+    z: float
+    chi2: float
+    p: float
+    method: str
+
+
+def logrank_method(method: str, time0, event0, time1, event1) -> str:
+    """The variance ``method`` names, ``auto`` resolved: ``permutation`` when either group
+    has fewer than :data:`AUTO_PERMUTATION_BELOW` trials or the escapes fall on fewer
+    distinct steps than half their number (many ties), else ``hypergeometric``."""
+    if method not in LOGRANK_METHODS:
+        raise ValueError(f"log-rank method {method!r}: expected one of {', '.join(LOGRANK_METHODS)}")
+    if method != "auto":
+        return method
+    t = np.concatenate([np.asarray(time0, dtype=float), np.asarray(time1, dtype=float)])
+    e = np.concatenate([np.asarray(event0, dtype=bool), np.asarray(event1, dtype=bool)])
+    few = min(len(time0), len(time1)) < AUTO_PERMUTATION_BELOW
+    tied = e.sum() > 0 and np.unique(t[e]).size < e.sum() / 2
+    return "permutation" if few or tied else "hypergeometric"
+
+
+def logrank_test(time0, event0, time1, event1, method: str = "auto", sided: int = 2) -> LogRank:
+    """The log-rank test every decision and report uses (a sequential look, ``analyze
+    logrank``, the report's contrasts): z from :func:`logrank_z` with the resolved variance,
+    p two-sided (``sided=2``) or for group 0 escaping faster (``sided=1``)."""
+    used = logrank_method(method, time0, event0, time1, event1)
+    z = logrank_z(time0, event0, time1, event1, variance=used)
+    p = float(2 * stats.norm.sf(abs(z))) if sided == 2 else float(stats.norm.sf(z))
+    return LogRank(z=z, chi2=z * z, p=min(p, 1.0), method=used)

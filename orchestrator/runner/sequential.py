@@ -10,10 +10,11 @@ looks instead of re-testing them, so a crash between looks neither re-tests with
 data nor loses a decision; a look whose decision was not stored is tested on the same seeds
 (they are finished and deterministic), so it decides the same way.
 
-The events are the analysis's conventions (lock-in at budget: the final, or best, eval's
-accuracy >= ``lockin``; escape: the first eval after the first with accuracy >= ``escape_at``,
-else censored at the last eval), computed here from the stored trace with the thresholds
-the spec resolved (``Sweep.thresholds``) because the runner never imports the analysis.
+The events are the analysis's own (``orchestrator.events``, the one definition of every event)
+under the spec's whole ``analysis:`` block (``Sweep.analysis``): lock-in at budget, escape
+time, collapse censoring, the ``diverged`` and ``stopped_as`` rules, the horizon; and the
+log-rank is the one ``orchestrator analyze logrank`` reports (its variance from the block's
+``logrank``). So a look decides on what the report will say.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 from orchestrator.design.sequential import (
     FisherData,
     LookRecord,
@@ -33,7 +37,9 @@ from orchestrator.design.sequential import (
     strata_cells,
     stratum_key,
 )
+from orchestrator.analysis_config import AnalysisConfig
 from orchestrator.errors import UserError
+from orchestrator.events import events, n_stopped
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import repo
 from orchestrator.store.outage import write_with_retry
@@ -63,27 +69,24 @@ def _record(d: Mapping[str, Any]) -> LookRecord:
     return LookRecord(**d)
 
 
-def lock_in(outcome: Mapping[str, Any], thresholds: Mapping[str, Any]) -> bool:
-    """Lock-in at budget, as the analysis defines it (final or best eval >= lockin)."""
-    trace = _cut(outcome["trace"], thresholds.get("horizon"))
-    accs = [a for _, a in trace if a is not None]
-    if not accs:
-        return False
-    value = max(accs) if thresholds.get("metric") == "best" else accs[-1]
-    return value >= thresholds["lockin"]
-
-
-def escape(outcome: Mapping[str, Any], thresholds: Mapping[str, Any]) -> tuple[float, bool]:
-    """(time, event): the first eval after the first with acc >= escape_at, else the last step."""
-    trace = _cut(outcome["trace"], thresholds.get("horizon"))
-    for step, acc in trace[1:]:
-        if acc is not None and acc >= thresholds["escape_at"]:
-            return float(step), True
-    return float(trace[-1][0] if trace else 0), False
-
-
-def _cut(trace: Sequence[tuple[int, float | None]], horizon: int | None) -> list:
-    return [p for p in trace if horizon is None or p[0] <= horizon]
+def look_events(results: Mapping[int, Mapping[str, Any]], cfg: AnalysisConfig) -> pd.DataFrame:
+    """The events of a look's trials (``repo.trial_outcomes``: status, stopped_at, trace),
+    indexed by trial id: exactly the analysis's (``orchestrator.events.events`` under the
+    spec's whole analysis block: horizon, collapse, the ``diverged`` and ``stopped_as``
+    rules). Trials outside ``cfg.statuses`` are left out, as the analysis leaves them out."""
+    kept = {tid: r for tid, r in results.items() if r["status"] in cfg.statuses}
+    trials = pd.DataFrame(
+        {
+            "trial_id": list(kept),
+            "stopped_at": [float("nan") if r["stopped_at"] is None else float(r["stopped_at"]) for r in kept.values()],
+        }
+    )
+    rows = [(tid, step, acc, nonfinite) for tid, r in kept.items() for step, acc, nonfinite in r["trace"]]
+    evals = pd.DataFrame.from_records(rows, columns=["trial_id", "step", "acc", "nonfinite"])
+    evals = evals.astype({"trial_id": np.int64, "step": np.int64, "acc": float, "nonfinite": bool})
+    evals = evals.sort_values(["trial_id", "step"], kind="stable").reset_index(drop=True)
+    _, with_events = events(trials, evals, cfg)
+    return with_events.set_index("trial_id")
 
 
 def _record_looks(
@@ -131,11 +134,11 @@ class LookGate:
         self,
         seq: SequentialSpec,
         axes: Mapping[str, Sequence[Any]],
-        thresholds: Mapping[str, Any],
+        cfg: AnalysisConfig,
         sweep_id: int,
         on_look: Callable[[LookRecord], None] | None = None,
     ) -> None:
-        self.seq, self.axes, self.thresholds, self.sweep_id, self.on_look = seq, axes, thresholds, sweep_id, on_look
+        self.seq, self.axes, self.cfg, self.sweep_id, self.on_look = seq, axes, cfg, sweep_id, on_look
         self.index = {s: i for i, s in enumerate(axes[SEED_AXIS])}
         self.cells = strata_cells(seq, axes)
         self.records: list[LookRecord] = []
@@ -209,36 +212,59 @@ class LookGate:
         return step
 
     def _decide(self, conn: Connection, k: int, need: list, members: dict, prior: dict, g0: Any, g1: Any) -> dict:
-        seq, thresholds = self.seq, self.thresholds
-        results_db = repo.trial_outcomes(conn, [t[0] for ts in members.values() for t in ts])
-        data: dict[tuple, dict[Any, FisherData | SurvivalData]] = {}
-        for key in need:
-            groups: dict[Any, list[Mapping[str, Any]]] = {g0: [], g1: []}
-            for tid, _, params, _ in members[key]:
-                res = results_db[tid]
-                # Failed trials are left out (the information fraction shrinks accordingly).
-                if params[seq.compare.by] in groups and res["status"] in [s.value for s in FINISHED]:
-                    groups[params[seq.compare.by]].append(res)
-            if seq.test == "fisher":
-                data[key] = {
-                    g: FisherData(n=len(rs), successes=sum(lock_in(r, thresholds) for r in rs))
-                    for g, rs in groups.items()
-                }
-            else:
-                ev = {g: [escape(r, thresholds) for r in rs] for g, rs in groups.items()}
-                data[key] = {
-                    g: SurvivalData(times=[t for t, _ in e], events=[bool(x) for _, x in e]) for g, e in ev.items()
-                }
-        try:
-            return decide_strata(seq, self.axes, k, data, prior)
-        except ValueError as exc:  # e.g. every seed of a group failed: nothing to test
-            raise UserError(f"sequential look {k}: {exc}") from None
+        results = repo.trial_outcomes(conn, [t[0] for ts in members.values() for t in ts])
+        return decide_from_events(self.seq, self.axes, self.cfg, k, need, members, prior, results)
+
+
+def decide_from_events(
+    seq: SequentialSpec,
+    axes: Mapping[str, Sequence[Any]],
+    cfg: AnalysisConfig,
+    k: int,
+    need: list,
+    members: Mapping[tuple, Sequence[tuple[int, str, dict, str]]],
+    prior: Mapping[tuple, Sequence[LookRecord]],
+    results: Mapping[int, Mapping[str, Any]],
+) -> dict:
+    """Test look ``k`` of the strata in ``need`` on their members' stored outcomes: the
+    analysis's events, then the design's decision (``decide_strata``). A trial without events
+    (failed, or outside the analysed statuses) is left out: the information fraction shrinks
+    accordingly."""
+    g0, g1 = seq.compare.groups
+    ev = look_events(results, cfg)
+    if seq.test == "fisher" and cfg.stopped_as is None and n_stopped(ev.reset_index()):
+        raise UserError(
+            f"sequential look {k}: trials ended by the stop rule have no lock-in at budget; "
+            "set analysis.stopped_as: solved to count them as solved"
+        )
+    data: dict[tuple, dict[Any, FisherData | SurvivalData]] = {}
+    for key in need:
+        groups: dict[Any, list[int]] = {g0: [], g1: []}
+        for tid, _, params, _ in members[key]:
+            if params[seq.compare.by] in groups and tid in ev.index:
+                groups[params[seq.compare.by]].append(tid)
+        if seq.test == "fisher":
+            data[key] = {
+                g: FisherData(n=len(ids), successes=int(ev.loc[ids, "locked"].astype(bool).sum()))
+                for g, ids in groups.items()
+            }
+        else:
+            data[key] = {
+                g: SurvivalData(
+                    times=[float(t) for t in ev.loc[ids, "time"]], events=[bool(e) for e in ev.loc[ids, "event"]]
+                )
+                for g, ids in groups.items()
+            }
+    try:
+        return decide_strata(seq, axes, k, data, prior, logrank=cfg.logrank)
+    except ValueError as exc:  # e.g. every seed of a group failed: nothing to test
+        raise UserError(f"sequential look {k}: {exc}") from None
 
 
 def drive(
     seq: SequentialSpec,
     axes: Mapping[str, Sequence[Any]],
-    thresholds: Mapping[str, Any],
+    cfg: AnalysisConfig,
     sweep_id: int,
     engine: Engine,
     run: Callable[[Batch], dict[int, str]],
@@ -253,7 +279,7 @@ def drive(
     :class:`LookGate` through their claims instead (runner/feed.py)."""
     if write is None:
         write = partial(write_with_retry, engine)
-    gate = LookGate(seq, axes, thresholds, sweep_id, on_look)
+    gate = LookGate(seq, axes, cfg, sweep_id, on_look)
     out = SequentialRun()
     last: list[int] | None = None
     while True:
@@ -270,4 +296,61 @@ def drive(
             out.outcomes[st] = out.outcomes.get(st, 0) + 1
         out.ran += len(batch)
     out.skipped, out.records = gate.skipped, gate.records
+    return out
+
+
+@dataclass
+class ReplayedLook:
+    """One look of a design replayed on stored traces: what the live gate would have stored,
+    and the seeds its decision would have left unrun (values of the seed axis, per group)."""
+
+    record: LookRecord
+    unrun: list[Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.record.as_dict(), "unrun_seeds": self.unrun, "trials_unrun": len(self.unrun) * 2}
+
+
+def replay(
+    seq: SequentialSpec,
+    axes: Mapping[str, Sequence[Any]],
+    cfg: AnalysisConfig,
+    trials: Sequence[tuple[int, str, dict, str]],
+    results: Mapping[int, Mapping[str, Any]],
+) -> list[ReplayedLook]:
+    """Decide every look of ``seq`` on a finished study's trials (``repo.sweep_trials`` rows
+    and their ``repo.trial_outcomes``), writing nothing: look by look, each still-open
+    stratum's trials whose seed is among the axis's first ``looks[k]``, decided by
+    :func:`decide_from_events`, the function the live :class:`LookGate` decides with. Trials
+    whose seed, group or stratum the design does not name are not part of it."""
+    index = {s: i for i, s in enumerate(axes[SEED_AXIS])}
+    cells = {stratum_key(seq, c) for c in strata_cells(seq, axes)}
+    by_stratum: dict[tuple, list[tuple[int, str, dict, str]]] = {}
+    for t in trials:
+        params = t[2]
+        if params.get(SEED_AXIS) not in index or params.get(seq.compare.by) not in seq.compare.groups:
+            continue
+        if any(name not in params for name in seq.strata or []) or stratum_key(seq, params) not in cells:
+            continue
+        by_stratum.setdefault(stratum_key(seq, params), []).append(t)
+    if not by_stratum:
+        raise UserError(
+            f"no stored trial has a {SEED_AXIS} of the design's axis, a {seq.compare.by} among "
+            f"{seq.compare.groups} and a stratum of the design"
+        )
+    prior: dict[tuple, list[LookRecord]] = {}
+    out: list[ReplayedLook] = []
+    for k, n_k in enumerate(seq.looks, start=1):
+        need = [key for key in sorted(cells, key=str) if not any(r.stopped for r in prior.get(key, []))]
+        if not need:
+            break
+        members = {key: [t for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] < n_k] for key in need}
+        decided = decide_from_events(seq, axes, cfg, k, need, members, prior, results)
+        for key, rec in decided.items():
+            prior.setdefault(key, []).append(rec)
+            later = sorted(
+                {t[2][SEED_AXIS] for t in by_stratum.get(key, []) if index[t[2][SEED_AXIS]] >= n_k},
+                key=lambda s: index[s],
+            )
+            out.append(ReplayedLook(rec, later if rec.stopped and k < len(seq.looks) else []))
     return out

@@ -47,12 +47,15 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     tally[v][0] += r.status in DONE
                 axes[n] = [{"value": json.loads(v), "done": d, "total": t} for v, (d, t) in sorted(tally.items())]
             # Progress in training steps (finished trials count in full), so the ETA moves
-            # before the first trial ends: wall time so far x (left / done). Failed trials
-            # are no steps done (nor to do): they are counted as failed.
-            counted = [r for r in rows if r.status != Status.failed]
-            total_steps = sum(r.steps or 0 for r in counted)
+            # before the first trial ends: wall time so far x (left / done). A failed trial
+            # counts the steps it ran, and the rest of its budget as not done: a sweep with a
+            # failed trial is never "100% of steps" (`resume` retries it).
+            total_steps = sum(r.steps or 0 for r in rows)
             done_steps = sum(
-                (r.steps or 0) if r.status in DONE else min(r.last_step or 0, r.steps or 0) for r in counted
+                (r.steps or 0)
+                if r.status in DONE and r.status != Status.failed
+                else min(r.last_step or 0, r.steps or 0)
+                for r in rows
             )
             progress = done_steps / total_steps if total_steps else None
             eta = None

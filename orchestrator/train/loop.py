@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import cells
 import tasks
+from orchestrator.events import escape_run
 from orchestrator.keys import identity
 from orchestrator.params import TrialParams, resolve, split
 from orchestrator.status import Status
@@ -283,17 +284,13 @@ class Trainer:
 
     def _check_stop(self) -> None:
         """Stop after a sustained escape: the escape eval (an eval after the first with
-        acc >= escape_at, the analysis's definition) and the ``stop_after`` evals following
-        it all stay >= escape_at. The escape step stays in the trace, so escape-time
-        statistics are exactly those of the full run."""
+        acc >= escape_at: ``orchestrator.events``, the analysis's own definition) and the
+        ``stop_after`` evals following it all stay >= escape_at. The escape step stays in the
+        trace, so escape-time statistics are exactly those of the full run."""
         if self.stop_after is None or self.stopped_at is not None:
             return
         assert self.stop_escape_at is not None
-        run = 0
-        for point in reversed(self.trace[1:]):
-            if not point.acc >= self.stop_escape_at:
-                break
-            run += 1
+        run = escape_run([point.acc for point in self.trace], self.stop_escape_at)
         if run >= self.stop_after + 1 and self.step < self.p.steps:
             since = self.trace[-run].step
             self.stopped_at = self.step
