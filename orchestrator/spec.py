@@ -14,6 +14,7 @@ import itertools
 import math
 import os
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -514,6 +515,21 @@ _FIELD_ADAPTERS: dict[str, TypeAdapter[Any]] = {
 }
 
 
+_ASCII_INT = re.compile(r"\s*[+-]?[0-9]{1,20}\s*", re.ASCII)
+
+
+def _check_distinct(names: Iterable[str], where: str, fail) -> None:
+    """Parameter names must differ by more than case or Unicode normalisation: ``tag.Group``
+    and ``tag.group`` (or an NFC and an NFD spelling) look alike everywhere a person reads
+    them, and SQL conditions (``--where``) cannot tell them apart."""
+    seen: dict[str, str] = {}
+    for name in names:
+        folded = unicodedata.normalize("NFC", name).casefold()
+        if folded in seen and seen[folded] != name:
+            fail(where, f"parameters {seen[folded]!r} and {name!r} differ only in case or Unicode form")
+        seen.setdefault(folded, name)
+
+
 def _check_name(name: Any, where: str, fail) -> None:
     if not isinstance(name, str) or not name:
         fail(where, f"parameter names are strings, got {name!r}")
@@ -553,7 +569,8 @@ def _parse_axis(name: str, values: Any, where: str, fail, max_values: int = DEFA
         if not sep:
             fail(where, f"expected a list of values or a range like 0..9, got {values!r}")
         try:
-            if len(lo.strip()) > 20 or len(hi.strip()) > 20:
+            # ASCII digits only: int() also reads '١' (Arabic-Indic one) and full-width digits.
+            if not (_ASCII_INT.fullmatch(lo) and _ASCII_INT.fullmatch(hi)):
                 raise ValueError
             lo_i, hi_i = int(lo), int(hi)
         except ValueError:
@@ -711,33 +728,16 @@ def _match(
         fail(where, f"{loc}: {msg}")
     try:
         vocab = tasks.build(top["task"], **task_params).vocab_size
+        shape = (vocab, top["d_model"], top["n_layers"], tuple(sorted(knobs.items())))
         if top["arm"] in mp.toggles:
-            row = toggled(
-                top["arm"],
-                mp.toggles[top["arm"]],
-                mp.root(top["arm"]),
-                vocab,
-                top["d_model"],
-                top["n_layers"],
-                tuple(sorted(knobs.items())),
-                mp.target,
-                mp.tolerance,
-            )
+            row = toggled(top["arm"], mp.toggles[top["arm"]], mp.root(top["arm"]), *shape, mp.target, mp.tolerance)
         elif mp.arms is not None and top["arm"] not in mp.arms:
-            row = unmatched(top["arm"], vocab, top["d_model"], top["n_layers"], tuple(sorted(knobs.items())))
+            row = unmatched(top["arm"], *shape)
             sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
             matched.setdefault(sig, {**row, "knobs": dict(knobs)})
             return params
         else:
-            row = solve(
-                top["arm"],
-                vocab,
-                top["d_model"],
-                top["n_layers"],
-                tuple(sorted(knobs.items())),
-                mp.target,
-                mp.tolerance,
-            )
+            row = solve(top["arm"], *shape, mp.target, mp.tolerance)
     except (ValueError, TypeError) as exc:
         fail(f"match_params ({where})", str(exc))
     sig = (row["arm"], row["d_model"], row["n_layers"], vocab, tuple(sorted(knobs.items())))
@@ -859,6 +859,7 @@ def _base_design(
         if name in spec.fixed:
             fail(f"axes.{name}", f"duplicate axis: {name!r} is also under fixed")
         base_axes[name] = _parse_axis(name, values, f"axes.{name}", fail, max_trials)
+    _check_distinct([*base_fixed, *base_axes], "fixed/axes", fail)
     return base_fixed, base_axes
 
 
@@ -882,6 +883,7 @@ def _designs(spec: SweepSpec, raw: dict[str, Any], fail: Fail, max_trials: int) 
             _check_name(name, f"{pre}axes.{name}", fail)
             fixed.pop(name, None)
             axes[name] = _parse_axis(name, values, f"{pre}axes.{name}", fail, max_trials)
+        _check_distinct([*fixed, *axes], f"{pre}fixed/axes", fail)
         designs.append(_Design(pre, fixed, axes, spec.zip + block.zip, spec.exclude + block.exclude))
     return designs
 

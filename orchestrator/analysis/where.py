@@ -18,14 +18,39 @@ import time
 
 import pandas as pd
 
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, utf8_problem
 from orchestrator.store.dialect import set_length_limit
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
+# Functions that reach outside the table: fts3_tokenizer hands out (and takes) a pointer.
+_DENIED_FUNCTIONS = {"fts3_tokenizer", "load_extension", "sqlite_compileoption_get", "sqlite_compileoption_used"}
 
 
-def _authorize(action: int, *_args) -> int:
+def _authorize(action: int, arg1, arg2, *_args) -> int:
+    if action == sqlite3.SQLITE_FUNCTION and str(arg2 or "").lower() in _DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK if action in _ALLOWED else sqlite3.SQLITE_DENY
+
+
+def _columns(frame: pd.DataFrame) -> list[str]:
+    """The table's columns: SQLite's names are case-insensitive, so of names that differ
+    only in case the short aliases are dropped (neither is unique any more: ``K`` of
+    ``task.K`` and ``k`` of ``tag.k``) and full names that still collide are refused."""
+    columns = list(dict.fromkeys(frame.columns))
+    groups: dict[str, list[str]] = {}
+    for c in columns:
+        groups.setdefault(c.lower(), []).append(c)
+    drop: set[str] = set()
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        full = [n for n in names if "." in n]
+        drop.update(n for n in names if "." not in n)
+        if len(full) > 1:
+            raise UserError(
+                f"--where: parameters {full[0]!r} and {full[1]!r} differ only in case; SQL cannot tell them apart"
+            )
+    return [c for c in columns if c not in drop]
 
 
 def _sql_value(v):
@@ -81,8 +106,11 @@ def filter_trial_ids(frame: pd.DataFrame, condition: str, *, timeout_s: float = 
     cond = condition.strip()
     if not cond:
         return [int(i) for i in frame["trial_id"]]
+    bad = utf8_problem(cond, "--where")  # a lone surrogate (from argv or a JSON body) encodes nowhere
+    if bad:
+        raise UserError(bad)
     _check_shape(cond)
-    columns = list(dict.fromkeys(frame.columns))
+    columns = _columns(frame)
     con = sqlite3.connect(":memory:")
     try:
         col_sql = ", ".join('"' + c.replace('"', '""') + '"' for c in columns)

@@ -112,18 +112,7 @@ def solve(
             f"arm {arm!r}: the nearest MLP width ({width}) gives {row['params']:,} "
             f"parameters, {off:.1%} from the target {target:,} (tolerance {tolerance:.1%})"
         )
-    return {
-        "arm": arm,
-        "params": row["params"],
-        "state_elements": row["state_elements"],
-        "state_scaling": row["state_scaling"],
-        LEVER: width,
-        "target": target,
-        "width_of": arm,
-        "d_model": row["d_model"],
-        "n_layers": row["n_layers"],
-        "vocab_size": vocab,
-    }
+    return _sized(arm, row, width, target, arm, vocab)
 
 
 def check_toggle(arm: str, base: str) -> None:
@@ -163,6 +152,11 @@ def toggled(
     check_toggle(arm, base)
     width = solve(root, vocab, d_model, n_layers, knobs, target, tolerance)[LEVER]
     row = _count(arm, vocab, d_model, n_layers, tuple(sorted({**dict(knobs), LEVER: width}.items())))
+    return _sized(arm, row, width, target, root, vocab)
+
+
+def _sized(arm: str, row: dict[str, Any], width: int, target: int, width_of: str, vocab: int) -> dict[str, Any]:
+    """The row of a sized arm: its count at ``width``, the arm whose solve gave it."""
     return {
         "arm": arm,
         "params": row["params"],
@@ -170,7 +164,7 @@ def toggled(
         "state_scaling": row["state_scaling"],
         LEVER: width,
         "target": target,
-        "width_of": root,
+        "width_of": width_of,
         "d_model": row["d_model"],
         "n_layers": row["n_layers"],
         "vocab_size": vocab,

@@ -14,6 +14,20 @@ from orchestrator.store.models import Eval, Trial
 from orchestrator.store.reader import sweep_frames, sweep_id
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (OWASP's CSV
+# injection), after any leading blanks (" =1+1" runs too): a stored string is data, so such
+# a cell gets a leading apostrophe. Numbers are left as they are (-0.5 is a number).
+FORMULA_START = ("=", "+", "-", "@")
+
+
+def csv_safe(v: object) -> object:
+    """One CSV cell as a spreadsheet may open it: a string that would run as a formula
+    gets a leading apostrophe; anything else is unchanged."""
+    if isinstance(v, str) and (v.startswith(("\t", "\r")) or v.lstrip(" \t\r\n").startswith(FORMULA_START)):
+        return "'" + v
+    return v
+
+
 def _portable(df: pd.DataFrame) -> pd.DataFrame:
     """Columns every reader takes: an object column holding more than one kind of value
     (a parameter that is 3 in one trial and "auto" in another) becomes text."""
@@ -62,7 +76,12 @@ def export_sweep(engine: Engine, sweep: str, fmt: str, out_dir: str | Path) -> l
         if fmt == "parquet":
             _portable(df).to_parquet(p, index=False, engine="pyarrow")
         else:
-            df.to_csv(p, index=False)
+            safe = df.copy()
+            safe.columns = [csv_safe(c) for c in safe.columns]
+            for c in safe.columns:
+                if safe[c].dtype == object:
+                    safe[c] = safe[c].map(csv_safe)
+            safe.to_csv(p, index=False)
         paths.append(p)
     spec = out / "spec.yaml"
     spec.write_text(frames.spec_text, encoding="utf-8")

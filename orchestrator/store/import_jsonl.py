@@ -229,6 +229,11 @@ def _typed_value_error(v: Any, col_type: Any) -> str | None:
     return None
 
 
+# The analysis's own columns of a trial (analysis.data.META_COLUMNS): a parameter of that name
+# would be silently hidden behind them.
+RESERVED_NAMES = ("trial_id", "key", "status")
+
+
 def checked_flat_params(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` flattened to dotted names, refusing what flattening would silently resolve
     or the store cannot hold: a name given twice (``{"task.K": 8, "task": {"K": 16}}``), an
@@ -254,6 +259,15 @@ def checked_flat_params(params: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(
                     f"parameter {_show(name)} is given twice (a dotted key and a nested object flatten to it)"
                 )
+            if name in RESERVED_NAMES:
+                raise ValueError(
+                    f"parameter name {_show(name)} is a trial's own column ({', '.join(RESERVED_NAMES)}): "
+                    f"it would be shadowed in --where and --by; rename it (e.g. tag.{name})"
+                )
+            folded = unicodedata.normalize("NFC", name).casefold()
+            twin = next((n for n in out if unicodedata.normalize("NFC", n).casefold() == folded), None)
+            if twin is not None:
+                raise ValueError(f"parameters {_show(twin)} and {_show(name)} differ only in case or Unicode form")
             out[name] = v
     for name, col_type in typed["columns"].items():
         if name in out and out[name] is not None:

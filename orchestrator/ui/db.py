@@ -554,19 +554,14 @@ def compare(
     return out
 
 
-# A spreadsheet runs a cell that starts with one of these as a formula (OWASP's CSV
-# injection): a stored string is data, so such a cell gets a leading apostrophe.
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
 def _csv_value(v: Any) -> Any:
+    from orchestrator.store.export import csv_safe  # the one rule for formula-like cells
+
     if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
         return ""
     if isinstance(v, (dict, list)):
         v = json.dumps(v, sort_keys=True)
-    if isinstance(v, str) and v.startswith(_FORMULA_START):
-        return "'" + v
-    return "" if v is None else v
+    return "" if v is None else csv_safe(v)
 
 
 def to_csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
