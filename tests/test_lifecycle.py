@@ -119,6 +119,62 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
         drop()
 
 
+# Ctrl-C on trials younger than their checkpoint cadence (600 s: none was due): each running
+# trial stores a checkpoint of the step it reached before it stops, the stop line says where
+# each continues, and resume continues there, equal to an uninterrupted run. SQLite (SIGINT
+# to the process group) and PostgreSQL (SIGTERM to the driver); checkpoints in the database.
+# (A cancel stops through the same path once the driver's renewal thread reads its flag.)
+@pytest.mark.parametrize("how,backend", [("sigint", "sqlite"), ("sigterm", "postgresql")])
+def test_a_stop_checkpoints_where_the_trials_are(tmp_path, capsys, reference, shared_ray, how, backend):
+    import re
+
+    url, drop = backend_url(tmp_path, backend)
+    try:
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(SPEC.replace("checkpoint_every_s: 0", "checkpoint_every_s: 600"))
+        proc = subprocess.Popen(
+            CLI + ["submit", str(spec), "--db", url, "--quiet"],
+            env=ENV,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_mid(url, proc)
+        if how == "sigint":
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        said = dict(re.findall(r"trial (\w+): continues from step ([\d,]+)", err))
+        stored = dict(
+            query(
+                url,
+                "SELECT t.key, c.step FROM trial_checkpoints c JOIN trials t ON t.id = c.trial_id "
+                "WHERE t.status = 'interrupted'",
+            )
+        )
+        assert stored, err  # the stop caught trials mid-way, and each stored where it was
+        assert {k: int(v.replace(",", "")) for k, v in said.items()} == stored, err
+        assert all(0 < step < 240 for step in stored.values())
+        assert "starts again" not in err
+        capsys.readouterr()
+        assert main(["resume", "life", "--db", url, "--quiet"]) == 0, capsys.readouterr().err
+        starts = dict(
+            query(
+                url,
+                "SELECT t.key, MAX(a.from_step) FROM attempts a JOIN trials t ON t.id = a.trial_id GROUP BY t.key",
+            )
+        )
+        for key, step in stored.items():
+            assert starts[key] == step, (key, starts[key], step)  # continued, not restarted
+        got = sweep_evals(url)
+        assert [r[:6] for r in got] == [r[:6] for r in reference]
+    finally:
+        drop()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_two_drivers_started_together_run_every_trial_exactly_once(tmp_path, backend, shared_ray):
     """Before many drivers could share a sweep the second one was refused; now it claims

@@ -171,11 +171,36 @@ def query_hint(name: str, db: str | None) -> str:
     return f"orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{name}'\"{_db_flag(db)}"
 
 
+RESUME_LINES = 20  # interrupted trials listed one a line; the rest are counted
+
+
+def resume_lines(resume_from: list[tuple[str, int | None]], late: int) -> list[str]:
+    """What a stopped run says of its interrupted trials: where each one continues."""
+    out = []
+    for key, step in resume_from[:RESUME_LINES]:
+        where = f"continues from step {step:,}" if step else "starts again from step 0 (no checkpoint yet)"
+        out.append(f"  trial {key}: {where}")
+    if len(resume_from) > RESUME_LINES:
+        rest = resume_from[RESUME_LINES:]
+        kept = sum(1 for _, s in rest if s)
+        out.append(
+            f"  ... and {len(rest)} more: {kept} continue from their checkpoints, {len(rest) - kept} start again"
+        )
+    if late:
+        out.append(
+            f"  {late} trial(s) did not checkpoint within the stop's grace ($ORCH_STOP_GRACE_S): "
+            "they continue from their last checkpoint"
+        )
+    return out
+
+
 def _finish(summary, quiet: bool) -> int:
     if summary.stopped is not None:
         from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
 
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
+        for line in resume_lines(summary.resume_from, summary.late):
+            err.print(escape(line), soft_wrap=True)
         err.print(
             escape(
                 f"sweep {summary.sweep}: stopped ({summary.stopped}): {parts or 'nothing ran'}; "

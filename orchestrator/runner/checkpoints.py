@@ -144,6 +144,15 @@ class Loader:
         self.engine = make_engine(url, create_dir=False)
         self.sweep = sweep
         self.folders = [Path(f) for f in folders]
+        self._stopping = False
+
+    # The driver is stopping (Ctrl-C, SIGTERM, a cancel, a lost lease): units checkpoint
+    # where they are and end (StopPoll), so an interrupted trial continues from its step.
+    def request_stop(self) -> None:
+        self._stopping = True
+
+    def stopping(self) -> bool:
+        return self._stopping
 
     def load(self, trial_id: int, key: str) -> Found | None:
         found: list[Found] = []
@@ -181,10 +190,51 @@ def start_loader(url: str, sweep: str, folders: list[Path]) -> tuple[str, Any]:
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
             max_restarts=-1,
             max_task_retries=3,
+            # a unit's stop poll is answered while another unit's checkpoint load waits on
+            # the database
+            max_concurrency=16,
         )
         .remote(url, sweep, [str(f) for f in folders])
     )
     return name, handle
+
+
+def request_stop(handle: Any) -> None:
+    """Tell the run's units to checkpoint where they are and end (fire and forget)."""
+    try:
+        handle.request_stop.remote()
+    except Exception:  # already gone with its Ray: the units are gone too
+        pass
+
+
+class StopPoll:
+    """In a unit: whether the driver asked its units to stop, asked of the run's loader at
+    most every ``every`` seconds (a few milliseconds a time), so an eval loop may call it
+    at every eval point."""
+
+    def __init__(self, loader: str | None, every: float = 0.25) -> None:
+        self.loader, self.every = loader, every
+        self._next = 0.0
+        self._actor: Any = None
+        self.asked = False
+
+    def __call__(self) -> bool:
+        import time
+
+        if self.asked:
+            return True
+        if self.loader is None or time.monotonic() < self._next:
+            return False
+        self._next = time.monotonic() + self.every
+        import ray
+
+        try:
+            if self._actor is None:
+                self._actor = ray.get_actor(self.loader)
+            self.asked = bool(ray.get(self._actor.stopping.remote(), timeout=10))
+        except Exception:  # the loader is restarting, or gone with the driver: go on
+            self._actor = None
+        return self.asked
 
 
 def stop_loader(handle: Any) -> None:

@@ -27,7 +27,7 @@ from orchestrator.runner.context import RunContext
 from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
-from orchestrator.store import reader, repo
+from orchestrator.store import attempts, reader, repo
 from orchestrator.store.engine import describe, open_store_engine
 from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
 
@@ -69,6 +69,10 @@ class RunSummary:
     # Why the run stopped early (SIGINT, SIGTERM, a cancel, a lost lease); None: it ran out.
     stopped: str | None = None
     db_arg: str | None = None
+    # A stopped run: each interrupted trial's key and the step it continues from (None: from
+    # the start, no checkpoint yet), and how many were still running past the stop's grace.
+    resume_from: list[tuple[str, int | None]] = field(default_factory=list)
+    late: int = 0
 
     @property
     def failed(self) -> int:
@@ -450,17 +454,20 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
     )
     outcomes: Counter[str] = Counter()
     taken: list[int] = []
+    late: list[int] = []
     while True:
         run = _run_batch(ctx, source)
         outcomes.update(run.outcomes.values())
         taken += run.taken
+        late += run.late
         # A run that went idle (other drivers hold what is left, or a look waits for them)
         # freed its Ray resources; the next starts when there is work again.
         if not run.idle or session.stop_reason is not None or not source.wait():
             break
     looks = {} if gate is None else {"skipped": gate.skipped, "looks": gate.records}
     if session.stop_reason is not None:
-        return _summary(ctx, total, pending, _stopped_tally(ctx, taken), ran=len(taken), **looks)
+        tally, resume_from = _stopped_tally(ctx, taken)
+        return _summary(ctx, total, pending, tally, ran=len(taken), resume_from=resume_from, late=len(late), **looks)
     return _summary(ctx, total, pending, dict(outcomes), ran=len(taken), **looks)
 
 
@@ -496,16 +503,29 @@ def _started(ctx: RunContext, total: int, todo: list[tuple[int, str, dict[str, A
         ctx.on_start(describe(ctx.url), total, len(todo), steps=sum(int(p.get("steps") or 0) for _, _, p in todo))
 
 
-def _stopped_tally(ctx: RunContext, tids: list[int]) -> dict[str, int]:
-    """The outcomes of a run the session stopped. Tune may end before telling the writer
-    about every stopped trial: the database (after marking what is still running as
-    interrupted) has the true tally."""
+def _stopped_tally(ctx: RunContext, tids: list[int]) -> tuple[dict[str, int], list[tuple[str, int | None]]]:
+    """The outcomes of a run the session stopped, and each interrupted trial's key with the
+    step it will continue from. Tune may end before telling the writer about every stopped
+    trial: the database (after marking what is still running as interrupted) has the true
+    tally."""
 
-    def tally(conn) -> Counter[str]:
+    def tally(conn) -> tuple[Counter[str], list[tuple[int, str]], dict[int, int]]:
         ctx.session.interrupt_running(conn)
-        return Counter(repo.statuses(conn, tids))
+        statuses = repo.statuses(conn, tids)
+        stopped = [
+            (tid, key)
+            for tid, key, _, st in repo.sweep_trials(conn, ctx.sweep_id)
+            if tid in set(tids) and st == Status.interrupted.value
+        ]
+        return Counter(statuses), stopped, attempts.checkpoint_steps(conn, [t for t, _ in stopped])
 
-    return dict(ctx.session.write(tally))
+    counts, stopped, steps = ctx.session.write(tally)
+    if ctx.checkpoint_folder is not None:  # files: the step is in each one
+        for tid, key in stopped:
+            state = checkpoints.read_checkpoint(checkpoints.trial_path(ctx.checkpoint_folder, ctx.name, key))
+            if state is not None:
+                steps[tid] = max(steps.get(tid, 0), int(state["step"]))
+    return dict(counts), [(key, steps.get(tid)) for tid, key in stopped]
 
 
 def _summary(

@@ -131,12 +131,18 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
     )
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
+    stopping = checkpoints.StopPoll(loader)
     for point in trainer.run():
         ckpt: tuple[Checkpoint, ...] = ()
-        if point.step == trainer.p.steps or time.monotonic() - last_save >= every:
+        stop_here = point.step < trainer.p.steps and stopping()
+        if point.step == trainer.p.steps or time.monotonic() - last_save >= every or stop_here:
             ckpt = (_checkpoint(tid, trainer.state_dict()),)
             last_save = time.monotonic()
         _report(Report(evals=(EvalRow(tid, point),), checkpoints=ckpt))
+        if stop_here:
+            # The driver is stopping: this step's checkpoint is stored with its rows, and the
+            # unit ends without a final (the writer marks the trial interrupted).
+            return
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again. A failed one keeps
     # its last good checkpoint: resume tries it again from there.
@@ -182,11 +188,15 @@ def _run_pack(members: list[dict[str, Any]], loader: str | None) -> None:
         # as for a lone trial: a failed member keeps its last good checkpoint
         return tuple(_checkpoint(t, m.state_dict()) for t, m in zip(tids, pack.members) if m.status != Status.failed)
 
+    stopping = checkpoints.StopPoll(loader)
     for group in pack.run():
         ckpts: tuple[Checkpoint, ...] = ()
-        if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every:
+        stop_here = group[0][1].step < pack.p.steps and stopping()
+        if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every or stop_here:
             ckpts = save_all()
             last_save = time.monotonic()
         _report(Report(evals=tuple(EvalRow(tids[j], point) for j, point in group), checkpoints=ckpts))
+        if stop_here:
+            return  # as a lone trial: checkpointed here, no final
     _report(Report(checkpoints=save_all()))
     _report(Report(finals=tuple(_final(t, m) for t, m in zip(tids, pack.members))))

@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
 
@@ -286,20 +286,47 @@ def _unit_resources(config: dict[str, Any]):
     return resource_dict_to_pg_factory(res)
 
 
-class _StopWhenSet(tune.Stopper):
-    """Stops every trial once the driver session asks to stop (signal, cancel, lost lease)."""
+def stop_grace_s() -> float:
+    """How long a stopping driver waits for its units to checkpoint where they are
+    (``$ORCH_STOP_GRACE_S``, default 10 s); past it, Tune stops what is left."""
+    try:
+        return max(0.0, float(os.environ.get("ORCH_STOP_GRACE_S", "10")))
+    except ValueError:
+        return 10.0
 
-    def __init__(self, session) -> None:
-        self.session = session
+
+class _StopWhenSet(tune.Stopper):
+    """Stops every trial once the driver session asks to stop (signal, cancel, lost lease),
+    after a grace: the units are told first (through the run's checkpoint loader) and each
+    stores a checkpoint of its current step and ends; what has not ended when the grace is
+    over (``late``) is stopped where it is and continues from its last checkpoint. A
+    database that is gone gets no grace (nothing may be written to it)."""
+
+    def __init__(self, session, loader: Any = None, grace: float | None = None) -> None:
+        self.session, self.loader = session, loader
+        self.grace = stop_grace_s() if grace is None else grace
+        self.asked_at: float | None = None
+        self.late: set[int] = set()
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         return False
 
     def stop_all(self) -> bool:
-        return self.session is not None and self.session.stop_event.is_set()  # None: unpickled
+        session = self.session
+        if session is None or not session.stop_event.is_set():  # None: unpickled
+            return False
+        if session.fatal is not None or self.loader is None:
+            return True
+        if self.asked_at is None:
+            self.asked_at = time.monotonic()
+            checkpoints.request_stop(self.loader)
+        if session.running and time.monotonic() - self.asked_at < self.grace:
+            return False
+        self.late = set(session.running)
+        return True
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"session": None}  # Tune pickles its config; the session stays here
+        return {"session": None, "loader": None, "grace": 0.0, "asked_at": None, "late": set()}
 
 
 @dataclass
@@ -307,6 +334,7 @@ class FeedRun:
     outcomes: dict[int, str]  # trial id -> final status, of what ended in this run
     taken: list[int]  # every trial id the run was handed
     idle: bool = False  # it ended with nothing to run now; more may come (runner/feed.py)
+    late: list[int] = field(default_factory=list)  # stopping: units still running past the grace
 
 
 def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> FeedRun:
@@ -353,6 +381,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
     source = feed.UnitFeed(next_batch, units_of, stopped=lambda: session.stop_reason is not None)
     writer = StoreWriter(session, on_event=ctx.on_event, checkpoint_folder=ctx.checkpoint_folder, sweep=ctx.name)
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
+    stopper = _StopWhenSet(session, loader_handle)
     try:
         from orchestrator.runner.trainable import run_unit
 
@@ -370,7 +399,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
                 verbose=0,
                 callbacks=[writer],
                 failure_config=tune.FailureConfig(max_failures=spec.retries),
-                stop=_StopWhenSet(session),
+                stop=stopper,
                 log_to_file=False,
             ),
         )
@@ -383,7 +412,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
             writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
         checkpoints.stop_loader(loader_handle)
-    return FeedRun(writer.outcomes, source.taken, source.idle)
+    return FeedRun(writer.outcomes, source.taken, source.idle, late=sorted(stopper.late))
 
 
 @contextmanager

@@ -110,6 +110,16 @@ def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) 
     return sum(len(c.state) for c in latest.values())
 
 
+def checkpoint_steps(conn: Connection, trial_ids: Sequence[int]) -> dict[int, int]:
+    """trial id -> the step of its stored checkpoint (trials without one left out)."""
+    if not trial_ids:
+        return {}
+    rows = conn.execute(
+        sa.select(TrialCheckpoint.trial_id, TrialCheckpoint.step).where(TrialCheckpoint.trial_id.in_(list(trial_ids)))
+    )
+    return {int(r.trial_id): int(r.step) for r in rows}
+
+
 def load_checkpoint(conn: Connection, trial_id: int) -> StoredCheckpoint | None:
     row = conn.execute(
         sa.select(TrialCheckpoint.step, TrialCheckpoint.state).where(TrialCheckpoint.trial_id == trial_id)
