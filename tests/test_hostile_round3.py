@@ -78,7 +78,7 @@ def test_csv_safe(value, escaped):
 def _formula_sweep(db: str) -> None:
     records = [
         {"params": {"arm": "gated_deltanet", "seed": s, "tag.note": note}, "trace": [{"step": 1, "acc": 0.1}]}
-        for s, note in enumerate(["=1+1", " =HYPERLINK(\"x\")", "@SUM(A1)", "fine"])
+        for s, note in enumerate(["=1+1", ' =HYPERLINK("x")', "@SUM(A1)", "fine"])
     ]
     write_records(db, "formulas", records)
 
@@ -91,7 +91,7 @@ def test_export_csv_escapes_formula_cells(tmp_path, capsys):
     with open(out / "trials.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     col = next(c for c in rows[0] if c.endswith("note"))
-    assert sorted(r[col] for r in rows) == sorted(["'=1+1", "' =HYPERLINK(\"x\")", "'@SUM(A1)", "fine"])
+    assert sorted(r[col] for r in rows) == sorted(["'=1+1", '\' =HYPERLINK("x")', "'@SUM(A1)", "fine"])
     with open(out / "evals.csv", newline="") as fh:
         assert all(not v.startswith("'") for r in csv.DictReader(fh) for v in r.values())  # numbers untouched
 
@@ -105,10 +105,14 @@ def test_dashboard_csv_escapes_a_leading_blank_formula_and_refuses_a_surrogate(t
         status, _, body = call(app, "/api/sweeps/formulas/csv/trials")
         assert status == 200, body
         cells = {v for row in csv.reader(body.decode().splitlines()) for v in row}
-        assert "' =HYPERLINK(\"x\")" in cells and "'=1+1" in cells and " =HYPERLINK(\"x\")" not in cells
+        assert '\' =HYPERLINK("x")' in cells and "'=1+1" in cells and ' =HYPERLINK("x")' not in cells
         payload = json.dumps({"where": "seed = '\udcff'"}).encode()  # JSON's \\udcff: a lone surrogate
         status, _, body = call(
-            app, "/api/sweeps/formulas/traces", method="POST", body=payload, headers={"content-type": "application/json"}
+            app,
+            "/api/sweeps/formulas/traces",
+            method="POST",
+            body=payload,
+            headers={"content-type": "application/json"},
         )
         assert status == 400 and b"not valid UTF-8" in body, (status, body)
     finally:
