@@ -312,3 +312,17 @@ def events(trials: pd.DataFrame, evals: pd.DataFrame, cfg: AnalysisConfig) -> tu
         out.loc[stopped, "locked"] = True
         out.loc[stopped, "outcome"] = "solved"
     return rows, out
+
+
+def rule_text(cfg: AnalysisConfig, *, survival: bool) -> str:
+    """The event rule an analysis read, in one line: lock-in's threshold and metric for the
+    state at the budget, or the escape threshold and what censors for escape times."""
+    cut = f"; traces cut at step {cfg.horizon}" if cfg.horizon else ""
+    if survival:
+        return (
+            f"escape: the first eval after the first with accuracy >= {cfg.escape_at:g} "
+            f"(a collapse below {cfg.collapse_below:g} to the end censors){cut}"
+        )
+    which = "final" if cfg.metric == "final" else "best"
+    stopped = "; trials the stop rule ended count as solved" if cfg.stopped_as == "solved" else ""
+    return f"lock-in: {which} eval accuracy >= {cfg.lockin:g}{cut}{stopped}"

@@ -157,3 +157,16 @@ def test_bench_analysis_prints_its_figures(capsys, tmp_path):
     assert 0 < d["n_events"] <= d["n_intervals"] <= 90 * 7
     code, out, _ = run(capsys, "bench", "analysis", "--trials", 40, "--evals", 4)
     assert code == 0 and "goal < 10 s" in out and "run-intervals" in out
+
+
+def test_every_analysis_says_the_rule_it_read(url, capsys):
+    # Which threshold? The output says: lock-in's (and its metric) at the budget, the escape
+    # threshold and what censors for escape times, the horizon when there is one.
+    code, out, _ = run(capsys, "analyze", "cli", "lockin", "--by", "variant", "--db", url, "--lockin", "0.9")
+    assert code == 0 and out.splitlines()[0] == "lock-in: final eval accuracy >= 0.9"
+    code, out, _ = run(capsys, "analyze", "cli", "km", "--by", "variant", "--db", url, "--horizon", "1600")
+    assert code == 0
+    assert (
+        "escape: the first eval after the first with accuracy >= 0.8 (a collapse below 0.005 to the end censors); traces cut at step 1600"
+        in out
+    )

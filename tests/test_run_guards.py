@@ -321,19 +321,12 @@ def test_the_end_of_sweep_hint_pasted_into_bash_queries_the_same_database(tmp_pa
 def test_hints_quote_the_db_for_the_shell_and_hide_a_password():
     from orchestrator.cli.run_cmds import _resume_hint, query_hint
 
+    from orchestrator.cli.run_cmds import QUERY_COLUMNS
+
+    query = f"SELECT {QUERY_COLUMNS} FROM trial_final WHERE sweep = 's1' ORDER BY arm, lr, seed"
     cmd = query_hint("s1", "/tmp/it's a $HOME/x.db")
-    assert shlex.split(cmd) == [
-        "orchestrator",
-        "sql",
-        "SELECT * FROM trial_final WHERE sweep = 's1'",
-        "--db",
-        "/tmp/it's a $HOME/x.db",
-    ]
-    assert shlex.split(query_hint("s1", None)) == [
-        "orchestrator",
-        "sql",
-        "SELECT * FROM trial_final WHERE sweep = 's1'",
-    ]
+    assert shlex.split(cmd) == ["orchestrator", "sql", query, "--db", "/tmp/it's a $HOME/x.db"]
+    assert shlex.split(query_hint("s1", None)) == ["orchestrator", "sql", query]
     hint = _resume_hint("s1", "postgresql://me:hunter2@db.example/x")
     assert "hunter2" not in hint and shlex.split(hint.split("`")[1])[-2:] == [
         "--db",
@@ -620,3 +613,37 @@ def test_resume_checks_the_checkpoint_location_first(tmp_path, capsys):
         lease = conn.execute(sa.text("SELECT lease_owner FROM sweeps")).scalar_one()
     engine.dispose()
     assert [tuple(r) for r in got] == [("pending", 2)] and lease is None
+
+
+def test_hints_name_the_command_as_invoked(monkeypatch, tmp_path):
+    # From a shell whose venv is not active, `orchestrator` is not on PATH: the hint says
+    # the path the user typed, so it runs as printed.
+    from orchestrator.cli.app import prog
+    from orchestrator.cli.run_cmds import _resume_hint
+
+    exe = tmp_path / "venv dir" / "bin" / "orchestrator"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr("sys.argv", [str(exe), "submit"])
+    assert shlex.split(prog()) == [str(exe)]
+    assert shlex.split(_resume_hint("s1", None).split("`")[1])[:3] == [str(exe), "resume", "s1"]
+    monkeypatch.setenv("PATH", f"{exe.parent}:/usr/bin:/bin")  # now the shell finds it
+    assert prog() == "orchestrator"
+    monkeypatch.setattr("sys.argv", ["/usr/lib/python3/pytest"])
+    assert prog() == "orchestrator"
+
+
+def test_csv_rows_end_with_lf_and_status_counts_one_trial(tmp_path, capsys):
+    from orchestrator.cli import main
+    from orchestrator.store.import_jsonl import write_records
+
+    db = f"sqlite:///{tmp_path / 'one.db'}"
+    write_records(db, "one", [{"params": {"arm": "mlstm", "seed": 0}, "trace": [{"step": 1, "acc": 0.5}]}])
+    capsys.readouterr()
+    assert main(["sql", "--csv", "SELECT key, status FROM trials", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "\r" not in out and out.count("\n") == 2
+    assert main(["status", "one", "--db", db]) == 0
+    assert "one: 1 trial: completed 1" in capsys.readouterr().out

@@ -26,6 +26,8 @@ JSON = typer.Option(False, "--json", help="print JSON")
 # The time-to-event analyses, whose at-risk intervals the --diverged rule defines: they always
 # say which rule they used; the others do when a diverged trial is among theirs.
 _SURVIVAL = ("km", "logrank", "hazard")
+# Analyses whose output starts with the event rule they read (the thresholds and the metric).
+_RULED = _SURVIVAL + ("lockin", "outcomes", "fisher", "permutation", "mcnemar")
 
 
 def _config(target: str, db: Optional[str], options: dict[str, Any]):
@@ -88,7 +90,10 @@ def analyze(
                 }
             )
         else:
-            print(f"{rule}\n{multiplicity.note(prep.cfg.adjust, multiplicity.STRATA_FAMILY)}")
+            from orchestrator.events import rule_text
+
+            print(f"{rule}\n{rule_text(prep.cfg, survival=True)}")
+            print(multiplicity.note(prep.cfg.adjust, multiplicity.STRATA_FAMILY))
             print(format_result(kind, res))
         return
     res = pipeline.run(prep, kind)
@@ -98,7 +103,11 @@ def analyze(
             out = {**out, "diverged": {"rule": prep.cfg.diverged, "trials": n_div}}
         _print_json(out)
     else:
-        print((f"{rule}\n" if rule else "") + format_result(kind, res))
+        from orchestrator.events import rule_text
+
+        events_rule = rule_text(prep.cfg, survival=kind in _SURVIVAL) if kind in _RULED else None
+        head = "".join(f"{line}\n" for line in (rule, events_rule) if line)
+        print(head + format_result(kind, res))
 
 
 @app.command("report")

@@ -37,6 +37,24 @@ def console(*, stderr: bool = False, **kwargs: Any) -> Console:
     return CliConsole(stderr=stderr, **kwargs)
 
 
+def prog() -> str:
+    """The command as the user can type it again: ``orchestrator`` where that is what the
+    shell finds, else the path it was invoked by (``.venv/bin/orchestrator`` from a shell
+    whose venv is not active), so a printed hint runs as printed."""
+    import os
+    import shlex
+    import shutil
+    import sys
+
+    invoked = sys.argv[0] if sys.argv else ""
+    if os.path.basename(invoked) != "orchestrator" or os.sep not in invoked:
+        return "orchestrator"
+    found = shutil.which("orchestrator")
+    if found and os.path.realpath(found) == os.path.realpath(invoked):
+        return "orchestrator"
+    return shlex.quote(invoked)
+
+
 # The one sentence every --db option shows (the lookup order is resolve_url's).
 DB_HELP = (
     "database URL or SQLite file; without --db: the spec's storage: where a spec is "

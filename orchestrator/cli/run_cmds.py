@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.cli.app import DB_HELP, app, console
+from orchestrator.cli.app import DB_HELP, app, console, prog
 from orchestrator.errors import UserError
 from orchestrator.status import ENDED, STALE, Status
 
@@ -162,13 +162,20 @@ def _db_flag(db: str | None) -> str:
 
 
 def _resume_hint(name: str, db: str | None) -> str:
-    return f"continue with `orchestrator resume {name}{_db_flag(db)}`"
+    return f"continue with `{prog()} resume {name}{_db_flag(db)}`"
+
+
+# The hinted query's columns: a row of them fits a terminal (the params JSON does not).
+QUERY_COLUMNS = "key, arm, lr, seed, status, final_step, ROUND(CAST(final_acc AS NUMERIC), 4) AS final_acc"
 
 
 def query_hint(name: str, db: str | None) -> str:
     """The command that queries the sweep's final results in the database it ran in
     (sweep names are ``[A-Za-z0-9_.-]``, safe inside the quotes)."""
-    return f"orchestrator sql \"SELECT * FROM trial_final WHERE sweep = '{name}'\"{_db_flag(db)}"
+    return (
+        f"{prog()} sql \"SELECT {QUERY_COLUMNS} FROM trial_final WHERE sweep = '{name}' ORDER BY arm, lr, seed\""
+        f"{_db_flag(db)}"
+    )
 
 
 RESUME_LINES = 20  # interrupted trials listed one a line; the rest are counted
@@ -226,11 +233,11 @@ def _finish(summary, quiet: bool) -> int:
             )
         if getattr(summary, "skipped", 0):
             err.print(
-                f"{summary.skipped} trial(s) skipped (never run); see `orchestrator analyze {summary.sweep} sequential`"
+                f"{summary.skipped} trial(s) skipped (never run); see `{prog()} analyze {summary.sweep} sequential`"
             )
     if summary.failed:
         err.print(
-            f"[red]{summary.failed} trial(s) failed[/red]: see `orchestrator status "
+            f"[red]{summary.failed} trial(s) failed[/red]: see `{prog()} status "
             f"{summary.sweep}` and the trials.error column"
         )
         return 1
@@ -420,7 +427,8 @@ def status(
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
         prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
         # Stored values (names, parameter values, errors) are shown as stored, never as markup.
-        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} trials: {escape(counts)}{prog}{eta}")
+        noun = "trial" if s["total"] == 1 else "trials"
+        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} {noun}: {escape(counts)}{prog}{eta}")
         drivers = s.get("drivers") or []
         if drivers:
             out.print(f"  run by {len(drivers)} driver(s):")
@@ -437,7 +445,7 @@ def status(
             out.print(
                 escape(
                     f"  {s['counts'][STALE]} stale trial(s): their driver stopped "
-                    f"heartbeating; `orchestrator resume {s['sweep']}` re-runs them"
+                    f"heartbeating; `{prog()} resume {s['sweep']}` re-runs them"
                 )
             )
         if s["axes"]:
@@ -592,7 +600,7 @@ def sql(
             yield r
 
     if as_csv:
-        w = csv.writer(sys.stdout)
+        w = csv.writer(sys.stdout, lineterminator="\n")  # one line a row, as every shell tool reads it
         w.writerow(cols)
         for r in in_time(rows):
             w.writerow(r)

@@ -59,4 +59,6 @@ def ui_command(db_url: str) -> str:
 
     from orchestrator.store.engine import describe
 
-    return f"orchestrator ui --db {shlex.quote(describe(db_url))}"
+    from orchestrator.cli.app import prog
+
+    return f"{prog()} ui --db {shlex.quote(describe(db_url))}"
