@@ -425,10 +425,10 @@ def status(
     for s in report["sweeps"]:
         counts = " ".join(f"{k} {v}" for k, v in s["counts"].items() if v)
         eta = f", ETA {s['eta_s'] / 60:.1f} min" if s.get("eta_s") else ""
-        prog = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
+        done = f", {100 * s['progress']:.0f}% of steps" if s.get("progress") is not None else ""
         # Stored values (names, parameter values, errors) are shown as stored, never as markup.
         noun = "trial" if s["total"] == 1 else "trials"
-        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} {noun}: {escape(counts)}{prog}{eta}")
+        out.print(f"[bold]{escape(str(s['sweep']))}[/bold]: {s['total']} {noun}: {escape(counts)}{done}{eta}")
         drivers = s.get("drivers") or []
         if drivers:
             out.print(f"  run by {len(drivers)} driver(s):")
