@@ -530,16 +530,16 @@ def _watch(engine, sweep: str, interval: float) -> None:
 
     window = RateWindow()
     board, st = board_from_db(engine, sweep)
-    with BoardProgress(RateBoard.of(board, window), console=out, auto_refresh=False, transient=False) as prog:
+    with BoardProgress(RateBoard.of(board, window), console=out, auto_refresh=False, transient=False) as bar:
         try:
             while True:
-                prog.sync(counts_detail(st["counts"]))
-                prog.refresh()
+                bar.sync(counts_detail(st["counts"]))
+                bar.refresh()
                 if not (st["counts"].get(Status.running) or st["counts"].get(Status.pending)):
                     return
                 time.sleep(interval)
                 board, st = board_from_db(engine, sweep)
-                prog.board = RateBoard.of(board, window)
+                bar.board = RateBoard.of(board, window)
         except KeyboardInterrupt:
             return
 
