@@ -19,6 +19,7 @@ import time
 import pandas as pd
 
 from orchestrator.errors import UserError, utf8_problem
+from orchestrator.store import deadline as request_deadline
 from orchestrator.store.dialect import set_length_limit
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
@@ -120,8 +121,13 @@ def filter_trial_ids(frame: pd.DataFrame, condition: str, *, timeout_s: float = 
         con.set_authorizer(_authorize)
         longest = max((len(v) for r in rows for v in r if isinstance(v, str)), default=0)
         set_length_limit(con, max(WHERE_MAX_VALUE_BYTES, 2 * longest))
+        # The caller's own deadline when it is sooner (a dashboard request's, or its
+        # server stopping): the condition runs here, not on the reader engine that honours it.
+        left = request_deadline.remaining()
+        if left is not None:
+            timeout_s = max(0.0, min(timeout_s, left))
         deadline = time.monotonic() + timeout_s
-        con.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
+        con.set_progress_handler(lambda: 1 if time.monotonic() > deadline or request_deadline.passed() else 0, 10_000)
         try:
             cur = con.execute(f"SELECT trial_id FROM trials WHERE ({cond})")
             keep = {int(r[0]) for r in cur.fetchall()}
