@@ -45,9 +45,10 @@ import os
 import re
 import stat
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -65,7 +66,6 @@ from orchestrator.errors import UserError
 from orchestrator.keys import record_key
 from orchestrator.status import Status
 
-EVAL_FIELDS = ("loss", "train_loss", "elapsed_s")
 MAX_REPORTED = 5
 # The same rule as spec names (spec.py's ``name`` pattern, which pydantic matches against the
 # whole string): a sweep name becomes a folder name (reports, checkpoints). Used with
@@ -125,18 +125,6 @@ class TracePoint(BaseModel):
         if self.acc is None or not math.isfinite(self.acc):
             return False
         return all(v is None or math.isfinite(v) for v in (self.loss, self.train_loss))
-
-    def row(self, trial_id: int) -> dict[str, Any]:
-        extra = dict(self.model_extra or {})
-        # A trace point's ``lr`` is the step's learning rate: the store's ``step_lr``.
-        return {
-            "trial_id": trial_id,
-            "step": self.step,
-            "acc": self.acc,
-            **{f: getattr(self, f) for f in EVAL_FIELDS},
-            "step_lr": self.lr,
-            "metrics": extra or None,
-        }
 
 
 def _show(v: Any, limit: int = 40) -> str:
@@ -358,6 +346,37 @@ class ImportRecord(BaseModel):
         return Status.diverged.value if self.status == Status.completed and self.diverged else self.status
 
 
+@dataclass(slots=True)
+class Checked:
+    """A validated record as compact as it can be kept until the file's one transaction: its
+    parameters, its points as tuples (step, acc, loss, train_loss, step_lr, elapsed_s,
+    metrics), the status to store and the error. A pydantic model per trace point is tens of
+    times the point's JSON."""
+
+    params: dict[str, Any]
+    points: list[tuple[Any, ...]]
+    status: str
+    error: str | None
+
+    @classmethod
+    def of(cls, rec: ImportRecord) -> Checked:
+        points = [(p.step, p.acc, p.loss, p.train_loss, p.lr, p.elapsed_s, p.model_extra or None) for p in rec.trace]
+        return cls(rec.params, points, rec.stored_status, rec.error)
+
+    def rows(self, trial_id: int) -> Iterator[dict[str, Any]]:
+        for step, acc, loss, train_loss, step_lr, elapsed_s, metrics in self.points:
+            yield {
+                "trial_id": trial_id,
+                "step": step,
+                "acc": acc,
+                "loss": loss,
+                "train_loss": train_loss,
+                "elapsed_s": elapsed_s,
+                "step_lr": step_lr,
+                "metrics": dict(metrics) if metrics else None,
+            }
+
+
 class DuplicateKey(ValueError):
     pass
 
@@ -438,14 +457,28 @@ def read_source(path: Path) -> str:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def parse_file(path: Path) -> list[tuple[int, ImportRecord]]:
+ROWS_PER_WRITE = 20_000  # eval rows an import hands the store at a time (one transaction)
+
+
+def _lines(text: str):
+    start = 0
+    while start <= len(text):
+        end = text.find("\n", start)
+        if end == -1:
+            yield text[start:]
+            return
+        yield text[start:end]
+        start = end + 1
+
+
+def parse_file(path: Path) -> list[tuple[int, Checked]]:
     """``(line number, record)`` of every non-blank line; every malformed line is reported
     (the first few by number) in one :class:`UserError`."""
     text = read_source(path)
     records, errors = [], []
     # Lines end at "\n" only: str.splitlines would also split inside a JSON string holding a
-    # raw U+2028 or U+0085, which JSON allows unescaped.
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    # raw U+2028 or U+0085, which JSON allows unescaped. Taken one at a time, not as a list.
+    for lineno, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -467,7 +500,7 @@ def parse_file(path: Path) -> list[tuple[int, ImportRecord]]:
         except ValidationError as exc:
             errors.append(f"line {lineno}: {_describe(exc)}")
             continue
-        records.append((lineno, rec))
+        records.append((lineno, Checked.of(rec)))
     if errors:
         shown = "; ".join(errors[:MAX_REPORTED])
         more = f" (and {len(errors) - MAX_REPORTED} more)" if len(errors) > MAX_REPORTED else ""
@@ -480,7 +513,7 @@ def parse_file(path: Path) -> list[tuple[int, ImportRecord]]:
 def write_records(
     db: str | Engine | None,
     sweep: str,
-    records: Sequence[ImportRecord | dict[str, Any]],
+    records: Sequence[Checked | ImportRecord | dict[str, Any]],
     source: str = "records",
     linenos: Sequence[int] | None = None,
 ) -> dict[str, Any]:
@@ -494,11 +527,14 @@ def write_records(
 
     check_sweep_name(sweep)
     linenos = list(linenos) if linenos is not None else list(range(1, len(records) + 1))
-    keyed: list[tuple[str, dict[str, Any], ImportRecord]] = []
+    keyed: list[tuple[str, dict[str, Any], Checked]] = []
     seen: dict[str, int] = {}
     for lineno, raw in zip(linenos, records):
         try:
-            rec = raw if isinstance(raw, ImportRecord) else ImportRecord.model_validate(raw)
+            if isinstance(raw, Checked):
+                rec = raw
+            else:
+                rec = Checked.of(raw if isinstance(raw, ImportRecord) else ImportRecord.model_validate(raw))
         except ValidationError as exc:
             raise UserError(f"{source}: record {lineno}: {_describe(exc)}") from None
         params = checked_flat_params(rec.params)
@@ -531,7 +567,7 @@ def write_records(
 
 
 def _write(
-    engine: Engine, sweep: str, keyed: list[tuple[str, dict[str, Any], ImportRecord]], source: str, digest: str
+    engine: Engine, sweep: str, keyed: list[tuple[str, dict[str, Any], Checked]], source: str, digest: str
 ) -> dict[str, Any]:
     import sqlalchemy as sa
 
@@ -555,16 +591,23 @@ def _write(
         ids = repo.add_trials(conn, sid, [(k, p) for k, p, _ in keyed])
         # Every point, finite or not: the store writes a non-finite value as NULL and names
         # it in ``nonfinite``, so a finite accuracy beside a NaN loss is kept.
-        rows = [pt.row(ids[k]) for k, _, rec in keyed for pt in rec.trace]
-        n_rows = repo.upsert_evals(conn, rows)
+        # In chunks, inside the one transaction: the rows of a whole file as dicts at once
+        # would be many times the file's size.
+        n_rows, chunk = 0, cast(list[dict[str, Any]], [])
         for k, _, rec in keyed:
-            repo.finish_trial(conn, ids[k], rec.stored_status, error=rec.error)
+            chunk.extend(rec.rows(ids[k]))
+            if len(chunk) >= ROWS_PER_WRITE:
+                n_rows += repo.upsert_evals(conn, chunk)
+                chunk = []
+        n_rows += repo.upsert_evals(conn, chunk) if chunk else 0
+        for k, _, rec in keyed:
+            repo.finish_trial(conn, ids[k], rec.status, error=rec.error)
     return {
         "sweep": sweep,
         "trials": len(keyed),
         "new_trials": sum(1 for k, _, _ in keyed if k not in before),
         "evals": n_rows,
-        "diverged": sum(1 for _, _, rec in keyed if rec.stored_status == Status.diverged),
+        "diverged": sum(1 for _, _, rec in keyed if rec.status == Status.diverged),
     }
 
 
