@@ -147,6 +147,7 @@ CASES: list[tuple[str, str, str]] = [
     ("tasks selftest", "--json", '"ok": true'),
     ("design power", "--test fisher --rates 0.9,0.4", "fixed design: 17 seeds per group"),
     ("design replay", "{dir}/seq.yaml --sweep smoke " + READ, "replayed on sweep smoke"),
+    ("logs", "smoke --trial {key} " + READ, ": no attempt recorded yet"),  # imported: no attempts
     ("submit", "{dir}/tiny.yaml --dry-run", "sweep tiny: 2 trials"),
     ("resume", "--help", "from their checkpoints"),
     ("join", "--help", "Add a driver"),
@@ -207,7 +208,9 @@ def _argv(command: str, args: str, smoke_dir: Path, tmp_path: Path, pg: tuple[st
             src.backup(dst)
         db = tmp_path / "copy.db"
     url, role = pg or ("", "")
-    filled = args.format(db=f"sqlite:///{db}", dir=smoke_dir, tmp=tmp_path, pg=url, role=role)
+    with closing(sqlite3.connect(db)) as con:
+        key = con.execute("SELECT key FROM trials ORDER BY id LIMIT 1").fetchone()[0]
+    filled = args.format(db=f"sqlite:///{db}", dir=smoke_dir, tmp=tmp_path, pg=url, role=role, key=key)
     return [*command.split(), *shlex.split(filled)]
 
 

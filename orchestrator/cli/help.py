@@ -73,6 +73,10 @@ EXAMPLES: dict[str, list[str]] = {
         "orchestrator design power --test fisher --rates 0.9,0.4",
         "orchestrator design power --test logrank --medians 600,2400 --budget 5000",
     ],
+    "logs": [
+        "orchestrator logs basin_map --trial 3f2a9c1d0b7e4f61",
+        "orchestrator logs basin_map --trial 3f2a9c1d0b7e4f61 --attempt 2 --follow",
+    ],
     "design replay": [
         "orchestrator design replay sweeps/sequential_quick.yaml --sweep sequential_quick",
         "orchestrator design replay my_design.yaml --sweep finished_study --json",

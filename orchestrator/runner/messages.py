@@ -173,6 +173,9 @@ class Report:
     finals: tuple[TrialFinal, ...] = ()
     attempt: AttemptStart | None = None
     checkpoints: tuple[Checkpoint, ...] = ()
+    # The unit's console so far (the tail its members' attempts keep: runner/console.py),
+    # sent when it changed, at most every few seconds, and before the unit ends or raises.
+    log: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         # Tune adds its own keys to every result (done, trial_id, ...): ours never clash.
@@ -185,6 +188,8 @@ class Report:
             out["attempt"] = self.attempt.to_wire()
         if self.checkpoints:
             out["checkpoints"] = [c.to_wire() for c in self.checkpoints]
+        if self.log is not None:
+            out["log"] = self.log
         return out
 
     @classmethod
@@ -199,6 +204,7 @@ class Report:
             finals=tuple(TrialFinal.from_wire(w) for w in result.get("finals") or ()),
             attempt=AttemptStart.from_wire(attempt) if attempt is not None else None,
             checkpoints=tuple(Checkpoint.from_wire(w) for w in result.get("checkpoints") or ()),
+            log=result.get("log"),
         )
 
     def final_of(self) -> dict[int, TrialFinal]:

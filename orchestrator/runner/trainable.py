@@ -17,12 +17,13 @@ from __future__ import annotations
 import socket
 import time
 import traceback
+from dataclasses import replace
 from typing import Any
 
 import torch
 from ray import tune
 
-from orchestrator.runner import checkpoints, provenance
+from orchestrator.runner import checkpoints, console, provenance
 from orchestrator.runner.messages import (
     AttemptStart,
     Checkpoint,
@@ -38,8 +39,27 @@ from orchestrator.train import Trainer
 from orchestrator.train.device import device_label
 
 
+# The running unit's console capture (runner/console.py); None outside run_unit.
+_capture: console.Capture | None = None
+
+
 def _report(report: Report) -> None:
+    # A changed console tail rides along now and then, never with the finals (Tune keeps a
+    # trial's last report for the whole run).
+    if _capture is not None and not report.finals and report.log is None:
+        log = _capture.due()
+        if log is not None:
+            report = replace(report, log=log)
     tune.report(report.to_wire())
+
+
+def _send_log() -> None:
+    """The console tail in a report of its own, if anything was written since it was sent:
+    before a unit's finals, before it raises, before it stops."""
+    if _capture is not None:
+        log = _capture.now()
+        if log is not None:
+            tune.report(Report(log=log).to_wire())
 
 
 def _placement(device: torch.device, bf16: bool) -> Placement:
@@ -68,6 +88,7 @@ def _setup(build):
 def _report_config_error(tids: list[int], exc: ConfigError) -> None:
     # Reported as the unit's final result instead of raised, so Tune does not retry it.
     cause = exc.__cause__ or exc
+    _send_log()
     line = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
     failure = StepFailure("config", "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)))
     error = f"config error: {line}"[:300]
@@ -89,13 +110,23 @@ def run_unit(config: dict[str, Any]) -> None:
     torch.set_num_threads(int(unit.get("threads") or 1))
     members = unit["members"]
     loader = unit.get("loader")
-    try:
-        if len(members) == 1:
-            _run_lone(members[0], loader)
-        else:
-            _run_pack(members, loader)
-    except ConfigError as exc:
-        _report_config_error([m["trial_id"] for m in members], exc)
+    global _capture
+    with console.captured() as cap:
+        _capture = cap
+        try:
+            if len(members) == 1:
+                _run_lone(members[0], loader)
+            else:
+                _run_pack(members, loader)
+        except ConfigError as exc:
+            _report_config_error([m["trial_id"] for m in members], exc)
+        except BaseException:
+            # Tune records the traceback (trial_errors); the console up to it goes first.
+            traceback.print_exc()
+            _send_log()
+            raise
+        finally:
+            _capture = None
 
 
 def _checkpoint(tid: int, state: dict[str, Any]) -> Checkpoint:
@@ -142,6 +173,7 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
         if stop_here:
             # The driver is stopping: this step's checkpoint is stored with its rows, and the
             # unit ends without a final (the writer marks the trial interrupted).
+            _send_log()
             return
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
     # before recording the outcome does not make the trial train again. A failed one keeps
@@ -153,6 +185,7 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
         if trainer.stopped_at is not None
         else None
     )
+    _send_log()
     _report(Report(finals=(_final(tid, trainer, stop),)))
 
 
@@ -197,6 +230,8 @@ def _run_pack(members: list[dict[str, Any]], loader: str | None) -> None:
             last_save = time.monotonic()
         _report(Report(evals=tuple(EvalRow(tids[j], point) for j, point in group), checkpoints=ckpts))
         if stop_here:
+            _send_log()
             return  # as a lone trial: checkpointed here, no final
     _report(Report(checkpoints=save_all()))
+    _send_log()
     _report(Report(finals=tuple(_final(t, m) for t, m in zip(tids, pack.members))))

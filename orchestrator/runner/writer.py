@@ -25,6 +25,7 @@ without raising, so Tune does not retry what would fail the same way every time.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +55,11 @@ def _error_text(trial) -> str:
                 text = fh.read()
         except OSError:
             text = None
-    return text or "trial failed (no error text recorded by Ray)"
+    # Ray colours the worker's name in its tracebacks: a stored traceback is plain text.
+    return _ANSI.sub("", text) if text else "trial failed (no error text recorded by Ray)"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def one_line(text: str) -> str:
@@ -87,6 +92,7 @@ class StoreWriter(tune.Callback):
         self.driver = session.owner
         self._rows: list[EvalRow] = []
         self._ckpts: dict[int, Checkpoint] = {}  # each trial's newest, until flushed
+        self._logs: dict[int, str] = {}  # each trial's newest console tail, until flushed
         self._keys: dict[int, str] = {}  # trial id -> stable key (checkpoint file names)
         self.checkpoint_bytes = 0
         self._touched: set[int] = set()
@@ -98,7 +104,7 @@ class StoreWriter(tune.Callback):
         # Tune pickles its run config (callbacks included) for its own experiment restore,
         # which we never use: a session and a progress closure cannot travel.
         state = self.__dict__.copy()
-        state.update(session=None, on_event=None, _rows=[], _touched=set(), _ckpts={})
+        state.update(session=None, on_event=None, _rows=[], _touched=set(), _ckpts={}, _logs={})
         return state
 
     def _tids(self, trial) -> list[int]:
@@ -111,9 +117,9 @@ class StoreWriter(tune.Callback):
         (self.session.running.update if alive else self.session.running.difference_update)(tids)
 
     def flush(self) -> None:
-        if not self._rows and not self._touched and not self._ckpts:
+        if not self._rows and not self._touched and not self._ckpts and not self._logs:
             return
-        rows, touched, ckpts = list(self._rows), set(self._touched), dict(self._ckpts)
+        rows, touched, ckpts, logs = list(self._rows), set(self._touched), dict(self._ckpts), dict(self._logs)
         to_db = self.checkpoint_folder is None
 
         def write(conn) -> tuple[int, set[int]]:
@@ -130,6 +136,7 @@ class StoreWriter(tune.Callback):
                     ],
                 )
             repo.touch(conn, touched - gone)
+            attempts.save_logs(conn, {t: text for t, text in logs.items() if t not in gone})
             return n, gone
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
@@ -149,6 +156,9 @@ class StoreWriter(tune.Callback):
         for tid, c in ckpts.items():
             if self._ckpts.get(tid) is c:
                 del self._ckpts[tid]
+        for tid, text in logs.items():
+            if self._logs.get(tid) is text:
+                del self._logs[tid]
         self._last_flush = time.monotonic()
 
     def on_step_begin(self, iteration, trials, **info):
@@ -194,6 +204,9 @@ class StoreWriter(tune.Callback):
         self._rows.extend(report.evals)
         for c in report.checkpoints:
             self._ckpts[c.trial_id] = c
+        if report.log is not None:
+            for tid in self._tids(trial):  # a pack's members share their unit's console
+                self._logs[tid] = report.log
         self._touched.update(self._tids(trial))
         if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()

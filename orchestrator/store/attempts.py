@@ -110,6 +110,14 @@ def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) 
     return sum(len(c.state) for c in latest.values())
 
 
+def save_logs(conn: Connection, logs: Mapping[int, str]) -> None:
+    """Each trial's newest attempt gets ``logs[trial_id]``, the tail of its unit's console
+    (replacing what an earlier report of the same attempt stored)."""
+    for tid, text in logs.items():
+        newest = sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == tid).scalar_subquery()
+        conn.execute(sa.update(Attempt).where(Attempt.trial_id == tid, Attempt.attempt == newest).values(log=text))
+
+
 def checkpoint_steps(conn: Connection, trial_ids: Sequence[int]) -> dict[int, int]:
     """trial id -> the step of its stored checkpoint (trials without one left out)."""
     if not trial_ids:

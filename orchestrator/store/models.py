@@ -267,6 +267,8 @@ class Attempt(Base):
     ended_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(sa.String(16))
     error_kind: Mapped[str | None] = mapped_column(sa.String(16))
+    # The tail of what the attempt's unit wrote to stdout/stderr (migration 0011).
+    log: Mapped[str | None] = mapped_column(sa.Text)
 
 
 class Driver(Base):

@@ -27,7 +27,7 @@ from orchestrator.params import flatten_params
 from orchestrator.status import Status
 from orchestrator.store import dialect
 from orchestrator.store.lease import stale_condition
-from orchestrator.store.models import Attempt, Eval, SequentialLook, SweepRow, Trial, TrialStop
+from orchestrator.store.models import Attempt, Eval, SequentialLook, SweepRow, Trial, TrialError, TrialStop
 
 if TYPE_CHECKING:  # pandas is imported by the functions that build frames: `status`, `ui` start light
     import pandas as pd
@@ -618,3 +618,42 @@ def trial_attempts(conn: Connection, trial_id: int) -> list[dict[str, Any]]:
     cols = [getattr(Attempt, c) for c in ATTEMPT_COLUMNS]
     rows = conn.execute(sa.select(*cols).where(Attempt.trial_id == trial_id).order_by(Attempt.attempt)).all()
     return [dict(zip(ATTEMPT_COLUMNS, r)) for r in rows]
+
+
+@dataclass
+class AttemptStory:
+    """What one attempt of a trial left to read: its console tail (``attempts.log``) and
+    the errors recorded against it (``trial_errors``: one line and the traceback)."""
+
+    attempt: int | None
+    outcome: str | None
+    from_step: int | None
+    started_at: Any
+    ended_at: Any
+    log: str | None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+def attempt_stories(conn: Connection, trial_id: int) -> list[AttemptStory]:
+    """Every attempt of one trial with its log and errors, oldest first; errors of a trial
+    that ran before attempts were recorded come as one story with ``attempt`` None."""
+    stories = {
+        r.attempt: AttemptStory(r.attempt, r.outcome, r.from_step, r.started_at, r.ended_at, r.log)
+        for r in conn.execute(
+            sa.select(
+                Attempt.attempt, Attempt.outcome, Attempt.from_step, Attempt.started_at, Attempt.ended_at, Attempt.log
+            )
+            .where(Attempt.trial_id == trial_id)
+            .order_by(Attempt.attempt)
+        )
+    }
+    for e in conn.execute(
+        sa.select(TrialError.attempt, TrialError.kind, TrialError.error, TrialError.traceback)
+        .where(TrialError.trial_id == trial_id)
+        .order_by(TrialError.id)
+    ):
+        story = stories.get(e.attempt)
+        if story is None:
+            story = stories.setdefault(e.attempt, AttemptStory(e.attempt, None, None, None, None, None))
+        story.errors.append({"kind": e.kind, "error": e.error, "traceback": e.traceback})
+    return [stories[k] for k in sorted(stories, key=lambda a: (a is not None, a or 0))]

@@ -208,6 +208,7 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
         if r is None:
             raise NotFound(f"sweep {name!r} has no trial {key!r}")
         tried = reader.trial_attempts(conn, r.id)
+        stories = reader.attempt_stories(conn, r.id)
     from orchestrator.params import flatten_params
 
     d = dict(r._mapping)
@@ -217,6 +218,8 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
     for a in tried:
         a["started_at"], a["ended_at"] = _iso(a["started_at"]), _iso(a["ended_at"])
     d["tried"] = tried
+    # Each attempt's console tail and tracebacks, shown as text (the template escapes them).
+    d["stories"] = [{**vars(st), "started_at": _iso(st.started_at), "ended_at": _iso(st.ended_at)} for st in stories]
     return d
 
 
