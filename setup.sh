@@ -9,6 +9,7 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
+echo "setup: .venv ready; updating pip"
 "$VPY" -m pip install -q --upgrade pip setuptools wheel
 # torch first: the CPU build where no CUDA driver is present, so an unpinned torch never
 # drags in a multi-GB CUDA build on a laptop. Override with TORCH_SPEC / TORCH_INDEX_URL.
@@ -31,6 +32,7 @@ EXTRAS=test,docs
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     EXTRAS=$EXTRAS,gpu
 fi
+echo "setup: installing orchestrator with its $EXTRAS extras (ray, sqlalchemy, lifelines, ...: about a minute the first time)"
 "$VPY" -m pip install -q -e ".[$EXTRAS]"
 # The report test renders the HTML report in headless Chromium (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
@@ -53,3 +55,4 @@ if ! command -v chromedriver >/dev/null 2>&1; then
     fi
 fi
 echo "setup: done. Try: .venv/bin/orchestrator submit sweeps/quickstart.yaml"
+echo "setup: (or 'source .venv/bin/activate' once per shell, and then plain 'orchestrator ...')"
