@@ -10,7 +10,6 @@ Traffic goes to 127.0.0.1 only, bounded in count and time.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -36,7 +35,7 @@ from orchestrator.store.reader import open_reader_engine
 from orchestrator.ui.app import MAX_BODY, create_app
 from orchestrator.ui.guard import exposure_for
 
-from ui_support import ROOT, make_quick_db
+from ui_support import ROOT, asgi_call, make_quick_db
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -46,48 +45,9 @@ def _app(url: str, **kw):
 
 
 def call(app, path: str, *, method: str = "GET", headers: dict[str, str] | None = None, body: bytes = b""):
-    """One request through the ASGI app in this process: ``(status, headers, body)``."""
-    path, _, query = path.partition("?")
-    hdrs = {"host": "127.0.0.1:8270", **(headers or {})}
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query.encode(),
-        "root_path": "",
-        "headers": [(k.encode(), v.encode()) for k, v in hdrs.items()],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 8270),
-    }
-    sent: list[dict] = []
-
-    async def run() -> None:
-        done = asyncio.Event()
-        requested = False
-
-        async def receive() -> dict:
-            nonlocal requested
-            if not requested:
-                requested = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await done.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                done.set()
-
-        await app(scope, receive, send)
-
-    asyncio.run(run())
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    out_headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
-    return start["status"], out_headers, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    """One request through the ASGI app in this process, as a browser on the loopback port
+    sends it: ``(status, headers, body)``."""
+    return asgi_call(app, path, method=method, headers=headers, body=body, host="127.0.0.1:8270")
 
 
 @contextmanager

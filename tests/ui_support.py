@@ -70,26 +70,35 @@ def ui_server(db_url: str):
             proc.kill()
 
 
-def asgi_get(app, target: str) -> tuple[int, dict[str, str], bytes]:
-    """One GET through the ASGI app in this process (no socket): ``(status, headers, body)``.
-    Starlette's TestClient needs httpx, which the project does not install."""
+def asgi_call(
+    app,
+    target: str,
+    *,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    host: str = "testserver",
+) -> tuple[int, dict[str, str], bytes]:
+    """One request through the ASGI app in this process (no socket): ``(status, headers,
+    body)``. Starlette's TestClient needs httpx, which the project does not install."""
     import asyncio
     from urllib.parse import urlsplit
 
     parts = urlsplit(target)
+    hdrs = {"host": host, **(headers or {})}
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "GET",
+        "method": method,
         "scheme": "http",
         "path": parts.path,
         "raw_path": parts.path.encode(),
         "query_string": parts.query.encode(),
         "root_path": "",
-        "headers": [(b"host", b"testserver")],
+        "headers": [(k.encode(), v.encode()) for k, v in hdrs.items()],
         "client": ("127.0.0.1", 1),
-        "server": ("testserver", 80),
+        "server": (host.partition(":")[0] or "testserver", int(host.partition(":")[2] or 80)),
     }
     sent: list[dict] = []
 
@@ -101,7 +110,7 @@ def asgi_get(app, target: str) -> tuple[int, dict[str, str], bytes]:
             nonlocal requested
             if not requested:
                 requested = True
-                return {"type": "http.request", "body": b"", "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             await done.wait()  # the client "disconnects" once the response is complete
             return {"type": "http.disconnect"}
 
@@ -120,9 +129,14 @@ def asgi_get(app, target: str) -> tuple[int, dict[str, str], bytes]:
 
     asyncio.run(run())
     start = next(m for m in sent if m["type"] == "http.response.start")
-    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], headers, body
+    out_headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    out_body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], out_headers, out_body
+
+
+def asgi_get(app, target: str) -> tuple[int, dict[str, str], bytes]:
+    """One GET through the ASGI app in this process."""
+    return asgi_call(app, target)
 
 
 # Stored strings that would run if a page parsed them as HTML. Each sets window.__pwned, so a
