@@ -51,6 +51,7 @@ def _cli_lockin(url: str, capsys) -> dict[tuple[str, str], tuple[int, int, float
     capsys.readouterr()
     assert main(["analyze", QUICK, "lockin", "--by", "arm,lr", "--db", url]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    assert lines.pop(0).startswith("lock-in: final eval accuracy >= "), lines  # the rule it read
     head = lines[0].split()
     assert head[:4] == ["group", "k", "n", "rate"], lines
     out = {}

@@ -120,10 +120,16 @@ def run_unit(config: dict[str, Any]) -> None:
                 _run_pack(members, loader)
         except ConfigError as exc:
             _report_config_error([m["trial_id"] for m in members], exc)
-        except BaseException:
-            # Tune records the traceback (trial_errors); the console up to it goes first.
-            traceback.print_exc()
-            _send_log()
+        except Exception:
+            # Tune records the traceback (trial_errors); the console up to it goes first, if
+            # the session still takes a report. The traceback joins the stored console only
+            # (printed, Ray would forward it to the driver's terminal as noise). The unit's
+            # own exception is what propagates.
+            cap.tail.write(traceback.format_exc())
+            try:
+                _send_log()
+            except BaseException:  # noqa: S110 - a stopped session refuses reports
+                pass
             raise
         finally:
             _capture = None

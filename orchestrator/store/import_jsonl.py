@@ -217,11 +217,6 @@ def _typed_value_error(v: Any, col_type: Any) -> str | None:
     return None
 
 
-# The analysis's own columns of a trial (analysis.data.META_COLUMNS): a parameter of that name
-# would be silently hidden behind them.
-RESERVED_NAMES = ("trial_id", "key", "status")
-
-
 def checked_flat_params(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` flattened to dotted names, refusing what flattening would silently resolve
     or the store cannot hold: a name given twice (``{"task.K": 8, "task": {"K": 16}}``), an
@@ -246,11 +241,6 @@ def checked_flat_params(params: dict[str, Any]) -> dict[str, Any]:
             if name in out:
                 raise ValueError(
                     f"parameter {_show(name)} is given twice (a dotted key and a nested object flatten to it)"
-                )
-            if name in RESERVED_NAMES:
-                raise ValueError(
-                    f"parameter name {_show(name)} is a trial's own column ({', '.join(RESERVED_NAMES)}): "
-                    f"it would be shadowed in --where and --by; rename it (e.g. tag.{name})"
                 )
             folded = unicodedata.normalize("NFC", name).casefold()
             twin = next((n for n in out if unicodedata.normalize("NFC", n).casefold() == folded), None)
