@@ -117,3 +117,28 @@ def test_dashboard_csv_escapes_a_leading_blank_formula_and_refuses_a_surrogate(t
         assert status == 400 and b"not valid UTF-8" in body, (status, body)
     finally:
         engine.dispose()
+
+
+def test_a_parameter_named_like_a_trial_column_is_kept_as_params_name(tmp_path, capsys):
+    # An imported `status` parameter was dropped from the analysis frame, and `status` in
+    # --where meant the trial's status without a word. It is kept as params.status now
+    # (as load and export name it); `status` stays the trial's own.
+    db = f"sqlite:///{tmp_path / 'st.db'}"
+    records = [
+        {
+            "params": {"arm": "mlstm", "seed": s, "status": "odd" if s % 2 else "even"},
+            "trace": [{"step": 1, "acc": 0.9}],
+        }
+        for s in range(4)
+    ]
+    write_records(db, "st", records)
+    capsys.readouterr()
+    assert main(["analyze", "st", "lockin", "--by", "params.status", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "even" in out and "odd" in out
+    assert (
+        main(["analyze", "st", "lockin", "--where", "\"params.status\" = 'odd' AND status = 'completed'", "--db", db])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[1:3] == ["2", "2"] for line in lines[2:]), lines  # k = n = 2: the odd seeds

@@ -101,7 +101,11 @@ def params_frame(
 ) -> tuple[pd.DataFrame, list[str], dict[str, str]]:
     """Build the trials frame (see the module docstring) from raw trial rows."""
     frame = pd.DataFrame({"trial_id": np.asarray(ids, dtype=np.int64), "key": list(keys), "status": list(statuses)})
-    param_df, names = reader.param_columns(params, frame.index, skip=META_COLUMNS)
+    param_df, names = reader.param_columns(params, frame.index)
+    # A parameter named like a trial's own column (an imported ``status``) is kept, as
+    # ``params.<name>`` (load and export name it so too): never dropped, never shadowing.
+    clash = {n: f"params.{n}" for n in names if n in META_COLUMNS}
+    param_df, names = param_df.rename(columns=clash), [clash.get(n, n) for n in names]
     frame = pd.concat([frame, param_df], axis=1)
     aliases: dict[str, str] = {}
     # (meta columns are left out of the count: a short name equal to one is taken anyway)
