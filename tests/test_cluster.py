@@ -30,10 +30,12 @@ RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; 
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
 # Trials of a few seconds: a trial that ends before the second node's worker has started
 # would hand its warm actor to the next trial (reuse_actors), and one node would run all four.
+# Trials long enough (seconds each on a loaded machine) that the second node's first worker
+# is up before the first node's reused actor could have run all four.
 SPEC = """name: two_nodes
 fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: gated_deltanet}
 axes: {seed: [0, 1, 2, 3]}
-budget: {steps: 300, eval_every: 100}
+budget: {steps: 800, eval_every: 100}
 resources: {cpu: 1}
 """
 

@@ -225,7 +225,11 @@ def test_a_chunked_body_past_the_limit_is_refused_at_the_limit(tmp_path):
                 reader.join(timeout=30)
                 answer = got[0] if got else b""
             assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-            assert b"request body over 8,388,608 bytes" in answer
+            # The one-line body follows the headers, unless the reset the server's close sends
+            # (its receive buffer still holds body bytes) overtakes it: TCP may drop data then.
+            # The declared-length case above checks the line itself.
+            body = answer.partition(b"\r\n\r\n")[2]
+            assert not body or b"request body over 8,388,608 bytes" in body, answer[-300:]
             assert MAX_BODY <= sent < MAX_BODY + (48 << 20), sent
             # A body under the limit is still served.
             with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
