@@ -361,8 +361,6 @@ def test_memory_estimate_counts_the_built_model(monkeypatch, capsys):
     # The width estimate said 80,384 parameters for an MLP a million wide at d 32; the built
     # model (on the meta device: nothing allocated) has 65,010,205, and its training memory
     # is refused on a 500 MB node with the real count in the line.
-    import torch
-
     import cells
     import tasks
 
@@ -383,7 +381,6 @@ def test_memory_estimate_counts_the_built_model(monkeypatch, capsys):
     with pytest.raises(specs.SpecError, match="65,010,205 parameters") as exc:
         specs.load(text=text, node_memory=500 * 10**6)
     assert "0.5 GB of memory" in str(exc.value)
-    del torch
 
 
 @pytest.mark.parametrize("cpu, ok", [(1.0e-300, False), (0.005, False), (0.01, True), (0.123456, True)])

@@ -169,3 +169,12 @@ def test_logs_and_errors_are_stored_per_attempt(tmp_path):
     assert [(s.attempt, s.log) for s in stories] == [(1, "first\n"), (2, "second, part 1\nand 2\n")]
     assert stories[0].errors and stories[0].errors[0]["traceback"].endswith("RuntimeError: x")
     assert stories[1].from_step == 10 and stories[1].errors == []
+
+
+def test_follow_prints_only_what_is_new_and_all_of_a_moved_tail():
+    from orchestrator.cli.logs_cmds import _unprinted
+
+    assert _unprinted("a\nb\n", "") == "a\nb\n"
+    assert _unprinted("a\nb\nc\n", "a\nb\n") == "c\n"  # grew: only the new lines
+    assert _unprinted("[... 4 earlier]\nc\n", "a\nb\n") == "[... 4 earlier]\nc\n"  # front dropped
+    assert _unprinted(None, "") == ""

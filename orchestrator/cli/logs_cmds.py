@@ -18,12 +18,11 @@ out = console()
 FOLLOW_EVERY_S = 1.0
 
 
-def _story_text(story, shown: int) -> tuple[str, int]:
-    """The part of ``story`` not printed yet (its log past ``shown`` characters, then its
-    errors once it has ended) and how much of the log that covers."""
-    log = story.log or ""
-    new = log[shown:] if log.startswith(log[:shown]) else log  # a tail that moved on: all of it
-    return new, len(log)
+def _unprinted(log: str | None, printed: str) -> str:
+    """The part of an attempt's stored console not printed yet: what follows what was
+    printed, or all of it when the stored tail moved past that (its front was dropped)."""
+    log = log or ""
+    return log[len(printed) :] if log.startswith(printed) else log
 
 
 @app.command("logs")
@@ -64,17 +63,18 @@ def logs(
         if not stories:
             out.print(f"trial {printable(trial)}: no attempt recorded yet")
             return 0
-        shown: dict[object, int] = {}
+        printed: dict[object, str] = {}
         done: set[object] = set()
         while True:
             for s in stories:
                 if s.attempt in done:
                     continue
-                if s.attempt not in shown:
+                if s.attempt not in printed:
                     head = f"attempt {s.attempt}" if s.attempt is not None else "before attempts were recorded"
                     how = f", from step {s.from_step}" if s.from_step else ""
                     out.print(f"==> {head}{how}: {s.outcome or 'running'} <==", markup=False, highlight=False)
-                text, shown[s.attempt] = _story_text(s, shown.get(s.attempt, 0))
+                text = _unprinted(s.log, printed.get(s.attempt, ""))
+                printed[s.attempt] = s.log or ""
                 if text:
                     out.print(printable(text.rstrip("\n"), keep="\n\t"), markup=False, highlight=False, soft_wrap=True)
                 if s.outcome is not None or s.ended_at is not None or s.attempt is None:

@@ -48,7 +48,7 @@ import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -583,7 +583,8 @@ def _write(
         # it in ``nonfinite``, so a finite accuracy beside a NaN loss is kept.
         # In chunks, inside the one transaction: the rows of a whole file as dicts at once
         # would be many times the file's size.
-        n_rows, chunk = 0, cast(list[dict[str, Any]], [])
+        n_rows = 0
+        chunk: list[dict[str, Any]] = []
         for k, _, rec in keyed:
             chunk.extend(rec.rows(ids[k]))
             if len(chunk) >= ROWS_PER_WRITE:
