@@ -42,7 +42,8 @@ reference it is tested against.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -56,13 +57,14 @@ def escaped(acc: float | None, escape_at: float) -> bool:
     return acc is not None and acc >= escape_at
 
 
-def escape_run(accs: Sequence[float | None], escape_at: float) -> int:
+def escape_run(trace: Sequence[Any], escape_at: float, acc: Callable[[Any], float | None] = lambda a: a) -> int:
     """How many evals at the end of a trace, its first eval never counted, have all
     escaped: the stop rule's "escape sustained for n evals" is ``escape_run(...) >= n + 1``
-    (the escape eval itself and the n after it)."""
+    (the escape eval itself and the n after it). ``acc`` reads a point's accuracy (the
+    training loop passes its eval points as they are: walked from the end, nothing copied)."""
     run = 0
-    for acc in reversed(accs[1:]):
-        if not escaped(acc, escape_at):
+    for i in range(len(trace) - 1, 0, -1):
+        if not escaped(acc(trace[i]), escape_at):
             break
         run += 1
     return run

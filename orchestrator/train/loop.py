@@ -290,7 +290,7 @@ class Trainer:
         if self.stop_after is None or self.stopped_at is not None:
             return
         assert self.stop_escape_at is not None
-        run = escape_run([point.acc for point in self.trace], self.stop_escape_at)
+        run = escape_run(self.trace, self.stop_escape_at, acc=lambda point: point.acc)
         if run >= self.stop_after + 1 and self.step < self.p.steps:
             since = self.trace[-run].step
             self.stopped_at = self.step
