@@ -54,5 +54,16 @@ if ! command -v chromedriver >/dev/null 2>&1; then
         echo "setup: note: install chromium-driver (apt-get install chromium-driver) to run the ui browser tests"
     fi
 fi
+# The real-SLURM test (tests/test_slurm.py) starts a one-node SLURM of its own: Debian's
+# slurm-wlm and munge. Without them (or without root) that test skips, saying why.
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing slurm-wlm and munge (for the real-SLURM test)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) \
+            >/dev/null || echo "setup: warning: slurm-wlm/munge install failed; the real-SLURM test will skip"
+    else
+        echo "setup: note: install slurm-wlm and munge (apt-get, as root) to run the real-SLURM test"
+    fi
+fi
 echo "setup: done. Try: .venv/bin/orchestrator submit sweeps/quickstart.yaml"
 echo "setup: (or 'source .venv/bin/activate' once per shell, and then plain 'orchestrator ...')"

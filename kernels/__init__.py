@@ -44,8 +44,8 @@ Shared pieces: ``kernels.chunking`` (chunk machinery), ``kernels.loop`` (the nai
 loop), ``kernels.dispatch`` (``impl`` resolution and running a form), ``kernels.validation``
 (shape checks), ``kernels.triton_scan`` (the Triton kernels both fused forms launch),
 ``kernels.triton_aot`` (compiling them for sm_61 without a GPU), ``kernels.testing``
-(realistic inputs, reference comparisons) and ``python -m orchestrator.bench.chunk`` (naive
-vs chunk tokens/s, interleaved, side by side).
+(realistic inputs, reference comparisons); ``orchestrator bench kernels`` times the naive,
+chunk and Triton forms side by side.
 """
 
 from __future__ import annotations

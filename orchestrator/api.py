@@ -64,16 +64,6 @@ class SweepRun:
         return analyze(self.name, kind, db=self.db, **options)
 
 
-def _old_order(fn: str, legacy: tuple[Any, ...], db: Any, n: int) -> None:
-    """Refuse a call mixing the two orders; warn about one in the old order
-    (``fn(db, sweep, ...)``, before the sweep came first and the database as ``db=``)."""
-    if db is not None or len(legacy) != n:
-        raise TypeError(f"{fn}() takes the sweep first and the database as db=: {fn}(sweep, ..., db=URL)")
-    import warnings
-
-    warnings.warn(f"{fn}(db, sweep, ...) is deprecated: call {fn}(sweep, ..., db=db)", DeprecationWarning, stacklevel=3)
-
-
 def _spec(spec: str | Path | dict[str, Any], max_trials: int):
     """A spec given as a path, YAML text or a mapping, loaded and validated."""
     from orchestrator import spec as specs
@@ -216,7 +206,7 @@ def connect(db: str | Engine | None = None) -> Engine:
     return open_engine(db)
 
 
-def load(sweep: str, *legacy: Any, db: str | Engine | None = None) -> Any:
+def load(sweep: str, *, db: str | Engine | None = None) -> Any:
     """``trials, evals = load(sweep, db=URL)``: every trial (any status) and eval point.
 
     Takes the sweep's name and ``db`` (a URL, SQLite path or engine; see :func:`connect`).
@@ -230,13 +220,10 @@ def load(sweep: str, *legacy: Any, db: str | Engine | None = None) -> Any:
     :class:`~orchestrator.errors.UserError` naming the sweeps there are."""
     from orchestrator.store.reader import sweep_frames
 
-    if legacy:  # load(db, sweep)
-        _old_order("load", legacy, db, 1)
-        db, sweep = sweep, legacy[0]
     return sweep_frames(connect(db), sweep)
 
 
-def analyze(sweep: str, kind: str, *legacy: Any, db: str | Engine | None = None, **options: Any) -> Any:
+def analyze(sweep: str, kind: str, *, db: str | Engine | None = None, **options: Any) -> Any:
     """One analysis of a sweep, as ``orchestrator analyze SWEEP KIND`` runs it.
 
     Takes the sweep's name, ``kind`` (``lockin``, ``outcomes``, ``fisher``, ``permutation``,
@@ -250,9 +237,6 @@ def analyze(sweep: str, kind: str, *legacy: Any, db: str | Engine | None = None,
     :class:`~orchestrator.errors.UserError`."""
     from orchestrator.analysis import pipeline
 
-    if legacy:  # analyze(db, sweep, kind)
-        _old_order("analyze", legacy, db, 1)
-        db, sweep, kind = sweep, kind, legacy[0]
     engine = connect(db)
     prep = pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
     return pipeline.result(kind, pipeline.run(prep, kind))
@@ -260,7 +244,7 @@ def analyze(sweep: str, kind: str, *legacy: Any, db: str | Engine | None = None,
 
 def report(
     sweep: str,
-    *legacy: Any,
+    *,
     db: str | Engine | None = None,
     out: str | Path | None = None,
     format: str = "png",
@@ -275,9 +259,6 @@ def report(
     from orchestrator.analysis import pipeline
     from orchestrator.analysis.report import build_report
 
-    if legacy:  # report(db, sweep)
-        _old_order("report", legacy, db, 1)
-        db, sweep = sweep, legacy[0]
     engine = connect(db)
     prep = pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
     return build_report(prep, out, fmt=format, db=engine)

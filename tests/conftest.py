@@ -138,6 +138,27 @@ def fill_sweep(engine: sa.engine.Engine, name: str = "s1", n_trials: int = 3, n_
     return sid, ids
 
 
+# Every stored time a lease, claim, heartbeat or staleness rule compares with the clock.
+_CLOCK_COLUMNS = {
+    "sweeps": ("lease_expires_at", "lease_renewed_at"),
+    "trials": ("claim_expires_at", "heartbeat_at", "updated_at", "started_at"),
+    "drivers": ("heartbeat_at", "started_at"),
+}
+
+
+def pass_time(engine: sa.engine.Engine, seconds: float) -> None:
+    """As if ``seconds`` went by on the database clock with nobody writing: every stored
+    expiry and heartbeat moves that far into the past (instead of a test sleeping past a
+    TTL; the rules compare these columns with the clock and nothing else)."""
+    with engine.begin() as conn:
+        for table, cols in _CLOCK_COLUMNS.items():
+            if engine.dialect.name == "sqlite":
+                sets = ", ".join(f"{c} = datetime({c}, '-{float(seconds):.3f} seconds')" for c in cols)
+            else:
+                sets = ", ".join(f"{c} = {c} - interval '{float(seconds):.3f} seconds'" for c in cols)
+            conn.execute(sa.text(f"UPDATE {table} SET {sets}"))
+
+
 def query(url: str, sql: str, **params: object) -> list[sa.Row]:
     """The rows of one statement on the database at ``url`` (its own engine, disposed after)."""
     from orchestrator.store.engine import make_engine

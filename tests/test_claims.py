@@ -13,10 +13,11 @@ import time
 
 import sqlalchemy as sa
 
-from conftest import fill_sweep
+from conftest import fill_sweep, pass_time
 from orchestrator.store import attempts, claims, lease, repo
 from orchestrator.store.engine import make_engine, open_store_engine
 from orchestrator.store.outage import write_with_retry
+from orchestrator.store.sweep_store import SweepStore
 
 
 def test_concurrent_claimers_never_get_the_same_trial(db_url):
@@ -81,7 +82,7 @@ def test_a_dead_drivers_claims_lapse_and_are_taken_over(db_url):
         assert repo.release_unfinished(conn, sid) == 0
         listed = {d.owner: (d.claimed, d.running, d.live) for d in claims.drivers(conn, sid, ttl=60)}
     assert listed == {"A": (2, 1, True), "B": (2, 0, True)}
-    time.sleep(3.2)  # past A's claims' expiry on the database clock: A is dead
+    pass_time(engine, 3.2)  # past A's claims' expiry on the database clock: A is dead
     with engine.begin() as conn:
         taken = [tid for tid, _, _ in claims.claim_batch(conn, sid, "B", 10, ttl=60)]
     assert taken == mine
@@ -99,6 +100,35 @@ def test_a_dead_drivers_claims_lapse_and_are_taken_over(db_url):
         assert claims.claim_batch(conn, sid, "B", 10, ttl=60) is None
         lease.release(conn, sid, "A")
         assert len(claims.claim_batch(conn, sid, "C", 10, ttl=60) or []) == 4
+    engine.dispose()
+
+
+def test_a_driver_never_takes_its_own_lapsed_trial_as_an_orphan(db_url):
+    """A renewal starved past the TTL (a loaded machine) lets this driver's own claims lapse:
+    its next claim must not take the trial it is running as a dead driver's (back to pending,
+    attempt lost: a stop then found nothing to mark interrupted). Another driver still may."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    with engine.begin() as conn:
+        claims.register(conn, sid, "A", command="submit")
+        claims.register(conn, sid, "B", command="join")
+        mine = [tid for tid, _, _ in claims.claim_batch(conn, sid, "A", 1, ttl=2)]
+        repo.mark_running(conn, mine[0])
+        attempts.begin_attempt(conn, mine[0], None, {}, "A")
+    pass_time(engine, 3.2)  # A's claim lapses on the database clock
+    with engine.begin() as conn:
+        again = [tid for tid, _, _ in claims.claim_batch(conn, sid, "A", 10, ttl=60)]
+    assert mine[0] not in again and sorted(again) == sorted(set(ids.values()) - set(mine))
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT status, claimed_by FROM trials WHERE id = :i"), {"i": mine[0]}).one()
+        open_attempts = conn.execute(sa.text("SELECT COUNT(*) FROM attempts WHERE ended_at IS NULL")).scalar_one()
+    assert tuple(row) == ("running", "A") and open_attempts == 1
+    with engine.begin() as conn:  # the stop marks it interrupted, as it runs here
+        assert claims.interrupt(conn, owner="A") == 1
+        repo.mark_running(conn, mine[0])
+    pass_time(engine, 3.2)
+    with engine.begin() as conn:  # a lapsed claim is still another driver's to take over
+        assert [tid for tid, _, _ in claims.claim_batch(conn, sid, "B", 10, ttl=60)] == mine
     engine.dispose()
 
 
@@ -173,7 +203,9 @@ def test_a_cut_off_driver_writes_nothing_for_a_trial_taken_over(db_url):
     engine, _ = open_store_engine(db_url)
     sid, ids = fill_sweep(engine, n_trials=2, n_steps=1)
     mine, taken = sorted(ids.values())
-    with DriverSession(engine, sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join") as session:
+    with DriverSession(
+        SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join"
+    ) as session:
         with engine.begin() as conn:
             assert len(claims.claim_batch(conn, sid, session.owner, 2, ttl=600) or []) == 2
             # The other driver's claim on the lapsed trial (claim_batch's UPDATE, as it makes it).
@@ -186,4 +218,42 @@ def test_a_cut_off_driver_writes_nothing_for_a_trial_taken_over(db_url):
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT trial_id FROM evals WHERE step = 50")).scalars().all() == [mine]
         assert conn.execute(sa.text("SELECT trial_id FROM trial_checkpoints")).scalars().all() == [mine]
+    engine.dispose()
+
+
+def test_a_cut_off_driver_keeps_nothing_alive_of_a_trial_taken_over(db_url):
+    """The trials a cut-off driver still thinks it runs, once its link is back: one taken over
+    and still running elsewhere, one taken over and already ended and let go (no claim). Its
+    renewal heartbeats neither (only the one it holds), and its writes hold neither."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    mine, elsewhere, ended = sorted(ids.values())
+    with engine.begin() as conn:
+        claims.register(conn, sid, "A", command="join")
+        assert len(claims.claim_batch(conn, sid, "A", 3, ttl=600) or []) == 3
+        conn.execute(sa.text("UPDATE trials SET status = 'running', heartbeat_at = NULL"))
+        conn.execute(sa.text("UPDATE trials SET claimed_by = 'B' WHERE id = :t"), {"t": elsewhere})
+        conn.execute(sa.text("UPDATE trials SET claimed_by = NULL, status = 'completed' WHERE id = :t"), {"t": ended})
+    with engine.begin() as conn:
+        got = claims.renew(conn, "A", ttl=600, running=[mine, elsewhere, ended])
+        assert got.lost == (elsewhere,)
+        assert claims.taken_from(conn, "A", [mine, elsewhere, ended]) == {elsewhere, ended}
+    with engine.connect() as conn:
+        beat = dict(conn.execute(sa.text("SELECT id, heartbeat_at IS NOT NULL FROM trials")).all())
+    assert {t: bool(b) for t, b in beat.items()} == {mine: True, elsewhere: False, ended: False}
+    engine.dispose()
+
+
+def test_an_attempts_provenance_is_cut_to_its_columns(db_url):
+    # A long `git describe` or host name is kept to its column's length on every backend
+    # (PostgreSQL refuses a longer value: the attempt, and the trial with it, would fail).
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=1, n_steps=1)
+    tid = next(iter(ids.values()))
+    env = {"code_version": "v" * 200, "host": "h" * 300, "precision": "float32-long"}
+    with engine.begin() as conn:
+        attempts.begin_attempt(conn, tid, None, env, "A")
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT code_version, host, precision FROM attempts")).one()
+    assert tuple(row) == ("v" * 80, "h" * 255, "float32-")
     engine.dispose()

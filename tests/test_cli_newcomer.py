@@ -53,6 +53,40 @@ def test_every_help_has_purpose_option_texts_and_an_example(path, cmd):
         assert line.strip().startswith("$ ") and "orchestrator " in line, line
 
 
+def test_command_listing_is_each_first_sentence_on_one_line(capsys, monkeypatch):
+    """`orchestrator --help` lists each command by its first sentence, wrapped by the
+    terminal and not by the docstring's line breaks (which cut the listing mid-sentence)."""
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["--help"]) == 0
+    listing = capsys.readouterr().out.split("Commands")[1]
+    rows: dict[str, str] = {}
+    name = ""
+    for line in listing.splitlines():
+        cells = line.strip("│ ").split("  ", 1) if line.startswith("│") else []
+        if len(cells) == 2 and cells[0] and " " not in cells[0]:
+            name, text = cells[0], cells[1].strip()
+            rows[name] = text
+        elif cells and name:
+            rows[name] += " " + line.strip("│ ")
+    for path, cmd in _commands():
+        if " " in path or not path or path not in rows:
+            continue
+        full = " ".join((cmd.help or "").split())
+        assert rows[path] and full.startswith(rows[path]), (path, rows[path])
+        assert rows[path].endswith(".") or rows[path] == full, (path, rows[path])
+    assert {"submit", "cancel", "join", "status"} <= set(rows)
+    assert "A trial runs in one place" not in listing  # join's second sentence: its own --help
+    # wrapped by rich at the width: every line of an entry but its last is nearly full
+    entry: list[str] = []
+    for line in [*listing.splitlines(), "│ end  x"]:
+        if not line.startswith("│"):
+            continue
+        if line[2:4].strip() and entry:  # a new command's name: check the previous entry
+            assert all(len(x.rstrip("│ ").rstrip()) > 80 for x in entry[:-1]), entry
+            entry = []
+        entry.append(line)
+
+
 @pytest.mark.slow
 def test_submit_help_as_printed():
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
+import subprocess
+import sys
 import uuid
 from contextlib import closing
 from pathlib import Path
@@ -142,6 +145,7 @@ CASES: list[tuple[str, str, str]] = [
     ("delete", "smoke --yes " + READ, "deleted sweep smoke: 8 trials, 40 evals"),
     ("db upgrade", READ, "copy.db: schema "),
     ("db create-reader", "{role} --db {pg}", "GRANT"),
+    ("db prune", "smoke --dry-run " + READ, "smoke: would free 0 checkpoint(s)"),
     ("cells", "--arms deltanet,armed_gdn", "1,024"),
     ("tasks", "", "Masked MQAR"),
     ("tasks selftest", "--json", '"ok": true'),
@@ -151,6 +155,7 @@ CASES: list[tuple[str, str, str]] = [
     ("submit", "{dir}/tiny.yaml --dry-run", "sweep tiny: 2 trials"),
     ("resume", "--help", "from their checkpoints"),
     ("join", "--help", "Add a driver"),
+    ("slurm", "smoke --jobs 2 --dry-run " + READ, "#SBATCH --array=0-1"),
     ("ui", "--help", "read-only"),
     ("bench analysis", "--trials 20 --evals 5", "hazard fit straight from the DB"),
     ("bench store", "--rows 200 --steps 2 --sweep-trials 0", "SQLite ingest"),
@@ -265,7 +270,20 @@ def test_submit_then_resume_a_tiny_sweep(smoke_dir, tmp_path, capsys, shared_ray
     assert main(["submit", str(smoke_dir / "tiny.yaml"), "--db", db, "--checkpoint-dir", ck]) == 0
     assert "sweep tiny: 2 completed" in capsys.readouterr().out
     assert main(["resume", "tiny", "--db", db, "--checkpoint-dir", ck]) == 0
-    assert "sweep tiny: nothing ran" in capsys.readouterr().out
+    assert "sweep tiny: nothing ran (the sweep: 2 completed; 2 trials)" in capsys.readouterr().out
+    # Re-submitting the finished sweep says so without reaching Ray: in a fresh process (no
+    # Ray of the test's), an address where no cluster listens would fail the run if it tried.
+    got = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "submit", str(smoke_dir / "tiny.yaml"), "--db", db]
+        + ["--address", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ORCH_RAY_JOIN_TIMEOUT_S": "3"},
+        timeout=120,
+    )
+    assert got.returncode == 0, got.stderr
+    assert "sweep tiny: nothing ran (the sweep: 2 completed; 2 trials)" in got.stdout
+    assert "2 in sweep, 2 already finished, 0 to run" in got.stderr
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from orchestrator.runner.sequential import drive
 from orchestrator.spec import load
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
+from orchestrator.store.sweep_store import SweepStore
 
 SPEC = """
 name: strat
@@ -54,7 +55,7 @@ def test_stratified_driver_decides_each_stratum_on_its_own(db_url):
                 repo.finish_trial(conn, tid, "completed")
         return {tid: "completed" for tid, _, _ in batch}
 
-    res = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run)
+    res = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, SweepStore(engine), run)
     by_k = {}
     for r in res.records:
         by_k.setdefault(r.stratum["task.K"], []).append(r)
@@ -73,7 +74,7 @@ def test_stratified_driver_decides_each_stratum_on_its_own(db_url):
     skipped = [(p["task.K"], p["seed"]) for _, _, p, st in rows if st == "skipped"]
     assert sorted(skipped) == sorted((4, s) for s in range(8, 12) for _ in range(2))
     # A second drive replays the stored looks: nothing runs, nothing is re-tested.
-    again = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run)
+    again = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, SweepStore(engine), run)
     assert again.ran == 0 and again.records == [] and len(batches) == 3
     with engine.connect() as conn:
         assert len(repo.sequential_looks(conn, sid)) == 5

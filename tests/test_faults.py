@@ -3,8 +3,8 @@ PostgreSQL: the driver's process group SIGKILLed at seeded random moments and re
 (evals equal an uninterrupted run row for row, all columns but elapsed_s); a Ray worker
 SIGKILLed mid-trial (the trial resumes from its checkpoint, no row lost or duplicated);
 8 concurrent readers against a SQLite sweep being written (no "database is locked" on
-either side); PostgreSQL restarted, and stopped for 30 s, mid-sweep (the writer rides it
-out and the sweep completes without a resume).
+either side); PostgreSQL restarted, and stopped for 12 s (five retries of the writer's
+backoff), mid-sweep (the writer rides it out and the sweep completes without a resume).
 
 How many kills: ``ORCH_FAULT_KILLS`` (SQLite, default 3) and ``ORCH_FAULT_KILLS_PG``
 (default 2); the issue's full count is
@@ -244,9 +244,9 @@ def _pg_up() -> bool:
     os.environ.get("ORCH_TEST_PG_RESTART") != "1" or not POSTGRES_URL,
     reason="restarts the shared PostgreSQL server: set ORCH_TEST_PG_RESTART=1",
 )
-@pytest.mark.parametrize("outage", ["restart", "stop30", "giveup"])
+@pytest.mark.parametrize("outage", ["restart", "stop12", "giveup"])
 def test_postgres_outage_mid_sweep(tmp_path, capsys, reference, shared_ray, outage):
-    """restart / stop30: the writer rides the outage out, the sweep completes without a
+    """restart / stop12: the writer rides the outage out, the sweep completes without a
     resume, 0 rows lost or duplicated. giveup: an outage longer than ORCH_DB_OUTAGE_S stops
     the driver with one line and exit 75; resume then finishes the sweep."""
     url, drop = make_pg_schema_url()
@@ -267,7 +267,7 @@ def test_postgres_outage_mid_sweep(tmp_path, capsys, reference, shared_ray, outa
                 if outage == "giveup":
                     p.wait(timeout=120)  # gives up after 5 s of retries
                 else:
-                    time.sleep(30)
+                    time.sleep(12)  # the backoff doubles 0.5 s to 8 s within it: five retries
                 _pg_ctl("start")
         finally:
             if not _pg_up():

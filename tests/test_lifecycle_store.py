@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 
 import pytest
 import sqlalchemy as sa
 
-from conftest import fill_sweep, migrate, old_database
+from conftest import fill_sweep, migrate, old_database, pass_time
 from orchestrator.cli import main
 from orchestrator.store import lease, repo
 from orchestrator.store.engine import current_revision, head_revision, make_engine, open_store_engine
@@ -83,16 +82,16 @@ def test_lease_is_exclusive_expires_and_frees_a_dead_holder(db_url, monkeypatch)
     assert held.owner == "A" and held.pid == os.getpid() and not held.expired
     with engine.begin() as conn:  # --takeover: taken from a live holder, who loses it
         assert lease.claim(conn, sid, "T", ttl=60, force=True)
-        assert lease.renew(conn, sid, "A", ttl=2) == (False, False)
+        assert not lease.renew(conn, sid, "A", ttl=2)
         assert lease.holder(conn, sid).owner == "T"
         conn.execute(sa.text("UPDATE sweeps SET lease_owner = 'A'"))
-        assert lease.renew(conn, sid, "A", ttl=2)[0]
-    time.sleep(3.2)  # past A's expiry on the database clock
+        assert lease.renew(conn, sid, "A", ttl=2)
+    pass_time(engine, 3.2)  # past A's expiry on the database clock
     with engine.begin() as conn:
         assert lease.holder(conn, sid).expired
         assert lease.claim(conn, sid, "B", ttl=60)
-        held, cancel = lease.renew(conn, sid, "A", ttl=60)
-    assert not held and not cancel  # A lost it
+        held = lease.renew(conn, sid, "A", ttl=60)
+    assert not held  # A lost it
     # A holder whose process is gone on this host is free at once, TTL or not.
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE sweeps SET lease_pid = 999999999"))
@@ -100,9 +99,8 @@ def test_lease_is_exclusive_expires_and_frees_a_dead_holder(db_url, monkeypatch)
         h = lease.holder(conn, sid)
         assert h.expired
         assert lease.claim(conn, sid, "C", ttl=60, dead_owner=h.owner)
-        lease.request_cancel(conn, sid)
     with engine.begin() as conn:
-        assert lease.renew(conn, sid, "C", ttl=60) == (True, True)
+        assert lease.renew(conn, sid, "C", ttl=60)
         lease.release(conn, sid, "C")
         assert lease.holder(conn, sid) is None
     engine.dispose()
@@ -147,7 +145,7 @@ def test_running_trial_without_heartbeat_is_stale(db_url, monkeypatch, capsys):
     with engine.begin() as conn:
         repo.mark_running(conn, ids["k0"])
         repo.mark_running(conn, ids["k1"])
-    time.sleep(3.2)
+    pass_time(engine, 3.2)
     with engine.begin() as conn:
         lease.heartbeat(conn, [ids["k1"]])  # k1's driver is alive, k0's is not
     assert main(["status", "s1", "--db", db_url, "--json"]) == 0
@@ -279,4 +277,51 @@ def test_design_diff_supersedes_and_revives(db_url):
         "n2": "superseded",
     }
     assert versions == {"k0": 1, "k1": 1, "k2": 1, "n0": 2, "n1": 2, "n2": 2}
+    engine.dispose()
+
+
+def _columns(engine, table: str) -> set[str]:
+    return {c["name"] for c in sa.inspect(engine).get_columns(table)}
+
+
+def test_one_protocol_migration_from_0009_drops_the_dead_columns_and_keeps_every_row(db_url):
+    """A database at 0009 (the first with drivers) upgrades to head: the sweep-level cancel
+    flag and ``drivers.exclusive`` are gone, the driver's own cancel flag and every row stay;
+    a downgrade to 0012 brings the columns back empty and an upgrade drops them again."""
+    engine = old_database(db_url, "0009_drivers")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE sweeps SET cancel_requested_at = CURRENT_TIMESTAMP"))
+        conn.execute(
+            sa.text("INSERT INTO trials (sweep_id, key, params, status, steps) VALUES (1, 'a', '{}', 'running', 20)")
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO drivers (sweep_id, owner, command, exclusive, cancel_requested_at) "
+                "VALUES (1, 'd1', 'join', true, CURRENT_TIMESTAMP)"
+            )
+        )
+    assert {"cancel_requested_at"} <= _columns(engine, "sweeps") and "exclusive" in _columns(engine, "drivers")
+
+    def rows():
+        with engine.connect() as conn:
+            return (
+                conn.execute(sa.text("SELECT id, name, spec_hash FROM sweeps")).all(),
+                conn.execute(sa.text("SELECT id, key, status FROM trials")).all(),
+                conn.execute(sa.text("SELECT owner, command, cancel_requested_at IS NOT NULL FROM drivers")).all(),
+            )
+
+    before = rows()
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    engine.dispose()
+    assert current_revision(engine) == head_revision()
+    assert "cancel_requested_at" not in _columns(engine, "sweeps")
+    assert "exclusive" not in _columns(engine, "drivers")
+    assert rows() == before  # the driver's own cancel flag survives: it is the one that is read
+    migrate(engine, "0012_system_slurm", down=True)
+    engine.dispose()
+    assert "cancel_requested_at" in _columns(engine, "sweeps") and "exclusive" in _columns(engine, "drivers")
+    assert rows() == before
+    migrate(engine, "head")
+    engine.dispose()
+    assert "exclusive" not in _columns(engine, "drivers")
     engine.dispose()

@@ -30,6 +30,7 @@ from orchestrator.runner.sequential import drive
 from orchestrator.spec import load
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
+from orchestrator.store.sweep_store import SweepStore
 
 STEPS = list(range(100, 1001, 100))
 
@@ -106,7 +107,7 @@ def test_look_and_analyze_agree_and_replay_prints_the_stored_look(case, db_url, 
     def run(batch):
         return {tid: _write(engine, tid, trace_of(params["seed"], params["arm"])) for tid, _, params in batch}
 
-    res = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run)
+    res = drive(sweep.sequential, sweep.axes, sweep.analysis, sid, SweepStore(engine), run)
     assert res.records, "no look was decided"
     cfg = sweep.analysis
     for rec in res.records:

@@ -66,7 +66,7 @@ def test_units_travel_through_tunes_grid_by_reference():
     from ray import tune
     from ray.tune.search.variant_generator import generate_variants
 
-    from orchestrator.runner.tune_runner import Unit
+    from orchestrator.runner.unit import Unit
 
     units = [Unit(u) for u in _units([(i, f"k{i}", {"seed": i, "arm": "a"}) for i in range(50)], 1, 0)]
     variants = [spec["config"]["unit"] for _, spec in generate_variants({"config": {"unit": tune.grid_search(units)}})]

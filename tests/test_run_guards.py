@@ -223,10 +223,11 @@ def test_postgres_schema_dropped_mid_sweep_stops_the_driver(tmp_path):
         if not dropped:  # a second drop fails: its reader role is gone
             drop()
     line = _stopped_line(res, took, "drop")
-    # Whichever finds it first names the table it missed: the writer (evals) or the lease thread.
+    # Whichever finds it first names the table it missed: the writer (evals, or attempts when it looks up
+    # each trial's newest attempt first) or the lease thread.
     assert re.fullmatch(
         r"error: database postgresql\+psycopg://\S+ lost the sweep's tables while it ran \(relation "
-        r"\"(evals|sweeps|trials|drivers)\" does not exist[^)]*\); the sweep stopped and wrote nothing more",
+        r"\"(evals|sweeps|trials|drivers|attempts|checkpoints|system_metrics)\" does not exist[^)]*\); the sweep stopped and wrote nothing more",
         line,
     ), line
     assert max(_checkpoint_steps(tmp_path / "ck")) < 4000

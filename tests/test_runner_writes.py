@@ -16,6 +16,7 @@ from orchestrator.spec import load
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.outage import DatabaseGone
+from orchestrator.store.sweep_store import SweepStore
 
 SPEC = """
 name: seqgone
@@ -41,7 +42,7 @@ def test_a_look_is_never_recorded_in_a_deleted_database(tmp_path):
     sid = repo.ensure_sweep(engine, sweep.name, sweep.text, sweep.hash)
     looks: list[int] = []
     # A long lease: the renewal thread stays asleep, so the look's write is what finds it.
-    session = DriverSession(engine, sid, sweep.name, handle_signals=False, ttl=600)
+    session = DriverSession(SweepStore(engine), sid, sweep.name, handle_signals=False, ttl=600)
 
     def run(batch):
         def finish(conn) -> None:
@@ -57,7 +58,16 @@ def test_a_look_is_never_recorded_in_a_deleted_database(tmp_path):
     with pytest.raises(DatabaseGone, match=r"seq\.db was deleted while the sweep ran"):
         with session:
             session.write(lambda conn: repo.add_trials(conn, sid, sweep.trials))
-            drive(sweep.sequential, sweep.axes, sweep.analysis, sid, engine, run, looks.append, write=session.write)
+            drive(
+                sweep.sequential,
+                sweep.axes,
+                sweep.analysis,
+                sid,
+                SweepStore(engine),
+                run,
+                looks.append,
+                write=session.write,
+            )
     assert looks == []  # no decision was taken as recorded
     assert session.fatal is not None and session.stop_reason == "database gone"
     with pytest.raises(DatabaseGone):

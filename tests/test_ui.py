@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.keys import trial_key
-from orchestrator.store import repo
+from orchestrator.store import lease, repo
 from orchestrator.store.engine import open_store_engine, sqlite_path
 
 from ui_support import QUICK, QUICK_SPEC, asgi_get, get, get_json, make_quick_db, post_json, quick_final, ui_server
@@ -48,7 +48,7 @@ def _append(url: str, tid: int, steps) -> None:
     engine, _ = open_store_engine(url)
     with engine.begin() as conn:
         repo.upsert_evals(conn, [{"trial_id": tid, "step": s, "acc": 0.5, "loss": 0.5} for s in steps])
-        repo.touch(conn, [tid])
+        lease.heartbeat(conn, [tid], reported=True)
     engine.dispose()
 
 
@@ -292,8 +292,9 @@ def test_compare_and_csv_of_every_view(tmp_path):
     engine.dispose()
     app, engine = _app(url)
     try:
-        code, c = _json(app, f"/api/compare?a={QUICK}&b=live&by=lr")
-        assert code == 200 and c["by"] == "lr" and "arm" in c["shared"]
+        # split=none: pooled over the arms (the default keeps them apart: tests/test_ui_views.py).
+        code, c = _json(app, f"/api/compare?a={QUICK}&b=live&by=lr&split=none")
+        assert code == 200 and c["by"] == "lr" and "arm" in c["shared"] and c["split"] is None
         code, g = _json(app, f"/api/sweeps/{QUICK}/grid?x=lr&y=arm")
         per_lr = {}
         for cell in g["panels"][0]["cells"]:
@@ -304,7 +305,7 @@ def test_compare_and_csv_of_every_view(tmp_path):
         code, bad = _json(app, f"/api/compare?a={QUICK}&b=live&by=task.K")
         assert code == 400 and bad["error"].startswith("error: by 'task.K': not a parameter of both sweeps")
         assert _json(app, f"/api/compare?a={QUICK}&b=nope")[0] == 404
-        code, headers, body = asgi_get(app, f"/api/compare/csv?a={QUICK}&b=live&by=lr")
+        code, headers, body = asgi_get(app, f"/api/compare/csv?a={QUICK}&b=live&by=lr&split=none")
         assert code == 200 and body.decode().splitlines()[0] == "sweep,lr,n,k,rate,ci_low,ci_high,median"
 
         for view, first in (

@@ -81,7 +81,12 @@ def test_submit_prints_the_ui_command(tmp_path, capsys, shared_ray):
     assert main(["resume", "tiny", "--db", str(db), "--checkpoint-dir", str(tmp_path / "ck"), "-q"]) == 0
     got = capsys.readouterr()
     assert got.err == ""
-    assert got.out.startswith("sweep tiny: nothing ran; query it with `orchestrator sql") and got.out.count("\n") == 1
+    assert (
+        got.out.startswith(
+            "sweep tiny: nothing ran (the sweep: 2 completed; 2 trials); query it with `orchestrator sql"
+        )
+        and got.out.count("\n") == 1
+    )
 
 
 def test_shell_completion(monkeypatch, capsys):

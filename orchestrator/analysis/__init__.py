@@ -66,25 +66,3 @@ __all__ = [
     "with_events",
     "write_report",
 ]
-
-
-def __getattr__(name: str):
-    # ``oa.load`` was ``trials, evals`` of ``load_sweep``: kept for notebooks that call it (one
-    # meaning per name: ``orchestrator.load`` is the SQL-named tables of a sweep).
-    if name == "load":
-        import warnings
-
-        from .config import DEFAULT_STATUSES
-
-        warnings.warn(
-            "orchestrator.analysis.load is now load_sweep (it unpacks as trials, evals)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-
-        def load(db, sweep, where=None, statuses=DEFAULT_STATUSES):
-            data = load_sweep(db, sweep, where=where, statuses=statuses)
-            return data.trials, data.evals
-
-        return load
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

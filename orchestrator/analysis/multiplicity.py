@@ -41,12 +41,31 @@ def adjust(ps: Sequence[float | None], method: str) -> list[float | None]:
         for i, p in present.items():
             out[i] = p
         return out
-    from statsmodels.stats.multitest import multipletests
+    if method == "holm":
+        adjusted = _holm(list(present.values()))
+    else:
+        from statsmodels.stats.multitest import multipletests
 
-    adjusted = multipletests(list(present.values()), method=_STATSMODELS[method])[1]
+        adjusted = multipletests(list(present.values()), method=_STATSMODELS[method])[1]
     for i, q in zip(present, adjusted):
         out[i] = float(q)
     return out
+
+
+def _holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment, as statsmodels' ``multipletests(method="holm")`` computes
+    it (sorted, times m - i + 1, running maximum, capped at 1; tests/test_analysis_multiplicity.py
+    compares the two). Not called there: its holm branch runs ``gc.collect()`` on every call,
+    0.2 s in a process that holds torch and pandas, and a report or the dashboard adjusts one
+    family per table."""
+    import numpy as np
+
+    p = np.asarray(ps, dtype=float)
+    order = np.argsort(p)
+    adjusted = np.minimum(np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1)), 1.0)
+    out = np.empty_like(adjusted)
+    out[order] = adjusted
+    return [float(q) for q in out]
 
 
 def annotate(tests: Iterable[dict[str, Any] | None], method: str, key: str = "p_value") -> None:

@@ -158,7 +158,7 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
                     "JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = 'bench_overhead'"
                 )
             ).one()
-            size = dialect.for_url(url).database_bytes(conn)
+            size = dialect.for_connection(conn).database_bytes(conn)  # url may be a plain path
             by_driver = [
                 int(n)
                 for (n,) in conn.execute(

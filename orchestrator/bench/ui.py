@@ -3,11 +3,13 @@
 The ``bench analysis`` fixture (10,000 trials x 50 evals by default: half a million eval
 rows) is written into a SQLite file in bulk (:func:`build_db_fast`), ``orchestrator ui``'s
 app is served by uvicorn on a free port, and each request the sweep page makes on load is
-fetched over HTTP: the HTML shell, the trial table JSON, the (thinned) traces JSON, the grid
-and the Kaplan-Meier/log-rank JSON. The server time of each is measured inside the server
-(from the request reaching the app to the last body byte handed to the server), so the
-client's parsing is not in it. With ``browser``, headless Chromium loads the page first
-and the time until it has drawn is measured in the browser (:func:`browser_page_times`).
+fetched over HTTP: the HTML shell, the trial table JSON, the (thinned) traces JSON (past
+``BAND_TRIALS`` trials the quantile bands), the grid and the Kaplan-Meier/log-rank JSON.
+The server time of each is measured inside the server (from the request reaching the app
+to the last body byte handed to the server), so the client's parsing is not in it. With
+``browser``, headless Chromium loads the page first and the time until it has drawn is
+measured in the browser (:func:`browser_page_times`). The server runs in this process: the
+RSS figures are its memory before the loads, after the first and after the last.
 """
 
 from __future__ import annotations
@@ -147,8 +149,11 @@ def page_times(driver: Any, url: str, timeout: float = 300.0) -> dict[str, float
     return out
 
 
-def browser_page_times(base: str, sweep: str, timeout: float = 300.0) -> dict[str, float]:
-    """:func:`page_times` in headless Chromium (Debian's ``chromium`` and ``chromedriver``)."""
+def browser_page_times(
+    base: str, sweep: str, timeout: float = 300.0, screenshot: Path | None = None
+) -> dict[str, float]:
+    """:func:`page_times` in headless Chromium (Debian's ``chromium`` and ``chromedriver``);
+    with ``screenshot``, the drawn page saved there as a PNG."""
     import shutil
 
     from orchestrator.errors import UserError
@@ -169,16 +174,41 @@ def browser_page_times(base: str, sweep: str, timeout: float = 300.0) -> dict[st
     opts.add_argument("--window-size=1400,1800")
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=opts)
     try:
-        return page_times(driver, f"{base}/sweeps/{sweep}", timeout)
+        out = page_times(driver, f"{base}/sweeps/{sweep}", timeout)
+        if screenshot is not None:
+            time.sleep(1.0)  # the views drawn after the grid (importance, parallel coordinates)
+            driver.save_screenshot(str(screenshot))
+        return out
     finally:
         driver.quit()
 
 
-def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3, browser: bool = False) -> dict[str, Any]:
+def rss_mb() -> float:
+    """This process's resident memory now (Linux ``/proc``), in MB; NaN elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def run(
+    n_trials: int = 10_000,
+    n_evals: int = 50,
+    repeats: int = 3,
+    browser: bool = False,
+    screenshot: Path | None = None,
+) -> dict[str, Any]:
+    """Serve the synthetic sweep, load its page ``repeats`` times over HTTP (after one in
+    Chromium with ``browser``). The server runs in this process, so the RSS figures
+    (before the first load, after it, after the last) are the server's."""
     import uvicorn
 
     from orchestrator.store.reader import open_reader_engine
     from orchestrator.ui.app import create_app
+    from orchestrator.ui.db import BAND_TRIALS
 
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{Path(d) / 'ui_bench.db'}"
@@ -196,20 +226,23 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3, browser: bo
             time.sleep(0.05)
         # What the page asks for on load (colour by the varying parameter with the fewest
         # values, the grid's lr across): the shell, then the table and the thinned traces
-        # (drawn when both are in), then the grid and the escape-time curves.
+        # (past BAND_TRIALS trials the quantile bands in the default colour instead; drawn
+        # when both are in), then the grid and the escape-time curves.
+        big = n_trials > BAND_TRIALS
         paths = [
             f"/sweeps/{SWEEP}",
             f"/api/sweeps/{SWEEP}/trials",
-            f"/api/sweeps/{SWEEP}/traces?max_points=250000",
+            f"/api/sweeps/{SWEEP}/bands" if big else f"/api/sweeps/{SWEEP}/traces?max_points=250000",
             f"/api/sweeps/{SWEEP}/grid?x=lr&y=model.read&metric=lockin",
             f"/api/sweeps/{SWEEP}/km?by=model.read",
         ]
         runs = []
         page: dict[str, float] | None = None
+        rss = {"before_mb": rss_mb()}
         try:
             if browser:
-                page = browser_page_times(base, SWEEP)
-            for _ in range(repeats):
+                page = browser_page_times(base, SWEEP, screenshot=screenshot)
+            for i in range(repeats):
                 one: dict[str, Any] = {}
                 for p in paths:
                     t0 = time.perf_counter()
@@ -217,6 +250,9 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3, browser: bo
                         body = r.read()
                     one[p] = {"server_s": timed.times[p], "client_s": time.perf_counter() - t0, "bytes": len(body)}
                 runs.append(one)
+                if i == 0:
+                    rss["after_first_mb"] = rss_mb()
+            rss["after_last_mb"] = rss_mb()
         finally:
             server.should_exit = True
             thread.join(timeout=30)
@@ -237,4 +273,6 @@ def run(n_trials: int = 10_000, n_evals: int = 50, repeats: int = 3, browser: bo
         "runs": [sum(v["server_s"] for v in r.values()) for r in runs],
         "goal_s": 3.0,
         "browser": page,
+        "traces_view": "bands" if big else "traces",
+        "server_rss": rss,
     }

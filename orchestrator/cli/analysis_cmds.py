@@ -19,7 +19,7 @@ from orchestrator.errors import UserError, printable
 
 # The analysis kinds are the rows of orchestrator.analysis.analyses.ANALYSES; the help text
 # is written out here because that table imports the statistics libraries.
-_KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|sequential|scaling"
+_KINDS = "lockin|outcomes|fisher|permutation|mcnemar|km|logrank|hazard|sequential|scaling|importance"
 
 DB = typer.Option(None, "--db", help=DB_HELP)
 JSON = typer.Option(False, "--json", help="print JSON")
@@ -60,17 +60,27 @@ def analyze(
 
     KIND: lockin, outcomes, fisher, permutation, mcnemar, km, logrank, hazard, scaling
     (recall scaling law: accuracy vs N*D/Nf per vocabulary, beside the Omega(Nf log V)
-    boundary; columns from the spec's analysis.scaling block).
+    boundary; columns from the spec's analysis.scaling block), importance (fANOVA
+    importance of the swept parameters for final accuracy, lock-in and escape step).
     """
     from orchestrator.analysis import pipeline
     from orchestrator.analysis.analyses import ANALYSES, format_result, to_json
     from orchestrator.analysis.diverged import diverged_note, n_diverged
     from orchestrator.analysis.survival import logrank_strata
 
-    if kind not in ANALYSES:
-        raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}")
+    if kind not in ANALYSES and kind != "importance":
+        raise UserError(f"unknown analysis {kind!r}; expected one of {'|'.join(ANALYSES)}|importance")
     name, cfg, storage = _config(sweep, db, options)
     prep = pipeline.prepare(db or storage, name, cfg)
+    if kind == "importance":  # not a row of ANALYSES: it reads the parameters' names beside the trials
+        from orchestrator.analysis.importance import METHOD, OUTCOMES, importance
+
+        found = [importance(prep.trials, list(prep.data.params), o, prep.cfg.stopped_as) for o in OUTCOMES]
+        if json_out:
+            _print_json({"method": METHOD, "outcomes": [r.to_dict() for r in found]})
+        else:
+            print("\n".join(r.summary() for r in found))
+        return
     note = prep.data.unfinished_note()
     if note is not None:
         print(f"note: {note}", file=sys.stderr)

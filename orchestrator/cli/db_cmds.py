@@ -1,4 +1,4 @@
-"""orchestrator db upgrade | create-reader."""
+"""orchestrator db upgrade | create-reader | prune."""
 
 from __future__ import annotations
 
@@ -44,4 +44,30 @@ def create_reader(
             raise UserError(f"--password-env {password_env}: the variable is not set")
     for st in make(resolve_url(db), role, password=password, timeout_s=timeout):
         print(st + ";")
+    return 0
+
+
+@db_app.command("prune")
+def prune(
+    sweep: str = typer.Argument(..., help="a finished sweep (no trial pending or running, no live driver)"),
+    db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print what would be freed; delete nothing"),
+    vacuum: bool = typer.Option(
+        False, "--vacuum", help="SQLite: then VACUUM, so the file shrinks (it otherwise keeps freed pages for reuse)"
+    ),
+) -> int:
+    """Delete the checkpoints of a finished sweep's completed and diverged trials and print
+    what it freed. A trial given a longer budget afterwards trains again from step 0."""
+    from orchestrator.store import retention
+    from orchestrator.store.engine import open_store_engine
+
+    engine, _ = open_store_engine(db, auto_create=False)
+    if vacuum:
+        retention.require_vacuum(engine)
+    done = retention.prune(engine, sweep, dry_run=dry_run)
+    verb = "would free" if done.dry_run else "freed"
+    print(f"{done.sweep}: {verb} {done.checkpoints} checkpoint(s), {done.nbytes / 1e6:.2f} MB ({done.nbytes:,} bytes)")
+    if vacuum and not dry_run:
+        shrunk = retention.vacuum(engine)
+        print(f"VACUUM: the database file shrank by {shrunk / 1e6:.2f} MB")
     return 0

@@ -29,6 +29,11 @@ EXAMPLES: dict[str, list[str]] = {
         "orchestrator join quickstart --db postgresql://HOST/DB",
         "orchestrator join quickstart --db postgresql://HOST/DB --address auto --max-concurrent 8",
     ],
+    "slurm": [
+        "orchestrator slurm quickstart --db postgresql://HOST/DB --jobs 3 --dry-run",
+        "orchestrator slurm quickstart --db postgresql://HOST/DB --jobs 8 --sbatch-arg=--partition=a100 "
+        "--sbatch-arg=--gres=gpu:1 --sbatch-arg=--cpus-per-task=4",
+    ],
     "status": ["orchestrator status", "orchestrator status quickstart --json"],
     "ls": ["orchestrator ls", "ORCH_DB=runs/other.db orchestrator ls --json"],
     "sql": [
@@ -50,6 +55,7 @@ EXAMPLES: dict[str, list[str]] = {
     "tasks selftest": ["orchestrator tasks selftest"],
     "db": ["orchestrator db upgrade --db runs/orchestrator.db"],
     "db upgrade": ["orchestrator db upgrade", "orchestrator db upgrade --db postgresql://HOST/DB"],
+    "db prune": ["orchestrator db prune quickstart --dry-run", "orchestrator db prune quickstart --vacuum"],
     "db create-reader": [
         "orchestrator db create-reader orch_reader --db postgresql://ADMIN@HOST/DB",
         "ORCH_READER_PW=... orchestrator db create-reader orch_reader "
@@ -120,6 +126,26 @@ def _polish_options(callback) -> None:
             info.metavar = ""  # a flag takes no value: no "<bool>" column
 
 
+def short_help(doc: str | None) -> str | None:
+    """A command's line in its group's listing: its help's first sentence as one line, which
+    rich wraps at the terminal's width (the docstring's hard line breaks would break the
+    listing mid-sentence). ``--help`` of the command itself still shows all of it."""
+    if not doc:
+        return None
+    first = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    depth, quoted = 0, False
+    for i, ch in enumerate(first):
+        if ch == "`":
+            quoted = not quoted
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch == "." and not depth and not quoted and first[i + 1 : i + 2] in (" ", ""):
+            return first[: i + 1]
+    return first
+
+
 def polish(app: typer.Typer, path: str = "") -> None:
     """Add examples and shared option texts to every command registered on ``app``."""
     if not path and app._add_completion:
@@ -136,6 +162,8 @@ def polish(app: typer.Typer, path: str = "") -> None:
         name = cmd.name or (cmd.callback.__name__.replace("_", "-") if cmd.callback else "")
         sub = f"{path} {name}".strip()
         cmd.epilog = cmd.epilog or epilog(sub)
+        if cmd.short_help is None:
+            cmd.short_help = short_help(cmd.help or (cmd.callback.__doc__ if cmd.callback else None))
         _polish_options(cmd.callback)
     for group in app.registered_groups:
         sub = f"{path} {group.name}".strip()

@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from orchestrator.cli.app import app, console
 from orchestrator.errors import UserError
 
+if TYPE_CHECKING:
+    from orchestrator.store.sweep_store import SweepStore
+
 err = console(stderr=True)
 DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
 
 
-def _find(engine, name: str) -> tuple[int, str]:
+def _find(store: SweepStore, name: str) -> tuple[int, str]:
     from orchestrator.store import reader
 
-    with engine.connect() as conn:
+    def find(conn) -> tuple[int, str]:
         found = reader.find_sweep(conn, name)
         if found is None:
             raise reader.UnknownSweep(name, reader.sweep_names(conn))
-    return found
+        return found
+
+    return store.read(find)
 
 
 @app.command()
@@ -34,22 +39,21 @@ def cancel(
     (interrupted) and exits 130. A sweep with no live driver has its leftover running trials
     marked interrupted."""
     from orchestrator.store import claims, lease
-    from orchestrator.store.engine import open_store_engine
+    from orchestrator.store.sweep_store import SweepStore
 
-    engine, _url = open_store_engine(db, auto_create=False)
-    sid, _ = _find(engine, sweep)
+    store = SweepStore.open(db, auto_create=False)
+    sid, _ = _find(store, sweep)
     ttl = lease.lease_ttl_s()
-    with engine.begin() as conn:
-        held = lease.holder(conn, sid)
+
+    def request(conn) -> str:
+        # Every driver, the lease's holder among them, has a row: its flag is the one cancel.
         flagged = claims.request_cancel(conn, sid, ttl=ttl)
-        if flagged or (held is not None and not held.expired):
-            lease.request_cancel(conn, sid)
-            who = f"{flagged} driver(s)" if flagged else held.summary() if held else "its driver"
-            msg = f"sweep {sweep}: cancel requested; {who} stop(s) within {ttl / 4:.0f} s"
-        else:
-            n = lease.interrupt_running(conn, sid)
-            msg = f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
-    err.print(msg, soft_wrap=True)
+        if flagged:
+            return f"sweep {sweep}: cancel requested; {flagged} driver(s) stop(s) within {ttl / 4:.0f} s"
+        n = claims.interrupt(conn, sweep=sid)
+        return f"sweep {sweep}: no driver is running it; {n} leftover running trial(s) marked interrupted"
+
+    err.print(store.write(request, budget_s=0), soft_wrap=True)
     return 0
 
 
@@ -68,10 +72,11 @@ def delete(
     from orchestrator import spec as specs
     from orchestrator.runner.sweep import checkpoint_folders
     from orchestrator.store import claims, lease, repo
-    from orchestrator.store.engine import open_store_engine
+    from orchestrator.store.sweep_store import SweepStore
 
-    engine, url = open_store_engine(db, auto_create=False)
-    sid, text = _find(engine, sweep)
+    store = SweepStore.open(db, auto_create=False)
+    url = store.url
+    sid, text = _find(store, sweep)
 
     def running(conn) -> str | None:
         """Who runs the sweep now (a lease holder or a live driver), or None."""
@@ -81,9 +86,7 @@ def delete(
         live = claims.drivers(conn, sid, ttl=lease.lease_ttl_s(), live_only=True)
         return live[0].summary() + (f" and {len(live) - 1} more" if len(live) > 1 else "") if live else None
 
-    with engine.connect() as conn:
-        who = running(conn)
-        n = repo.count_trials(conn, sid)
+    who, n = store.read(lambda conn: (running(conn), repo.count_trials(conn, sid)))
     if who is not None:
         raise UserError(f"sweep {sweep!r} is being run by {who}; `orchestrator cancel {sweep}` first")
     try:
@@ -100,12 +103,15 @@ def delete(
         ):
             err.print("nothing deleted")
             return 1
-    with engine.begin() as conn:
+
+    def remove(conn) -> dict[str, int]:
         # Re-checked inside the transaction: a driver may have claimed it since.
         who = running(conn)
         if who is not None:
             raise UserError(f"sweep {sweep!r} is being run by {who}")
-        counts = repo.delete_sweep(conn, sid)
+        return repo.delete_sweep(conn, sid)
+
+    counts = store.write(remove, budget_s=0)
     removed = ""
     if folder is not None and not keep_checkpoints and folder.exists():
         shutil.rmtree(folder)

@@ -201,11 +201,24 @@ def resume_lines(resume_from: list[tuple[str, int | None]], late: int) -> list[s
     return out
 
 
+def sweep_totals(summary) -> str:
+    """The whole sweep's tally beside this driver's, where they differ (other drivers ran
+    part of it, or it had finished trials before): ``(the sweep: 12 completed of 12)``."""
+    counts = getattr(summary, "sweep_counts", None) or {}
+    total = sum(counts.values())
+    mine = sum(summary.outcomes.values())
+    if not total or (mine == total and dict(summary.outcomes) == counts):
+        return ""
+    done = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    return f" (the sweep: {done}; {total} trial{'' if total == 1 else 's'})"
+
+
 def _finish(summary, quiet: bool) -> int:
     if summary.stopped is not None:
         from orchestrator.runner.lifecycle import EXIT_INTERRUPTED
 
         parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items()))
+        parts += sweep_totals(summary) if parts else ""
         for line in resume_lines(summary.resume_from, summary.late):
             err.print(escape(line), soft_wrap=True)
         err.print(
@@ -217,6 +230,7 @@ def _finish(summary, quiet: bool) -> int:
         )
         return EXIT_INTERRUPTED
     parts = ", ".join(f"{n} {k}" for k, n in sorted(summary.outcomes.items())) or "nothing ran"
+    parts += sweep_totals(summary)
     # The result, on stdout, --quiet or not: one line however long, the command inside it
     # copy-pasteable.
     out.print(
@@ -435,7 +449,9 @@ def status(
             for d in drivers:
                 out.print(
                     escape(
-                        f"    {d['owner'][:8]} {d['command'] or ''} pid {d['pid']} on {d['host']}: "
+                        f"    {d['owner'][:8]} {d['command'] or ''} pid {d['pid']} on {d['host']}"
+                        + (f" (SLURM {d['slurm_job']})" if d.get("slurm_job") else "")
+                        + ": "
                         f"{d['claimed']} claimed, {d['running']} running, last heartbeat {d['heartbeat_at']}"
                     )
                 )
@@ -463,6 +479,10 @@ def status(
                 f"({sv['skipped_trials']} trial(s) skipped by a sequential decision, "
                 f"{sv['stopped_trials']} stopped after their escape)"
             )
+        if s.get("stored"):
+            from orchestrator.store.retention import size_line
+
+            out.print(f"  {size_line(s['stored'])}")
         for f in s.get("failed", [])[:10]:
             out.print(f"  [red]failed[/red] {escape(str(f['key']))}: {escape(str(f['error']))}")
         envs = s.get("environments") or []
@@ -483,9 +503,14 @@ def _trial_status(engine, sweep: str, key: str, as_json: bool) -> int:
         if row is None:
             raise UserError(f'sweep {sweep!r} has no trial {key!r} (keys: orchestrator sql "SELECT key FROM trials")')
         tried = reader.trial_attempts(conn, row.id)
+        samples = reader.system_metrics(conn, row.id)
     trial = {k: v for k, v in row._mapping.items() if k != "params"}
+    rates = [x["steps_per_s"] for x in samples if x["steps_per_s"] is not None]
+    system = {"last": samples[-1] if samples else None, "mean_steps_per_s": sum(rates) / len(rates) if rates else None}
     if as_json:
-        out.print_json(json.dumps({"trial": trial, "params": row.params, "attempts": tried}, default=str))
+        out.print_json(
+            json.dumps({"trial": trial, "params": row.params, "attempts": tried, "system": system}, default=str)
+        )
         return 0
     out.print(
         escape(
@@ -510,12 +535,27 @@ def _trial_status(engine, sweep: str, key: str, as_json: bool) -> int:
         "code_version",
         "torch_version",
         "driver",
+        "slurm_job",
     )
     for col in shown:
         table.add_column(col)
     for a in tried:
         table.add_row(*("" if a[c] is None else escape(str(a[c])) for c in shown))
     out.print(table if tried else "  no attempts recorded (it has not started, or ran before attempts were recorded)")
+    last = system["last"]
+    if last is not None:
+        gpu = ""
+        if last["gpu_util_pct"] is not None or last["gpu_mem_bytes"] is not None:
+            util = "-" if last["gpu_util_pct"] is None else f"{last['gpu_util_pct']:.0f}%"
+            mem = "-" if last["gpu_mem_bytes"] is None else f"{last['gpu_mem_bytes'] / 2**20:.0f} MiB"
+            gpu = f", GPU {util} {mem}"
+        cpu = "-" if last["cpu_pct"] is None else f"{last['cpu_pct']:.0f}%"
+        rss = "-" if last["rss_bytes"] is None else f"{last['rss_bytes'] / 2**20:.0f} MiB"
+        mean = system["mean_steps_per_s"]
+        out.print(
+            f"  system at step {last['step']}: CPU {cpu}, RSS {rss}{gpu}; "
+            f"mean {'-' if mean is None else f'{mean:.1f}'} steps/s over {len(samples)} sample(s)"
+        )
     return 0
 
 

@@ -10,7 +10,8 @@ rename) after the rows they cover are stored; a sweep checkpointed to files befo
 
 Either way the files and the database are read on the driver's machine: a unit asks the
 :class:`Loader` actor, which runs beside the driver, for its members' checkpoints. No node
-needs shared storage.
+needs shared storage. A checkpoint holds no trace: the loader reads the trial's eval rows up
+to the checkpoint's step with it, and the unit resumes with those (``Found.trace``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import torch
 
 from orchestrator.errors import UserError
 from orchestrator.store import attempts
-from orchestrator.store.engine import make_engine, sqlite_path
-from orchestrator.store.outage import write_with_retry
+from orchestrator.store.engine import sqlite_path
+from orchestrator.store.sweep_store import SweepStore
 
 DATABASE = "database"
 FILE = "file"
@@ -133,6 +134,9 @@ class Found:
     state: bytes
     step: int
     origin: str  # DATABASE or FILE
+    # The stored eval rows up to ``step`` (``EvalPoint.to_dict`` mappings): the trace a
+    # checkpoint without one resumes with (``Trainer.load_state_dict``).
+    trace: tuple[dict[str, Any], ...] = ()
 
 
 class Loader:
@@ -141,7 +145,7 @@ class Loader:
     is further along."""
 
     def __init__(self, url: str, sweep: str, folders: list[str]) -> None:
-        self.engine = make_engine(url, create_dir=False)
+        self.store = SweepStore.at(url)
         self.sweep = sweep
         self.folders = [Path(f) for f in folders]
         self._stopping = False
@@ -158,9 +162,9 @@ class Loader:
         found: list[Found] = []
         # A PostgreSQL restart while units start is ridden out as the writer rides it out
         # (same backoff and budget); past the budget the unit fails and the run stops.
-        stored = write_with_retry(self.engine, lambda conn: attempts.load_checkpoint(conn, trial_id))
+        stored = self.store.read(lambda conn: attempts.load_checkpoint(conn, trial_id), budget_s=None)
         if stored is not None:
-            found.append(Found(stored.state, stored.step, DATABASE))
+            found.append(Found(stored.state, stored.step, DATABASE, stored.trace))
         for folder in self.folders:
             path = trial_path(folder, self.sweep, key)
             if path.exists():
@@ -171,7 +175,14 @@ class Loader:
                     step = -1
                 found.append(Found(data, step, FILE))
                 break
-        return max(found, key=lambda f: f.step) if found else None
+        if not found:
+            return None
+        best = max(found, key=lambda f: f.step)
+        if best.origin == FILE and best.step >= 0:
+            # A file is written after the rows it covers are stored; its trace is those rows.
+            rows = self.store.read(lambda conn: attempts.trace_upto(conn, trial_id, best.step), budget_s=None)
+            best = Found(best.state, best.step, FILE, tuple(rows))
+        return best
 
 
 def start_loader(url: str, sweep: str, folders: list[Path]) -> tuple[str, Any]:

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
-    from sqlalchemy.engine import Engine
-
     from orchestrator.runner.lifecycle import DriverSession
     from orchestrator.spec import SweepSpec
+    from orchestrator.store.sweep_store import SweepStore
 
 
 @dataclass(frozen=True)
@@ -39,8 +38,8 @@ class RunContext:
         return self.spec.name
 
     @property
-    def engine(self) -> Engine:
-        return self.session.engine
+    def store(self) -> SweepStore:
+        return self.session.store
 
     def stop_rule(self) -> dict[str, Any] | None:
         """The spec's ``stop:`` block as the trainable takes it."""

@@ -11,12 +11,15 @@ checkpoint loader: seconds each time).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.search import Searcher
+
+from orchestrator.runner.unit import Unit
 
 if TYPE_CHECKING:
     from orchestrator.runner.lifecycle import DriverSession
@@ -25,6 +28,16 @@ if TYPE_CHECKING:
 Trials = list[tuple[int, str, dict[str, Any]]]
 # Tune's "no more suggestions" (a string where its type says a config).
 _FINISHED: Any = Searcher.FINISHED
+
+
+TRIALS_PER_TUNE_RUN = 1000
+
+
+def trials_per_tune_run() -> int:
+    """Trials one Tune run of a driver takes before it ends and the next begins
+    ($ORCH_TRIALS_PER_TUNE_RUN, default 1000): what bounds the driver's memory in a long sweep."""
+    raw = os.environ.get("ORCH_TRIALS_PER_TUNE_RUN", "")
+    return max(1, int(raw)) if raw.strip().isdigit() else TRIALS_PER_TUNE_RUN
 
 
 class UnitFeed(Searcher):
@@ -37,16 +50,24 @@ class UnitFeed(Searcher):
     With none now and none of its own running, the feed ends the Tune run (``idle``): Tune
     keeps an idle trial actor cached while it expects more trials, and on a Ray shared with
     other drivers that actor's CPUs or GPU could be what their queued trials wait for. The
-    caller waits for work outside Tune and starts another run (:meth:`ClaimSource.wait`)."""
+    caller waits for work outside Tune and starts another run (:meth:`ClaimSource.wait`).
+
+    After ``max_trials`` trials (:func:`trials_per_tune_run`) the feed claims no more, lets the
+    run's trials end and ends the run the same way: Tune keeps every trial of a run in the
+    driver's memory until the run ends (its ``Trial`` objects, their configs and last
+    results; ray-project/ray#64231), so a sweep of 20,000 trials in one run grows the driver
+    by each one. A fresh run costs a few seconds once per ``max_trials``."""
 
     def __init__(
         self,
         next_batch: Callable[[], Trials | None],
         units_of: Callable[[Trials], list[dict[str, Any]]],
         stopped: Callable[[], bool],
+        max_trials: int | None = None,
     ) -> None:
         super().__init__()
         self._next_batch = next_batch
+        self.max_trials = max_trials
         self._units_of = units_of
         self._stopped = stopped
         self._queue: deque[dict[str, Any]] = deque()
@@ -55,11 +76,14 @@ class UnitFeed(Searcher):
         self.idle = False  # ended with nothing to run now, more possibly later
 
     def suggest(self, trial_id: str) -> dict | None:
-        from orchestrator.runner.tune_runner import Unit
-
         if self._stopped():
             return _FINISHED
         if not self._queue:
+            if self.max_trials is not None and len(self.taken) >= self.max_trials:
+                if not self._live:  # this run's share has ended: the caller starts the next
+                    self.idle = True
+                    return _FINISHED
+                return None
             batch = self._next_batch()
             if batch is None:
                 return _FINISHED
@@ -86,12 +110,6 @@ class UnitFeed(Searcher):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _queue=deque(), _stopped=lambda: True)
-
-
-def fixed(trials: Sequence[tuple[int, str, dict[str, Any]]]) -> Callable[[], Trials | None]:
-    """``next_batch`` for a fixed list: all of it at once, then nothing more."""
-    left: list[Trials] = [list(trials)]
-    return lambda: left.pop() if left else None
 
 
 class ClaimSource:

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import UserError
 from orchestrator.store import claims, lease
-from orchestrator.store.outage import DatabaseGone, StorePin, write_with_retry
+from orchestrator.store.outage import DatabaseGone
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
+
+    from orchestrator.store.sweep_store import SweepStore
 
 T = TypeVar("T")
 
@@ -50,7 +52,7 @@ class DriverSession:
 
     def __init__(
         self,
-        engine: Engine,
+        store: SweepStore,
         sweep_id: int,
         sweep_name: str,
         *,
@@ -61,8 +63,9 @@ class DriverSession:
         take_lease: bool = True,
         command: str = "submit",
         max_concurrent: int | None = None,
+        slurm_job: str | None = None,
     ):
-        self.engine = engine
+        self.store = store
         self.sid = sweep_id
         self.name = sweep_name
         self.takeover = takeover
@@ -76,11 +79,12 @@ class DriverSession:
         self._lease_lock = threading.Lock()
         self.command = command
         self.max_concurrent = max_concurrent
+        # ``JOBID_TASKID`` of the SLURM array task this driver is (runner/slurm.job_id).
+        self.slurm_job = slurm_job
         self.running: set[int] = set()
         self.stop_reason: str | None = None
         # The database is gone: the run ends with this error and never writes again.
         self.fatal: DatabaseGone | None = None
-        self.pin = StorePin(engine)
         self.stop_event = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -107,7 +111,7 @@ class DriverSession:
         if self.fatal is not None:
             raise self.fatal
         try:
-            return write_with_retry(self.engine, fn, budget_s=budget_s, pin=self.pin)
+            return self.store.write(fn, budget_s=budget_s)
         except DatabaseGone as exc:
             self.fail(exc)
             raise
@@ -115,6 +119,10 @@ class DriverSession:
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.stop_event.is_set():
+            if signum == signal.SIGTERM and self.stop_reason == name:
+                # The same stop delivered twice: SLURM signals every process of a task
+                # (proctrack/cgroup) and its batch shell forwards its own TERM as well.
+                return
             # A second signal: the user means it; stop waiting for Tune to wind down.
             raise KeyboardInterrupt
         self.stop(name)
@@ -130,6 +138,7 @@ class DriverSession:
             self.owner,
             command=self.command,
             max_concurrent=self.max_concurrent,
+            slurm_job=self.slurm_job,
         )
         if self.takeover:
             n = claims.take_over(conn, self.sid, self.owner, self.ttl)
@@ -155,8 +164,7 @@ class DriverSession:
                 break
             time.sleep(0.25)
         if not ok:
-            with self.engine.connect() as conn:
-                held = lease.holder(conn, self.sid)
+            held = self.store.read(lambda conn: lease.holder(conn, self.sid))
             who = held.summary() if held else "another driver"
             raise LeaseHeld(
                 f"sweep {self.name!r} is being run by {who}; wait for it, "
@@ -197,8 +205,7 @@ class DriverSession:
     def held_elsewhere(self) -> int:
         """Unfinished trials other live drivers hold (they come free once those drivers
         stop renewing their claims, after the TTL)."""
-        with self.engine.connect() as conn:
-            return claims.held_elsewhere(conn, self.sid, self.owner)
+        return self.store.read(lambda conn: claims.held_elsewhere(conn, self.sid, self.owner))
 
     def release_claims(self, trial_ids: list[int]) -> None:
         """Give back the claims on trials this driver has ended (or will not run)."""
@@ -209,7 +216,7 @@ class DriverSession:
 
         def renew(conn: Connection) -> tuple[claims.Renewal, bool]:
             got = claims.renew(conn, self.owner, ttl=self.ttl, running=sorted(self.running))
-            held = lease.renew(conn, self.sid, self.owner, ttl=self.ttl)[0] if self.holds_lease else True
+            held = lease.renew(conn, self.sid, self.owner, ttl=self.ttl) if self.holds_lease else True
             return got, held
 
         while not self._done.wait(period) and self.fatal is None:
@@ -238,7 +245,7 @@ class DriverSession:
         over, who owns them now): those it claimed."""
         if self.lost:
             return 0
-        return claims.interrupt_own(conn, self.owner)
+        return claims.interrupt(conn, owner=self.owner)
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
@@ -248,7 +255,7 @@ class DriverSession:
             signal.signal(sig, old)
         if self.fatal is None:
             try:
-                self.pin.check()
+                self.store.check()
             except DatabaseGone as gone:  # went at the very end: the run did not land
                 self.fatal = gone
         if self.fatal is not None:

@@ -10,14 +10,14 @@ is a short list, and per-trial entries carry their trial id inside. ``to_wire`` 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.status import Status
-from orchestrator.train.loop import EvalPoint
+from orchestrator.evals import FIELDS, EvalPoint
+from orchestrator.train.sysmetrics import SAMPLE_FIELDS, SystemSample
 
 Wire = list[Any]
-_POINT_FIELDS = fields(EvalPoint)
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,14 @@ class EvalRow:
 
     def store_row(self) -> dict[str, Any]:
         """The mapping ``store.repo.upsert_evals`` takes (the point's fields are the store's
-        ``evals`` columns)."""
-        return {"trial_id": self.trial_id, **self.point.to_dict()}
+        ``evals`` columns, its ``__dict__``). Shallow (``metrics`` is the point's own dict):
+        the writer only reads it, and the deep copy of ``asdict`` cost more per row than the
+        upsert itself."""
+        return {"trial_id": self.trial_id, **vars(self.point)}
 
     def to_wire(self) -> Wire:
-        # [trial_id, step, acc, loss, train_loss, step_lr, elapsed_s, metrics]
-        return [self.trial_id, *(getattr(self.point, f.name) for f in _POINT_FIELDS)]
+        # [trial_id, *the point's fields in order] (orchestrator/evals.FIELDS)
+        return [self.trial_id, *(getattr(self.point, n) for n in FIELDS)]
 
     @classmethod
     def from_wire(cls, w: Sequence[Any]) -> EvalRow:
@@ -176,6 +178,9 @@ class Report:
     # The unit's console so far (the tail its members' attempts keep: runner/console.py),
     # sent when it changed, at most every few seconds, and before the unit ends or raises.
     log: str | None = None
+    # What the unit's process was doing at the step of its eval rows (train/sysmetrics.py):
+    # one sample per process, so every member of a pack gets the same one.
+    system: SystemSample | None = None
 
     def to_wire(self) -> dict[str, Any]:
         # Tune adds its own keys to every result (done, trial_id, ...): ours never clash.
@@ -190,6 +195,9 @@ class Report:
             out["checkpoints"] = [c.to_wire() for c in self.checkpoints]
         if self.log is not None:
             out["log"] = self.log
+        if self.system is not None:
+            # [step, elapsed_s, cpu_pct, rss_bytes, gpu_util_pct, gpu_mem_bytes, steps_per_s]
+            out["system"] = [self.system.step, *(getattr(self.system, f) for f in SAMPLE_FIELDS)]
         return out
 
     @classmethod
@@ -198,6 +206,7 @@ class Report:
         result = result or {}
         placement = result.get("placement")
         attempt = result.get("attempt")
+        system = result.get("system")
         return cls(
             evals=tuple(EvalRow.from_wire(w) for w in result.get("evals") or ()),
             placement=Placement.from_wire(placement) if placement is not None else None,
@@ -205,7 +214,17 @@ class Report:
             attempt=AttemptStart.from_wire(attempt) if attempt is not None else None,
             checkpoints=tuple(Checkpoint.from_wire(w) for w in result.get("checkpoints") or ()),
             log=result.get("log"),
+            system=SystemSample(int(system[0]), *system[1:]) if system is not None else None,
         )
+
+    def system_rows(self) -> list[dict[str, Any]]:
+        """The ``system_metrics`` rows of this report (``store.repo.upsert_system_metrics``):
+        its sample for each trial with an eval row at the sample's step."""
+        if self.system is None:
+            return []
+        values = {f: getattr(self.system, f) for f in SAMPLE_FIELDS}
+        tids = dict.fromkeys(e.trial_id for e in self.evals if e.point.step == self.system.step)
+        return [{"trial_id": t, "step": self.system.step, **values} for t in tids]
 
     def final_of(self) -> dict[int, TrialFinal]:
         """Each reported member's end, by trial id."""

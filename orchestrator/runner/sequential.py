@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,10 +41,11 @@ from orchestrator.errors import UserError
 from orchestrator.events import events, n_stopped
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import repo
-from orchestrator.store.outage import write_with_retry
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
+
+    from orchestrator.store.sweep_store import SweepStore
 
 SEED_AXIS = "seed"
 Batch = list[tuple[int, str, dict[str, Any]]]
@@ -266,7 +266,7 @@ def drive(
     axes: Mapping[str, Sequence[Any]],
     cfg: AnalysisConfig,
     sweep_id: int,
-    engine: Engine,
+    store: SweepStore,
     run: Callable[[Batch], dict[int, str]],
     on_look: Callable[[LookRecord], None] | None = None,
     *,
@@ -274,11 +274,11 @@ def drive(
 ) -> SequentialRun:
     """Run the sweep's looks in this process, one driver alone: ``run(batch)`` runs trials to
     their end (trial_id -> status). ``write(fn)`` runs a transaction that writes (a look,
-    skipped seeds): the driver session's ``write``; without one,
-    ``store.outage.write_with_retry`` on ``engine``. Drivers that share a sweep use
+    skipped seeds): the driver session's ``write``; without one, ``store.write``. Drivers
+    that share a sweep use
     :class:`LookGate` through their claims instead (runner/feed.py)."""
     if write is None:
-        write = partial(write_with_retry, engine)
+        write = store.write
     gate = LookGate(seq, axes, cfg, sweep_id, on_look)
     out = SequentialRun()
     last: list[int] | None = None
@@ -290,8 +290,8 @@ def drive(
         if ids == last:
             raise UserError(f"sequential design: trials {ids[:5]} did not end; the look cannot be tested")
         last = ids
-        with engine.connect() as conn:
-            batch = [(tid, key, params) for tid, key, params, _ in repo.sweep_trials(conn, sweep_id) if tid in set(ids)]
+        rows = store.read(lambda conn: repo.sweep_trials(conn, sweep_id))
+        batch = [(tid, key, params) for tid, key, params, _ in rows if tid in set(ids)]
         for st in run(batch).values():
             out.outcomes[st] = out.outcomes.get(st, 0) + 1
         out.ran += len(batch)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints
@@ -28,7 +28,8 @@ from orchestrator.runner.lifecycle import DriverSession
 from orchestrator.spec import Sweep, SweepSpec, load
 from orchestrator.status import Status
 from orchestrator.store import attempts, reader, repo
-from orchestrator.store.engine import describe, open_store_engine
+from orchestrator.store.engine import describe
+from orchestrator.store.sweep_store import SweepStore
 from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
 
 if TYPE_CHECKING:  # Ray Tune is imported only when a run starts
@@ -73,6 +74,12 @@ class RunSummary:
     # the start, no checkpoint yet), and how many were still running past the stop's grace.
     resume_from: list[tuple[str, int | None]] = field(default_factory=list)
     late: int = 0
+    # The whole sweep's trials per status when this driver ended, every driver's work
+    # together (``outcomes`` is this driver's alone).
+    sweep_counts: dict[str, int] = field(default_factory=dict)
+    # Ray Tune runs this driver went through: one, plus one each time the feed went idle
+    # (waiting for other drivers) or had taken its share of trials (feed.trials_per_tune_run).
+    tune_runs: int = 0
 
     @property
     def failed(self) -> int:
@@ -121,16 +128,19 @@ def code_guard(conn: Any, sid: int, name: str, allow: bool) -> str | None:
     return line
 
 
-def _before_continuing(engine: Any, sid: int, name: str, spec: SweepSpec, options: RunOptions) -> str | None:
+def _before_continuing(store: SweepStore, sid: int, name: str, spec: SweepSpec, options: RunOptions) -> str | None:
     """What `resume` and `join` check before Ray starts: a checkpoint folder they can write,
     and the code-change guard when trials are left to run (its accepted difference, or None)."""
     folder = checkpoint_folder(spec, options.checkpoint_dir)
     if folder is not None:
         checkpoints.check_writable(folder / spec.name)
-    with engine.connect() as conn:
+
+    def guard(conn) -> str | None:
         if not repo.unfinished_trials(conn, sid):
             return None
         return code_guard(conn, sid, name, options.allow_code_change)
+
+    return store.read(guard)
 
 
 def torch_version() -> str:
@@ -176,10 +186,24 @@ def _unwrap_outage(exc: BaseException) -> DatabaseUnavailable | DatabaseGone | N
 
 @contextmanager
 def _on_ray(address: str | None) -> Iterator[None]:
-    """Ray for the run: the cluster at ``address``, or an embedded one shut down after."""
+    """Ray for the run: the cluster at ``address``, or an embedded one shut down after (in a
+    SLURM job, sized to its allocation: runner/slurm.py)."""
+    import os
+
+    from orchestrator.runner import slurm
     from orchestrator.runner.tune_runner import init_ray
 
-    started = init_ray(address)
+    size = slurm.ray_size(os.environ) if address is None else None
+    if size is None:
+        started = init_ray(address)
+    else:
+        started = init_ray(
+            None,
+            num_cpus=size.num_cpus,
+            num_gpus=size.num_gpus,
+            memory=size.memory,
+            object_store_memory=size.object_store_memory,
+        )
     try:
         yield
     finally:
@@ -200,8 +224,7 @@ def _context(
     """The run's context, once the lease is held; checkpoint files named by pre-0005 keys
     are renamed here."""
     folders = checkpoint_folders(url, spec, options.checkpoint_dir)
-    with session.engine.connect() as conn:
-        renames = repo.key_renames(conn, session.sid)
+    renames = session.store.read(lambda conn: repo.key_renames(conn, session.sid))
     if renames:
         for folder in folders:
             checkpoints.adopt_renamed(folder, spec.name, renames)
@@ -244,25 +267,35 @@ def submit(
         checkpoints.check_writable(folder / spec.name)
     # What `--db` reaches this database again (the spec's storage: is not read by `sql`/`resume`).
     options = replace(options, db=options.db or spec.storage or None)
-    _refuse_imported(options.db, spec)  # before Ray starts (checked again below, and by ensure_sweep)
+    # Before Ray starts (checked again below, and by ensure_sweep).
+    done = _refuse_imported(options.db, spec, sweep)
+    if done is not None:  # nothing to run: said without starting Ray (seconds, not ten)
+        if on_start:
+            on_start(done.db, done.total, 0, steps=0)
+        return done
     with _on_ray(options.address):
         check_resources(spec.resources, [p for _, p in sweep.trials])
         check_devices(sweep.trials, cluster_limits()[1], "the Ray cluster")
-        engine, url = open_store_engine(options.db, spec.storage)
-        with engine.connect() as conn:
+        store = SweepStore.open(options.db, spec.storage)
+        url = store.url
+
+        def check(conn) -> str | None:
+            """Refused before the lease: nothing written at all. The accepted code change."""
             found = reader.find_sweep(conn, spec.name)
             if found is not None and reader.sweep_origin(conn, spec.name) == reader.ORIGIN_IMPORT:
                 raise UserError(repo.imported_refusal(spec.name))
-            existing = found[0] if found is not None else None
-            code_change = None
-            if existing is not None:  # refuse before the lease: nothing written at all
-                looked = bool(repo.sequential_looks(conn, existing))
-                before = repo.design_diff(conn, existing, sweep.trials)
-                _check_design(before, spec.name, amend, looked)
-                if before.changed or repo.unfinished_trials(conn, existing):
-                    code_change = code_guard(conn, existing, spec.name, options.allow_code_change)
-        sid = repo.ensure_sweep(engine, spec.name, sweep.text, sweep.hash)
-        with _session(engine, sid, sweep, options, note, "submit") as session:
+            if found is None:
+                return None
+            looked = bool(repo.sequential_looks(conn, found[0]))
+            before = repo.design_diff(conn, found[0], sweep.trials)
+            _check_design(before, spec.name, amend, looked)
+            if before.changed or repo.unfinished_trials(conn, found[0]):
+                return code_guard(conn, found[0], spec.name, options.allow_code_change)
+            return None
+
+        code_change = store.read(check)
+        sid = repo.ensure_sweep(store, spec.name, sweep.text, sweep.hash)
+        with _session(store, sid, sweep, options, note, "submit") as session:
 
             def record(conn) -> tuple[repo.DesignDiff, int, dict[str, int], set[int]]:
                 diff = repo.design_diff(conn, sid, sweep.trials)
@@ -287,20 +320,40 @@ def submit(
             return _run_design(ctx, sweep, to_run, len(sweep.trials))
 
 
-def _refuse_imported(db: str | None, spec: SweepSpec) -> None:
+def _refuse_imported(db: str | None, spec: SweepSpec, sweep: Sweep | None = None) -> RunSummary | None:
     """UserError when the database already holds a sweep of the spec's name that
-    ``orchestrator import`` made (no database yet, or one to upgrade first: nothing to say)."""
+    ``orchestrator import`` made (no database yet, or one to upgrade first: nothing to say).
+    With ``sweep``: the summary of a re-submit with nothing to do (the stored spec is this
+    very text and every trial is settled), so it is said without starting Ray."""
     try:
-        engine, _ = open_store_engine(db, spec.storage, auto_create=False)
+        store = SweepStore.open(db, spec.storage, auto_create=False)
     except UserError:
-        return
+        return None
+    url = store.url
+
+    def look(conn) -> tuple[str | None, bool, dict[str, int]]:
+        origin = reader.sweep_origin(conn, spec.name)
+        found = reader.find_sweep(conn, spec.name) if sweep is not None else None
+        settled = (
+            sweep is not None
+            and found is not None
+            and found[1] == sweep.text
+            and not repo.unfinished_trials(conn, found[0])
+        )
+        return origin, settled, reader.status_counts(conn, spec.name) if settled else {}
+
     try:
-        with engine.connect() as conn:
-            origin = reader.sweep_origin(conn, spec.name)
+        origin, settled, counts = store.read(look)
     finally:
-        engine.dispose()
+        store.dispose()
     if origin == reader.ORIGIN_IMPORT:
         raise UserError(repo.imported_refusal(spec.name))
+    if not settled:
+        return None
+    total = len(sweep.trials) if sweep is not None else 0
+    return RunSummary(
+        sweep=spec.name, db=describe(url), total=total, already_done=total, ran=0, db_arg=db, sweep_counts=counts
+    )
 
 
 def resume(
@@ -314,35 +367,7 @@ def resume(
     """Run every trial of a recorded sweep that is not completed (running, stale and
     interrupted ones resume from their checkpoints). The spec is the one stored with the
     sweep."""
-    from orchestrator.runner.tune_runner import check_resources
-
-    engine, url = open_store_engine(options.db, auto_create=False)
-    with engine.connect() as conn:
-        found = reader.find_sweep(conn, name)
-        origin = reader.sweep_origin(conn, name)
-    if found is None:
-        raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
-    if origin == reader.ORIGIN_IMPORT:
-        raise UserError(repo.imported_refusal(name))
-    sid, spec_text = found
-    # The design was accepted (and its size cap chosen) at submit: resume does not re-cap it.
-    sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
-    spec = sweep.spec
-    code_change = _before_continuing(engine, sid, name, spec, options)
-    with _on_ray(options.address):
-        check_resources(spec.resources)
-        with _session(engine, sid, sweep, options, note, "resume") as session:
-
-            def release(conn) -> tuple[list[tuple[int, str, dict[str, Any]]], int]:
-                if code_change is not None:
-                    repo.record_spec_version(conn, sid, spec_text, sweep.hash, code_change=code_change)
-                repo.release_unfinished(conn, sid)
-                return repo.unfinished_trials(conn, sid), repo.count_trials(conn, sid)
-
-            todo, total = session.write(release)
-            session.share()
-            ctx = _context(session, spec, url, options, on_start, on_event)
-            return _run_design(ctx, sweep, todo, total)
+    return _continue(name, options, "resume", on_start, on_event, note)
 
 
 def join(
@@ -357,41 +382,65 @@ def join(
     cluster, anywhere that reaches the database): it claims unfinished trials in batches
     and runs them until none is left. It changes nothing else: failed trials are left to
     ``resume``, a changed design to ``submit --amend``."""
+    return _continue(name, options, "join", on_start, on_event, note)
+
+
+def _continue(
+    name: str,
+    options: RunOptions,
+    command: Literal["resume", "join"],
+    on_start: Callable[..., None] | None,
+    on_event: Callable[..., None] | None,
+    note: Callable[[str], None] | None,
+) -> RunSummary:
+    """``resume`` and ``join``: the recorded sweep and its stored spec, the code guard, then
+    one driver session. They differ in one step: ``resume`` releases the unfinished trials
+    (failed ones included) and takes a sequential design's looks; ``join`` only claims."""
     from orchestrator.runner.tune_runner import check_resources
 
-    engine, url = open_store_engine(options.db, auto_create=False)
-    with engine.connect() as conn:
-        found = reader.find_sweep(conn, name)
-        origin = reader.sweep_origin(conn, name)
+    store = SweepStore.open(options.db, auto_create=False)
+    url = store.url
+    found, origin = store.read(lambda conn: (reader.find_sweep(conn, name), reader.sweep_origin(conn, name)))
     if found is None:
         raise UserError(f"no sweep named {name!r} in {describe(url)} (see `orchestrator ls`)")
     if origin == reader.ORIGIN_IMPORT:
         raise UserError(repo.imported_refusal(name))
     sid, spec_text = found
+    # The design was accepted (and its size cap chosen) at submit: it is not re-capped here.
     sweep = load(f"<sweep {name}>", text=spec_text, max_trials=sys.maxsize)
     spec = sweep.spec
-    code_change = _before_continuing(engine, sid, name, spec, options)
+    code_change = _before_continuing(store, sid, name, spec, options)
     with _on_ray(options.address):
         check_resources(spec.resources)
-        with _session(engine, sid, sweep, options, note, "join") as session:
+        with _session(store, sid, sweep, options, note, command) as session:
 
-            def start(conn) -> tuple[int, int]:
+            def start(conn) -> tuple[list[tuple[int, str, dict[str, Any]]], int]:
                 if code_change is not None:
                     repo.record_spec_version(conn, sid, spec_text, sweep.hash, code_change=code_change)
-                return len(repo.unfinished_trials(conn, sid)), repo.count_trials(conn, sid)
+                if command == "resume":
+                    repo.release_unfinished(conn, sid)
+                return repo.unfinished_trials(conn, sid), repo.count_trials(conn, sid)
 
             todo, total = session.write(start)
+            if command == "join":
+                ctx = _context(session, spec, url, options, on_start, on_event)
+                return _run_claimed(ctx, sweep, len(todo), total)
+            session.share()
             ctx = _context(session, spec, url, options, on_start, on_event)
-            return _run_claimed(ctx, sweep, todo, total)
+            return _run_design(ctx, sweep, todo, total)
 
 
 def _session(
-    engine: Any, sid: int, sweep: Sweep, options: RunOptions, note: Callable[[str], None] | None, command: str
+    store: SweepStore, sid: int, sweep: Sweep, options: RunOptions, note: Callable[[str], None] | None, command: str
 ) -> DriverSession:
     """The driver's session: ``join`` never takes the sweep's lease; ``submit``/``resume``
-    take it for their exclusive step only."""
+    take it for their exclusive step only. A SLURM task's driver records its job id."""
+    import os
+
+    from orchestrator.runner import slurm
+
     return DriverSession(
-        engine,
+        store,
         sid,
         sweep.spec.name,
         takeover=options.takeover,
@@ -399,6 +448,7 @@ def _session(
         take_lease=command != "join",
         command=command,
         max_concurrent=options.max_concurrent or sweep.spec.max_concurrent,
+        slurm_job=slurm.job_id(os.environ),
     )
 
 
@@ -444,8 +494,7 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
 
     session = ctx.session
     if ctx.on_start:
-        with ctx.engine.connect() as conn:
-            todo = repo.unfinished_trials(conn, ctx.sweep_id)
+        todo = ctx.store.read(lambda conn: repo.unfinished_trials(conn, ctx.sweep_id))
         _started(ctx, total, todo)
     seq = sweep.sequential
     gate = LookGate(seq, sweep.axes, sweep.analysis, ctx.sweep_id) if seq is not None else None
@@ -455,8 +504,10 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
     outcomes: Counter[str] = Counter()
     taken: list[int] = []
     late: list[int] = []
+    runs = 0
     while True:
         run = _run_batch(ctx, source)
+        runs += 1
         outcomes.update(run.outcomes.values())
         taken += run.taken
         late += run.late
@@ -467,21 +518,22 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
     looks = {} if gate is None else {"skipped": gate.skipped, "looks": gate.records}
     if session.stop_reason is not None:
         tally, resume_from = _stopped_tally(ctx, taken)
-        return _summary(ctx, total, pending, tally, ran=len(taken), resume_from=resume_from, late=len(late), **looks)
-    return _summary(ctx, total, pending, dict(outcomes), ran=len(taken), **looks)
+        return _summary(
+            ctx, total, pending, tally, ran=len(taken), resume_from=resume_from, late=len(late), tune_runs=runs, **looks
+        )
+    return _summary(ctx, total, pending, dict(outcomes), ran=len(taken), tune_runs=runs, **looks)
 
 
-def _run_batch(ctx: RunContext, trials: list[tuple[int, str, dict[str, Any]]] | Callable[[], Any]) -> FeedRun:
-    """Run trials on Ray Tune under the driver session: a fixed list, or what a claim source
-    gives (runner/feed.py). A database outage that outlasted the writer's retries stops the
+def _run_batch(ctx: RunContext, source: Callable[[], Any]) -> FeedRun:
+    """Run trials on Ray Tune under the driver session, as the claim source gives them
+    (runner/feed.py). A database outage that outlasted the writer's retries stops the
     session and surfaces as DatabaseUnavailable, a database that is gone (file deleted or
     replaced, tables dropped) as DatabaseGone."""
-    from orchestrator.runner import feed
     from orchestrator.runner.tune_runner import run_feed
 
     session = ctx.session
     try:
-        run = run_feed(ctx, trials if callable(trials) else feed.fixed(trials))
+        run = run_feed(ctx, source)
     except Exception as exc:
         if session.fatal is not None:
             raise session.fatal from None
@@ -531,8 +583,13 @@ def _stopped_tally(ctx: RunContext, tids: list[int]) -> tuple[dict[str, int], li
 def _summary(
     ctx: RunContext, total: int, pending: int, outcomes: dict[str, int], ran: int | None = None, **more: Any
 ) -> RunSummary:
+    try:
+        sweep_counts = ctx.store.read(lambda conn: reader.status_counts(conn, ctx.name))
+    except Exception:  # the totals are a courtesy line: a store that went away loses only them
+        sweep_counts = {}
     return RunSummary(
         sweep=ctx.name,
+        sweep_counts=sweep_counts,
         db=describe(ctx.url),
         total=total,
         already_done=total - pending,

@@ -37,6 +37,7 @@ from orchestrator.runner.messages import (
 from orchestrator.status import Status
 from orchestrator.train import Trainer
 from orchestrator.train.device import device_label
+from orchestrator.train.sysmetrics import Sampler
 
 
 # The running unit's console capture (runner/console.py); None outside run_unit.
@@ -153,7 +154,7 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
         trainer = Trainer(member["params"], stop=member.get("stop"))
         found = checkpoints.fetch(loader, tid, member["key"])
         if found is not None:
-            trainer.load_state_dict(checkpoints.deserialize(found.state))
+            trainer.load_state_dict(checkpoints.deserialize(found.state), found.trace)
         return trainer, found
 
     trainer, found = _setup(build)
@@ -169,13 +170,14 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
     stopping = checkpoints.StopPoll(loader)
+    sampler = Sampler(trainer.device, found.step if found else 0)
     for point in trainer.run():
         ckpt: tuple[Checkpoint, ...] = ()
         stop_here = point.step < trainer.p.steps and stopping()
         if point.step == trainer.p.steps or time.monotonic() - last_save >= every or stop_here:
-            ckpt = (_checkpoint(tid, trainer.state_dict()),)
+            ckpt = (_checkpoint(tid, trainer.checkpoint()),)
             last_save = time.monotonic()
-        _report(Report(evals=(EvalRow(tid, point),), checkpoints=ckpt))
+        _report(Report(evals=(EvalRow(tid, point),), checkpoints=ckpt, system=sampler.sample(point.step)))
         if stop_here:
             # The driver is stopping: this step's checkpoint is stored with its rows, and the
             # unit ends without a final (the writer marks the trial interrupted).
@@ -185,7 +187,7 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
     # before recording the outcome does not make the trial train again. A failed one keeps
     # its last good checkpoint: resume tries it again from there.
     if trainer.status != Status.failed:
-        _report(Report(checkpoints=(_checkpoint(tid, trainer.state_dict()),)))
+        _report(Report(checkpoints=(_checkpoint(tid, trainer.checkpoint()),)))
     stop = (
         StopRecord(trainer.stopped_at, trainer.p.steps, trainer.stop_reason or "")
         if trainer.stopped_at is not None
@@ -202,7 +204,9 @@ def _run_pack(members: list[dict[str, Any]], loader: str | None) -> None:
     pack = _setup(lambda: PackTrainer([m["params"] for m in members]))
     found = _setup(lambda: [checkpoints.fetch(loader, m["trial_id"], m["key"]) for m in members])
     try:
-        pack.load_member_states([checkpoints.deserialize(f.state) if f else None for f in found])
+        pack.load_member_states(
+            [checkpoints.deserialize(f.state) if f else None for f in found], [f.trace if f else () for f in found]
+        )
     except ValueError:
         # Members checkpointed at different steps (e.g. packed differently before): run them
         # one by one, each from its own checkpoint; correct, only slower.
@@ -225,16 +229,24 @@ def _run_pack(members: list[dict[str, Any]], loader: str | None) -> None:
     def save_all() -> tuple[Checkpoint, ...]:
         pack.sync_members()
         # as for a lone trial: a failed member keeps its last good checkpoint
-        return tuple(_checkpoint(t, m.state_dict()) for t, m in zip(tids, pack.members) if m.status != Status.failed)
+        return tuple(_checkpoint(t, m.checkpoint()) for t, m in zip(tids, pack.members) if m.status != Status.failed)
 
     stopping = checkpoints.StopPoll(loader)
+    # One sampler for the pack's process: its members share each sample (train/sysmetrics.py).
+    sampler = Sampler(pack.device, found[0].step if found[0] else 0)
     for group in pack.run():
         ckpts: tuple[Checkpoint, ...] = ()
         stop_here = group[0][1].step < pack.p.steps and stopping()
         if group[0][1].step == pack.p.steps or time.monotonic() - last_save >= every or stop_here:
             ckpts = save_all()
             last_save = time.monotonic()
-        _report(Report(evals=tuple(EvalRow(tids[j], point) for j, point in group), checkpoints=ckpts))
+        _report(
+            Report(
+                evals=tuple(EvalRow(tids[j], point) for j, point in group),
+                checkpoints=ckpts,
+                system=sampler.sample(group[0][1].step),
+            )
+        )
         if stop_here:
             _send_log()
             return  # as a lone trial: checkpointed here, no final

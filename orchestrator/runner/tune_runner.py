@@ -69,9 +69,17 @@ def _tune_logs_quiet() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
-    """Connect to ``address`` (``auto`` or ``HOST:PORT``) or start an embedded local Ray.
-    Returns True when this call started Ray (so the caller shuts it down)."""
+def init_ray(
+    address: str | None,
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    memory: int | None = None,
+    object_store_memory: int | None = None,
+) -> bool:
+    """Connect to ``address`` (``auto`` or ``HOST:PORT``) or start an embedded local Ray
+    (sized so where given: a SLURM task's allocation, runner/slurm.py). Returns True when
+    this call started Ray (so the caller shuts it down)."""
     import ray
 
     if ray.is_initialized():
@@ -86,7 +94,11 @@ def init_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
     else:
         # "local": always a fresh embedded Ray, never the cluster a stale
         # ray_current_cluster file (or $RAY_ADDRESS) names; joining a dead one retries forever.
-        ray.init(address="local", num_cpus=num_cpus, **kwargs)
+        if memory is not None:
+            kwargs["_memory"] = memory
+        ray.init(
+            address="local", num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory, **kwargs
+        )
     return True
 
 
@@ -239,43 +251,6 @@ def make_units(
     return units
 
 
-class Unit(Mapping[str, Any]):
-    """One unit of work as it travels in a Tune trial's config: read-only, and copied by
-    reference. Tune deep-copies the whole unresolved search space once per variant, grid
-    included, so a grid of plain dicts costs O(units^2) copies of every member's params
-    (seconds at 500 trials, minutes at 5,000); a leaf that copies as itself costs nothing.
-    Its repr names its trials, which keeps Tune's per-trial tag short too."""
-
-    __slots__ = ("_d",)
-
-    def __init__(self, d: Mapping[str, Any]) -> None:
-        self._d = dict(d)
-
-    def __getitem__(self, key: str) -> Any:
-        return self._d[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __copy__(self) -> Unit:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Unit:
-        return self
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self._d
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._d = state
-
-    def __repr__(self) -> str:
-        return "trials_" + "_".join(str(m["trial_id"]) for m in self._d["members"])
-
-
 def _unit_resources(config: dict[str, Any]):
     from ray.tune.execution.placement_groups import resource_dict_to_pg_factory
 
@@ -378,8 +353,16 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
             ctx.on_event("packing", None, pack_seeds=pack_seeds, size=size, packs=packs, units=len(units))
         return units
 
-    source = feed.UnitFeed(next_batch, units_of, stopped=lambda: session.stop_reason is not None)
-    writer = StoreWriter(session, on_event=ctx.on_event, checkpoint_folder=ctx.checkpoint_folder, sweep=ctx.name)
+    source = feed.UnitFeed(
+        next_batch, units_of, stopped=lambda: session.stop_reason is not None, max_trials=feed.trials_per_tune_run()
+    )
+    writer = StoreWriter(
+        session,
+        on_event=ctx.on_event,
+        checkpoint_folder=ctx.checkpoint_folder,
+        sweep=ctx.name,
+        keep_checkpoints=ctx.spec.keep_checkpoints,
+    )
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     stopper = _StopWhenSet(session, loader_handle)
     try:

@@ -5,7 +5,8 @@ Eval rows are buffered and flushed as batched upserts (every ``flush_rows`` rows
 checkpoint in the same transaction as the rows it covers (or, with a checkpoint folder, to its
 file right after that transaction). A row lost in the buffer when the driver dies was past
 every stored checkpoint: the attempt that resumes the trial deletes the rows past its
-checkpoint and trains them again, so no trace is stitched from two attempts.
+checkpoint and trains them again, so no trace is stitched from two attempts. With the spec's ``keep_checkpoints: none`` a
+finished trial's checkpoint is deleted in the transaction that stores its end.
 
 Each unit's first report starts one attempt per member (``store.attempts``: where and with
 which code it runs, from which step); how the trial ends closes it. Every write goes through the driver session's one write path
@@ -34,9 +35,10 @@ from typing import Any, TYPE_CHECKING
 from ray import tune
 
 from orchestrator.runner import checkpoints
+from orchestrator.runner.lifecycle import LOST
 from orchestrator.runner.messages import Checkpoint, EvalRow, Report, TrialFinal
-from orchestrator.status import Status
-from orchestrator.store import attempts, claims, repo
+from orchestrator.status import FINISHED, Status
+from orchestrator.store import attempts, claims, lease, repo
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from orchestrator.runner.lifecycle import DriverSession
@@ -81,6 +83,7 @@ class StoreWriter(tune.Callback):
         on_event: Callable[..., None] | None = None,
         checkpoint_folder: Path | None = None,
         sweep: str = "",
+        keep_checkpoints: str = "final",
     ):
         self.session = session  # the one write path, and the set of running trials it heartbeats
         self.flush_rows = flush_rows
@@ -88,9 +91,12 @@ class StoreWriter(tune.Callback):
         self.on_event = on_event or (lambda *a, **k: None)
         self.checkpoint_folder = checkpoint_folder  # None: checkpoints go to the database
         self.sweep = sweep
+        # ``none`` (the spec's keep_checkpoints): an ended trial's checkpoint goes with its end.
+        self.keep_final = keep_checkpoints != "none"
         # Recorded with each attempt: the driver that claimed the trial (``drivers.owner``).
         self.driver = session.owner
         self._rows: list[EvalRow] = []
+        self._system: list[dict[str, Any]] = []  # system_metrics rows, flushed with the eval rows
         self._ckpts: dict[int, Checkpoint] = {}  # each trial's newest, until flushed
         self._logs: dict[int, str] = {}  # each trial's newest console tail, until flushed
         self._keys: dict[int, str] = {}  # trial id -> stable key (checkpoint file names)
@@ -104,7 +110,7 @@ class StoreWriter(tune.Callback):
         # Tune pickles its run config (callbacks included) for its own experiment restore,
         # which we never use: a session and a progress closure cannot travel.
         state = self.__dict__.copy()
-        state.update(session=None, on_event=None, _rows=[], _touched=set(), _ckpts={}, _logs={})
+        state.update(session=None, on_event=None, _rows=[], _system=[], _touched=set(), _ckpts={}, _logs={})
         return state
 
     def _tids(self, trial) -> list[int]:
@@ -116,16 +122,26 @@ class StoreWriter(tune.Callback):
     def _running(self, tids: list[int], alive: bool) -> None:
         (self.session.running.update if alive else self.session.running.difference_update)(tids)
 
+    def _held(self, conn, tids: list[int]) -> list[int]:
+        """Of ``tids``, those this driver still holds, locked for the caller's transaction
+        (call it first in it): a driver cut off from the database longer than the TTL marks,
+        begins, closes or ends nothing of a trial another driver took over meanwhile."""
+        gone = claims.taken_from(conn, self.driver, tids)
+        return [t for t in tids if t not in gone]
+
     def flush(self) -> None:
-        if not self._rows and not self._touched and not self._ckpts and not self._logs:
+        if not self._rows and not self._touched and not self._ckpts and not self._logs and not self._system:
             return
         rows, touched, ckpts, logs = list(self._rows), set(self._touched), dict(self._ckpts), dict(self._logs)
+        system = list(self._system)
         to_db = self.checkpoint_folder is None
 
         def write(conn) -> tuple[int, set[int]]:
             # Nothing for a trial another driver took over while this one was cut off.
-            gone = claims.taken_from(conn, self.driver, {r.trial_id for r in rows} | set(ckpts) | touched)
+            ids = {r.trial_id for r in rows} | {int(m["trial_id"]) for m in system} | set(ckpts) | touched
+            gone = claims.taken_from(conn, self.driver, ids)
             n = repo.upsert_evals(conn, [r.store_row() for r in rows if r.trial_id not in gone])
+            repo.upsert_system_metrics(conn, [m for m in system if m["trial_id"] not in gone])
             if to_db:  # after the rows: a stored checkpoint never claims a row that is missing
                 attempts.save_checkpoints(
                     conn,
@@ -135,7 +151,7 @@ class StoreWriter(tune.Callback):
                         if c.trial_id not in gone
                     ],
                 )
-            repo.touch(conn, touched - gone)
+            lease.heartbeat(conn, touched - gone, reported=True)
             attempts.save_logs(conn, {t: text for t, text in logs.items() if t not in gone})
             return n, gone
 
@@ -152,6 +168,7 @@ class StoreWriter(tune.Callback):
                 )
         self.checkpoint_bytes += sum(len(c.state) for c in ckpts.values())
         del self._rows[: len(rows)]
+        del self._system[: len(system)]
         self._touched -= touched
         for tid, c in ckpts.items():
             if self._ckpts.get(tid) is c:
@@ -172,7 +189,7 @@ class StoreWriter(tune.Callback):
         tids = self._tids(trial)
 
         def write(conn) -> None:
-            for tid in tids:
+            for tid in self._held(conn, tids):
                 repo.mark_running(conn, tid)
 
         self.session.write(write)
@@ -191,17 +208,22 @@ class StoreWriter(tune.Callback):
             accelerator = unit.get("accelerator")
 
             def write(conn) -> None:
+                held = self._held(conn, tids)
                 if start is not None:
                     for tid, step in start.from_steps:
-                        attempts.begin_attempt(conn, tid, step, start.env, self.driver)
+                        if tid in held:
+                            attempts.begin_attempt(
+                                conn, tid, step, start.env, self.driver, slurm_job=self.session.slurm_job
+                            )
                 if placement is not None:
-                    for tid in tids:
+                    for tid in held:
                         repo.set_placement(
                             conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
                         )
 
             self.session.write(write)
         self._rows.extend(report.evals)
+        self._system.extend(report.system_rows())
         for c in report.checkpoints:
             self._ckpts[c.trial_id] = c
         if report.log is not None:
@@ -214,16 +236,27 @@ class StoreWriter(tune.Callback):
             self.on_event("result", trial, step=report.evals[-1].point.step, evals=list(report.evals))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.flush()
         reported = Report.from_wire(trial.last_result).final_of()
         # No final report: Tune stopped the trial (a cancel) before it ended.
         ends = {tid: reported.get(tid) or TrialFinal(tid, Status.interrupted) for tid in self._tids(trial)}
+        # Kept none: a finished trial's checkpoint would only be deleted again by its end. A
+        # failed or interrupted one keeps it (a resume continues from there).
+        dropped = [] if self.keep_final else [t for t, e in ends.items() if e.status in FINISHED]
+        for tid in dropped:
+            self._ckpts.pop(tid, None)
+        self.flush()
+
+        held_at_end: list[int] = []
 
         def write(conn) -> None:
+            held = self._held(conn, list(ends))
+            held_at_end[:] = held
             for tid, end in ends.items():
+                if tid not in held:
+                    continue
                 attempts.close_attempts(conn, [tid], end.status.value, end.failure.kind if end.failure else None)
                 if end.status == Status.interrupted:
-                    repo.interrupt_trial(conn, tid)
+                    claims.interrupt(conn, trial_ids=[tid])
                     continue
                 if end.error and (end.failure is not None or end.status == Status.failed):
                     kind = end.failure.kind if end.failure is not None else "runtime"
@@ -232,11 +265,21 @@ class StoreWriter(tune.Callback):
                 repo.finish_trial(conn, tid, end.status.value, end.error)
                 if end.stop is not None:
                     repo.record_stop(conn, tid, end.stop.step, end.stop.budget, end.stop.reason)
+            attempts.drop_checkpoints(conn, [t for t in dropped if t in held])
             # Ended trials are let go with their end, in its transaction; an interrupted one
             # stays this driver's until it exits (it is not claimed again and again here).
             claims.release(conn, self.driver, [t for t, e in ends.items() if e.status != Status.interrupted])
 
         self.session.write(write)
+        taken = [t for t in ends if t not in held_at_end]
+        if taken:
+            # Its link came back after the trial ended here and was taken over there: this
+            # driver stops as when its renewal finds a trial taken (one line, exit 130), rather
+            # than carry on as if the trial were its own result.
+            self.session.stop(f"{LOST} ({len(taken)} trial(s) taken over by another driver)")
+        if self.checkpoint_folder is not None:
+            for tid in dropped:
+                checkpoints.trial_path(self.checkpoint_folder, self.sweep, self._keys[tid]).unlink(missing_ok=True)
         self._running(list(ends), False)
         for tid, end in ends.items():
             self.outcomes[tid] = end.status.value
@@ -254,8 +297,9 @@ class StoreWriter(tune.Callback):
         tids = self._tids(trial)
 
         def write(conn) -> None:
-            attempts.close_attempts(conn, tids, Status.failed.value, "runtime")
-            for tid in tids:
+            held = self._held(conn, tids)
+            attempts.close_attempts(conn, held, Status.failed.value, "runtime")
+            for tid in held:
                 repo.add_trial_error(conn, tid, "runtime", line, text)
                 if final:
                     repo.finish_trial(conn, tid, Status.failed.value, line)

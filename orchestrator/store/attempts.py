@@ -8,14 +8,17 @@ runs. A checkpoint is written in the transaction that stores the eval rows it co
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from orchestrator.store.models import Attempt, Eval, TrialCheckpoint
+from orchestrator.evals import NUMBERS, STORED
+
+from orchestrator.store.models import Attempt, Eval, SystemMetric, TrialCheckpoint
 
 # What an attempt row records about its environment (the keys of ``begin_attempt``'s ``env``).
 ENV_FIELDS = (
@@ -40,6 +43,9 @@ class StoredCheckpoint:
     trial_id: int
     step: int
     state: bytes
+    # The trial's stored eval rows up to ``step`` as ``EvalPoint.to_dict`` mappings, read
+    # with the checkpoint (:func:`load_checkpoint`); a checkpoint holds no trace of its own.
+    trace: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
 
 def _open(trial_ids: Iterable[int]) -> Any:
@@ -47,21 +53,41 @@ def _open(trial_ids: Iterable[int]) -> Any:
 
 
 def begin_attempt(
-    conn: Connection, trial_id: int, from_step: int | None, env: Mapping[str, Any], driver: str | None
+    conn: Connection,
+    trial_id: int,
+    from_step: int | None,
+    env: Mapping[str, Any],
+    driver: str | None,
+    *,
+    slurm_job: str | None = None,
 ) -> int:
     """Record a new attempt of ``trial_id`` starting from its checkpoint at ``from_step``
     (None: from nothing) and delete the trial's eval rows past that step, and a checkpoint
     it did not start from, in the caller's transaction. An attempt still open (its driver
-    died, or Tune restarted the unit) is closed as ``lost``. Returns the attempt number."""
+    died, or Tune restarted the unit) is closed as ``lost``. ``slurm_job``: the SLURM array
+    task of the driver that runs it. Returns the attempt number."""
     close_attempts(conn, [trial_id], LOST)
     last = conn.execute(sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == trial_id)).scalar()
     number = int(last or 0) + 1
-    values = {k: (str(env[k])[:255] if env.get(k) is not None else None) for k in ENV_FIELDS}
+    # Each value cut to its column's length (PostgreSQL refuses a longer one; SQLite would
+    # keep it whole).
+    values = {
+        k: (str(env[k])[: getattr(Attempt.__table__.c[k].type, "length", None)] if env.get(k) is not None else None)
+        for k in ENV_FIELDS
+    }
     conn.execute(
-        sa.insert(Attempt).values(trial_id=trial_id, attempt=number, from_step=from_step, driver=driver, **values)
+        sa.insert(Attempt).values(
+            trial_id=trial_id,
+            attempt=number,
+            from_step=from_step,
+            driver=driver,
+            slurm_job=slurm_job[:64] if slurm_job else None,
+            **values,
+        )
     )
     start = -1 if from_step is None else int(from_step)
     conn.execute(sa.delete(Eval).where(Eval.trial_id == trial_id, Eval.step > start))
+    conn.execute(sa.delete(SystemMetric).where(SystemMetric.trial_id == trial_id, SystemMetric.step > start))
     conn.execute(sa.delete(TrialCheckpoint).where(TrialCheckpoint.trial_id == trial_id, TrialCheckpoint.step > start))
     return number
 
@@ -86,13 +112,7 @@ def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) 
         return 0
     latest = {c.trial_id: c for c in checkpoints}  # the last of a trial wins
     ids = list(latest)
-    numbers = dict(
-        conn.execute(
-            sa.select(Attempt.trial_id, sa.func.max(Attempt.attempt))
-            .where(Attempt.trial_id.in_(ids))
-            .group_by(Attempt.trial_id)
-        ).all()
-    )
+    numbers = newest_attempts(conn, ids)
     conn.execute(sa.delete(TrialCheckpoint).where(TrialCheckpoint.trial_id.in_(ids)))
     conn.execute(
         sa.insert(TrialCheckpoint),
@@ -108,6 +128,19 @@ def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) 
         ],
     )
     return sum(len(c.state) for c in latest.values())
+
+
+def drop_checkpoints(conn: Connection, trial_ids: Sequence[int]) -> tuple[int, int]:
+    """Delete these trials' stored checkpoints (the caller's transaction): ``keep_checkpoints:
+    none`` with a trial's end, and ``orchestrator db prune``. Returns (rows, bytes) freed."""
+    if not trial_ids:
+        return 0, 0
+    where = TrialCheckpoint.trial_id.in_(list(trial_ids))
+    rows, nbytes = conn.execute(
+        sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(TrialCheckpoint.nbytes), 0)).where(where)
+    ).one()
+    conn.execute(sa.delete(TrialCheckpoint).where(where))
+    return int(rows), int(nbytes)
 
 
 def save_logs(conn: Connection, logs: Mapping[int, str]) -> None:
@@ -129,7 +162,52 @@ def checkpoint_steps(conn: Connection, trial_ids: Sequence[int]) -> dict[int, in
 
 
 def load_checkpoint(conn: Connection, trial_id: int) -> StoredCheckpoint | None:
+    """The trial's checkpoint and, in the same transaction, its eval rows up to the
+    checkpoint's step (the trace a resumed trial continues; rows past it are a lost
+    attempt's, which the resuming attempt deletes). The rows were committed with or before
+    the checkpoint, and only the attempt this load starts deletes any at or below its step."""
     row = conn.execute(
         sa.select(TrialCheckpoint.step, TrialCheckpoint.state).where(TrialCheckpoint.trial_id == trial_id)
     ).first()
-    return StoredCheckpoint(trial_id, int(row.step), bytes(row.state)) if row is not None else None
+    if row is None:
+        return None
+    step = int(row.step)
+    return StoredCheckpoint(trial_id, step, bytes(row.state), tuple(trace_upto(conn, trial_id, step)))
+
+
+def trace_upto(conn: Connection, trial_id: int, step: int) -> list[dict[str, Any]]:
+    """The trial's eval rows with ``step`` at most ``step``, in step order, as the training
+    loop's points (``EvalPoint.to_dict``): the values ``repo.upsert_evals`` stored as NULL
+    and named in ``nonfinite`` are given back as the NaN or infinity they were."""
+    rows = conn.execute(
+        sa.select(Eval.step, *(Eval.__table__.c[c] for c in STORED))
+        .where(Eval.trial_id == trial_id, Eval.step <= step)
+        .order_by(Eval.step)
+    )
+    out = []
+    for r in rows:
+        metrics = r.metrics if isinstance(r.metrics, dict) or r.metrics is None else json.loads(r.metrics)
+        point: dict[str, Any] = {"step": int(r.step), **{c: r._mapping[c] for c in NUMBERS}}
+        point["metrics"] = dict(metrics or {})
+        for mark in (r.nonfinite or "").split(","):
+            path, eq, value = mark.rpartition("=")
+            if not eq:
+                continue
+            head, dot, name = path.partition(".")
+            if dot and head == "metrics":
+                point["metrics"][name] = float(value)
+            elif path in point:
+                point[path] = float(value)
+        out.append(point)
+    return out
+
+
+def newest_attempts(conn: Connection, trial_ids: Sequence[int]) -> dict[int, int]:
+    """Each trial's newest attempt number (the one a report the writer stores belongs to)."""
+    return dict(
+        conn.execute(
+            sa.select(Attempt.trial_id, sa.func.max(Attempt.attempt))
+            .where(Attempt.trial_id.in_(list(trial_ids)))
+            .group_by(Attempt.trial_id)
+        ).all()
+    )

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from orchestrator.status import Status
-from orchestrator.store import attempts, dialect
+from orchestrator.store import attempts, dialect, lease
 from orchestrator.store.models import Driver, SweepRow, Trial
 
 # Statuses a claim can pick: never run, stopped, or left running by a driver that is gone.
@@ -61,8 +61,10 @@ def register(
     *,
     command: str,
     max_concurrent: int | None = None,
+    slurm_job: str | None = None,
 ) -> int:
-    """Record a driver starting on ``sweep``; returns its id."""
+    """Record a driver starting on ``sweep`` (``slurm_job``: the SLURM array task it is);
+    returns its id."""
     d = dialect.for_connection(conn)
     return conn.execute(
         sa.insert(Driver)
@@ -73,6 +75,7 @@ def register(
             pid=os.getpid(),
             command=command[:16],
             max_concurrent=max_concurrent,
+            slurm_job=slurm_job[:64] if slurm_job else None,
             heartbeat_at=d.now_plus(0),
         )
         .returning(Driver.id)
@@ -98,24 +101,30 @@ def renew(conn: Connection, owner: str, *, ttl: float, running: list[int] | tupl
     ids = list(running)
     lost: tuple[int, ...] = ()
     if ids:
-        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(heartbeat_at=d.now_plus(0)))
-        lost = tuple(
-            conn.execute(
-                sa.select(Trial.id).where(Trial.id.in_(ids), Trial.claimed_by.is_not(None), Trial.claimed_by != owner)
-            ).scalars()
-        )
+        claimed = dict(conn.execute(sa.select(Trial.id, Trial.claimed_by).where(Trial.id.in_(ids))).all())
+        # Only those it still holds: a trial another driver took over (or has ended and let
+        # go) while this one was cut off is not this driver's to keep alive.
+        lease.heartbeat(conn, [t for t in ids if claimed.get(t) == owner])
+        lost = tuple(t for t in ids if claimed.get(t) is not None and claimed[t] != owner)
     cancel = conn.execute(sa.select(Driver.cancel_requested_at).where(Driver.owner == owner)).scalar_one_or_none()
     return Renewal(True, cancel is not None, lost)
 
 
-def interrupt_own(conn: Connection, owner: str) -> int:
-    """The driver stopped: the trials it claimed that are still ``running`` become
-    ``interrupted`` (their open attempts end so too). Returns how many."""
-    ids = list(
-        conn.execute(
-            sa.select(Trial.id).where(Trial.claimed_by == owner, Trial.status == Status.running.value)
-        ).scalars()
-    )
+def interrupt(
+    conn: Connection, *, owner: str | None = None, sweep: int | None = None, trial_ids: Collection[int] | None = None
+) -> int:
+    """The one way ``running`` trials become ``interrupted`` (their open attempts end so
+    too): a stopping driver's (``owner``: those it claimed), a sweep's left behind with no
+    live driver (``sweep``: ``orchestrator cancel``), or the trials Tune stopped before their
+    end (``trial_ids``). A resume continues each from its checkpoint. Returns how many."""
+    stmt = sa.select(Trial.id).where(Trial.status == Status.running.value)
+    if owner is not None:
+        stmt = stmt.where(Trial.claimed_by == owner)
+    if sweep is not None:
+        stmt = stmt.where(Trial.sweep_id == sweep)
+    if trial_ids is not None:
+        stmt = stmt.where(Trial.id.in_(list(trial_ids)))
+    ids = list(conn.execute(stmt).scalars())
     if ids:
         attempts.close_attempts(conn, ids, Status.interrupted.value)
         conn.execute(
@@ -212,7 +221,13 @@ def claim_batch(
     only = gate(conn) if gate is not None else None
     if n <= 0 or (gate is not None and not only):
         return []
-    where = [Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), sa.not_(_live_claim(d))]
+    # Never its own: a trial this driver holds is queued or running here, even when its claim
+    # lapsed because the renewal was starved (a loaded machine) and nobody took it meanwhile.
+    # Taken as a dead driver's "orphan" it went back to pending while it ran here, and a stop
+    # then found nothing to mark interrupted (the likeliest way CI once saw a cancel leave 0
+    # interrupted and 4 pending).
+    mine = sa.and_(Trial.claimed_by.is_not(None), Trial.claimed_by == owner)
+    where = [Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), sa.not_(_live_claim(d)), sa.not_(mine)]
     if only is not None:
         where.append(Trial.id.in_(list(only)))
     pick = d.skip_locked(
@@ -243,7 +258,8 @@ def release(conn: Connection, owner: str, trial_ids: list[int] | tuple[int, ...]
 
 
 def taken_from(conn: Connection, owner: str, trial_ids: Collection[int]) -> set[int]:
-    """Of ``trial_ids``, those another driver holds a claim on now, with every one of them
+    """Of ``trial_ids``, those this driver no longer holds (another driver's claim now, or
+    none: another driver took it over and has already ended it), with every one of them
     locked until the caller's transaction ends (PostgreSQL's row locks; SQLite's write lock,
     taken here: call it first in the transaction), so
     no claim can move while the caller writes for the rest. A driver cut off from the database
@@ -255,7 +271,7 @@ def taken_from(conn: Connection, owner: str, trial_ids: Collection[int]) -> set[
     # SQLite: the write lock before the read, so the writes that follow need no upgrade.
     dialect.for_connection(conn).lock_for_claim(conn)
     rows = conn.execute(sa.select(Trial.id, Trial.claimed_by).where(Trial.id.in_(ids)).with_for_update()).all()
-    return {r.id for r in rows if r.claimed_by is not None and r.claimed_by != owner}
+    return {r.id for r in rows if r.claimed_by != owner}
 
 
 def held_elsewhere(conn: Connection, sweep: int, owner: str) -> int:
@@ -286,6 +302,7 @@ class DriverRow:
     live: bool
     claimed: int
     running: int
+    slurm_job: str | None = None
 
     def summary(self) -> str:
         return f"driver {self.owner[:8]} (pid {self.pid} on {self.host}, last heartbeat {self.heartbeat_at})"
@@ -318,6 +335,7 @@ def drivers(conn: Connection, sweep: int, *, ttl: float, live_only: bool = False
         Driver.heartbeat_at,
         Driver.ended_at,
         Driver.end_reason,
+        Driver.slurm_job,
         sa.case((live, 1), else_=0).label("live"),
         held.label("claimed"),
         running.label("running"),

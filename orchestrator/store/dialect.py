@@ -194,6 +194,12 @@ class Dialect:
         """Make the claim transaction just begun on ``conn`` exclusive of every other
         claimer's before it reads which trials are free (``store.claims.claim_batch``)."""
 
+    def is_gone(self, orig: BaseException) -> bool:
+        """Whether the driver-level error ``orig`` (``DBAPIError.orig``, or the error itself)
+        says the sweep's tables or its whole database no longer exist: not an outage to ride
+        out but a database never to write again (store/outage.py)."""
+        return False
+
     def skip_locked(self, stmt: sa.Select) -> sa.Select:
         """``stmt`` (a SELECT of trials to claim) locking the rows it returns and passing
         over rows another claim transaction holds, so concurrent claimers get disjoint
@@ -241,6 +247,28 @@ class Dialect:
     def database_bytes(self, conn: Any) -> int:
         """What the connection's database takes on disk: tables, indexes and their overflow
         (PostgreSQL: the tables of the current schema; SQLite: the file's pages)."""
+        raise NotImplementedError
+
+    # What :meth:`bulk_load` is, in words (``bench store`` prints it).
+    bulk_load_name: ClassVar[str] = ""
+
+    def clone_table(self, conn: Connection, source: str, target: str, *, foreign_keys: bool) -> None:
+        """Make ``target`` with ``source``'s columns and primary key (and its foreign keys
+        with ``foreign_keys``): the scratch table ``bench store`` loads its ceiling into."""
+        raise NotImplementedError
+
+    def bulk_load(self, conn: Connection, table: str, fields: Sequence[str], batch: Sequence[tuple[Any, ...]]) -> None:
+        """The backend's own fastest load of ``batch`` into ``table`` (a plain insert, no
+        conflict handling), inside the caller's transaction: the ceiling the writer's
+        upsert is measured against."""
+        raise NotImplementedError
+
+    # Whether :meth:`vacuum` gives freed pages back to the file system (``db prune --vacuum``).
+    vacuums: ClassVar[bool] = False
+
+    def vacuum(self, engine: Engine) -> None:
+        """Rewrite the database without its free pages (a file keeps the pages of deleted rows
+        for reuse). Only where :attr:`vacuums`; PostgreSQL's autovacuum makes them reusable."""
         raise NotImplementedError
 
 
@@ -324,6 +352,40 @@ class SQLite(Dialect):
     def database_bytes(self, conn: Any) -> int:
         pages = conn.exec_driver_sql("PRAGMA page_count").scalar_one()
         return int(pages) * int(conn.exec_driver_sql("PRAGMA page_size").scalar_one())
+
+    bulk_load_name = "executemany, one transaction"
+
+    def clone_table(self, conn, source, target, *, foreign_keys) -> None:
+        # The source's own DDL: its primary key, and its foreign keys (checked: the pragma is on).
+        ddl = conn.exec_driver_sql(f"SELECT sql FROM sqlite_master WHERE type = 'table' AND name = '{source}'")
+        text = ddl.scalar_one().replace(source, target, 1)
+        if not foreign_keys:
+            text = re.sub(r",\s*FOREIGN KEY\s*\([^)]*\)[^,)]*\([^)]*\)[^,)]*", "", text)
+        conn.exec_driver_sql(text)
+
+    def bulk_load(self, conn, table, fields, batch) -> None:
+        cur = conn.connection.driver_connection.cursor()
+        try:
+            cur.executemany(
+                f"INSERT INTO {table} ({', '.join(fields)}) VALUES ({', '.join('?' for _ in fields)})", batch
+            )
+        finally:
+            cur.close()
+
+    # The messages of a file that is no longer the sweep's database.
+    _GONE = ("no such table", "file is not a database")
+
+    def is_gone(self, orig: BaseException) -> bool:
+        return isinstance(orig, sqlite3.Error) and any(m in str(orig).lower() for m in self._GONE)
+
+    vacuums = True
+
+    def vacuum(self, engine: Engine) -> None:
+        # VACUUM cannot run inside a transaction: a connection of its own, autocommitted.
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM")
+            # In WAL mode the rewritten pages sit in the log until a checkpoint moves them.
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def now_plus(self, seconds: float) -> Any:
         # CURRENT_TIMESTAMP (what func.now() writes) and datetime('now', ...) are both UTC
@@ -447,6 +509,24 @@ class PostgreSQL(Dialect):
         except Exception as exc:  # e.g. missing driver, malformed URL
             raise UserError(f"database URL {describe(url)!r}: {exc}") from exc
 
+    bulk_load_name = "COPY"
+
+    def clone_table(self, conn, source, target, *, foreign_keys) -> None:
+        conn.exec_driver_sql(f"CREATE TABLE {target} (LIKE {source} INCLUDING ALL)")
+        if foreign_keys:
+            refs = conn.exec_driver_sql(
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                f"WHERE conrelid = '{source}'::regclass AND contype = 'f'"
+            ).scalars()
+            for ref in list(refs):
+                conn.exec_driver_sql(f"ALTER TABLE {target} ADD {ref}")
+
+    def bulk_load(self, conn, table, fields, batch) -> None:
+        with conn.connection.driver_connection.cursor() as cur:
+            with cur.copy(f"COPY {table} ({', '.join(fields)}) FROM STDIN") as copy:
+                for row in batch:
+                    copy.write_row(row)
+
     def database_bytes(self, conn: Any) -> int:
         return int(
             conn.execute(
@@ -461,26 +541,50 @@ class PostgreSQL(Dialect):
     def skip_locked(self, stmt: sa.Select) -> sa.Select:
         return stmt.with_for_update(skip_locked=True)
 
+    # undefined_table (its schema or tables dropped), invalid_schema_name, invalid_catalog_name
+    # (the database dropped).
+    _GONE_SQLSTATES = frozenset({"42P01", "3F000", "3D000"})
+
+    def is_gone(self, orig: BaseException) -> bool:
+        return getattr(orig, "sqlstate", None) in self._GONE_SQLSTATES
+
     def now_plus(self, seconds: float) -> Any:
         return sa.literal_column(f"(now() + interval '{float(seconds):.3f} seconds')", type_=sa.DateTime(timezone=True))
 
     def upsert(self, conn, table, fields, set_clause, batch) -> None:
-        # COPY into a staging table and one INSERT ... ON CONFLICT (row-at-a-time upserts
-        # manage a fraction of that).
+        # Nearly every batch holds only rows new to the table: they are COPYed straight in
+        # (the bulk load itself), under a savepoint. A batch that re-sends a stored row (a
+        # flush retried after an outage, a re-import) fails on the primary key there, is
+        # rolled back to the savepoint and goes again the way that replaces: COPY into a
+        # staging table and one INSERT ... ON CONFLICT (slower than the COPY alone; row-at-
+        # a-time upserts manage a fraction of either).
+        from psycopg.errors import UniqueViolation
+
         cols = ", ".join(fields)
-        stage = f"_{table}_in"
         with conn.connection.driver_connection.cursor() as cur:
-            cur.execute(
-                f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-            )
-            with cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
-                for row in batch:
-                    copy.write_row(row)
-            cur.execute(
-                f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {stage} "
-                f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}"
-            )
-            cur.execute(f"TRUNCATE {stage}")
+            cur.execute("SAVEPOINT orch_upsert")
+            try:
+                with cur.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                    for row in batch:
+                        copy.write_row(row)
+            except UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT orch_upsert")
+                self._staged_upsert(cur, table, cols, set_clause, batch)
+            cur.execute("RELEASE SAVEPOINT orch_upsert")
+
+    def _staged_upsert(self, cur: Any, table: str, cols: str, set_clause: str, batch: Sequence[tuple]) -> None:
+        # A temporary table of the session, emptied at commit; emptied here too, for a
+        # second upsert into the same table before that commit.
+        stage = f"_{table}_in"
+        cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+        with cur.copy(f"COPY {stage} ({cols}) FROM STDIN") as copy:
+            for row in batch:
+                copy.write_row(row)
+        cur.execute(
+            f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {stage} "
+            f"ON CONFLICT (trial_id, step) DO UPDATE SET {set_clause}"
+        )
+        cur.execute(f"TRUNCATE {stage}")
 
     def screen(self, sql: str) -> None:
         sql_screen.screen_postgresql(sql)

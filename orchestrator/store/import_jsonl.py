@@ -63,11 +63,12 @@ from pydantic import (
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator.evals import NUMBERS
 from orchestrator.keys import record_key
 from orchestrator.status import Status
 
 MAX_REPORTED = 5
-# The same rule as spec names (spec.py's ``name`` pattern, which pydantic matches against the
+# The same rule as spec names (the ``name`` pattern of ``spec/schema.py``, which pydantic matches against the
 # whole string): a sweep name becomes a folder name (reports, checkpoints). Used with
 # ``fullmatch``: ``re.match`` with ``$`` also accepts the name followed by a newline.
 SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
@@ -77,6 +78,11 @@ IMPORTED_PREFIX = "# imported from "
 MAX_INT = 2**63 - 1
 MAX_STEP = 2**31 - 1  # evals.step is a 32-bit INTEGER on PostgreSQL
 MAX_PARAM_DEPTH = 8
+
+
+# A trace point's input key for each of the eval point's numbers: the file format says ``lr``
+# for what the store calls ``step_lr`` (the learning rate the step ran at).
+INPUT_NAMES = {n: "lr" if n == "step_lr" else n for n in NUMBERS}
 
 
 class TracePoint(BaseModel):
@@ -339,9 +345,9 @@ class ImportRecord(BaseModel):
 @dataclass(slots=True)
 class Checked:
     """A validated record as compact as it can be kept until the file's one transaction: its
-    parameters, its points as tuples (step, acc, loss, train_loss, step_lr, elapsed_s,
-    metrics), the status to store and the error. A pydantic model per trace point is tens of
-    times the point's JSON."""
+    parameters, its points as tuples (step, the eval point's numbers in their order, metrics),
+    the status to store and the error. A pydantic model per trace point is tens of times the
+    point's JSON."""
 
     params: dict[str, Any]
     points: list[tuple[Any, ...]]
@@ -350,19 +356,15 @@ class Checked:
 
     @classmethod
     def of(cls, rec: ImportRecord) -> Checked:
-        points = [(p.step, p.acc, p.loss, p.train_loss, p.lr, p.elapsed_s, p.model_extra or None) for p in rec.trace]
+        points = [(p.step, *(getattr(p, INPUT_NAMES[n]) for n in NUMBERS), p.model_extra or None) for p in rec.trace]
         return cls(rec.params, points, rec.stored_status, rec.error)
 
     def rows(self, trial_id: int) -> Iterator[dict[str, Any]]:
-        for step, acc, loss, train_loss, step_lr, elapsed_s, metrics in self.points:
+        for step, *numbers, metrics in self.points:
             yield {
                 "trial_id": trial_id,
                 "step": step,
-                "acc": acc,
-                "loss": loss,
-                "train_loss": train_loss,
-                "elapsed_s": elapsed_s,
-                "step_lr": step_lr,
+                **dict(zip(NUMBERS, numbers)),
                 "metrics": dict(metrics) if metrics else None,
             }
 

@@ -1,6 +1,9 @@
-"""The lease a driver holds on a sweep, trial heartbeats and cancel requests.
+"""The sweep's lease: held for the exclusive steps only (a design written or amended by
+``submit``/``resume``, a ``delete``), and trial heartbeats.
 
-One driver runs a sweep at a time. It claims the sweep's lease with one conditional UPDATE
+Many drivers run a sweep at once through their claims (store/claims.py, which also holds the
+cancel flag and the one way running trials become interrupted). The lease is for what needs
+the sweep alone. A driver claims it with one conditional UPDATE
 (atomic on SQLite, which serializes writers, and on PostgreSQL, where a concurrent UPDATE
 of the same row waits and then re-checks the condition), renews it every ``ttl / 4``
 seconds and releases it at exit. Every time is the database's clock, so drivers on
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from orchestrator.status import Status
 from orchestrator.store import dialect
-from orchestrator.store.models import Attempt, SweepRow, Trial
+from orchestrator.store.models import SweepRow, Trial
 
 
 def lease_ttl_s() -> float:
@@ -112,74 +116,39 @@ def claim(
             lease_pid=os.getpid(),
             lease_expires_at=d.now_plus(ttl),
             lease_renewed_at=d.now_plus(0),
-            cancel_requested_at=None,
         )
     )
     return (res.rowcount or 0) == 1
 
 
-def renew(
-    conn: Connection, sweep: int, owner: str, *, ttl: float, running: list[int] | tuple[int, ...] = ()
-) -> tuple[bool, bool]:
-    """Extend the lease and heartbeat the trials the driver is running.
-    Returns (still held, cancel requested)."""
+def renew(conn: Connection, sweep: int, owner: str, *, ttl: float) -> bool:
+    """Extend the lease; whether ``owner`` still holds it."""
     d = dialect.for_connection(conn)
     res = conn.execute(
         sa.update(SweepRow)
         .where(SweepRow.id == sweep, SweepRow.lease_owner == owner)
         .values(lease_expires_at=d.now_plus(ttl), lease_renewed_at=d.now_plus(0))
     )
-    held = (res.rowcount or 0) == 1
-    if held and running:
-        heartbeat(conn, running)
-    cancel = (
-        conn.execute(sa.select(SweepRow.cancel_requested_at).where(SweepRow.id == sweep)).scalar_one_or_none()
-        is not None
-    )
-    return held, cancel
+    return (res.rowcount or 0) == 1
 
 
 def release(conn: Connection, sweep: int, owner: str) -> None:
     conn.execute(
         sa.update(SweepRow)
         .where(SweepRow.id == sweep, SweepRow.lease_owner == owner)
-        .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None, cancel_requested_at=None)
+        .values(lease_owner=None, lease_host=None, lease_pid=None, lease_expires_at=None)
     )
 
 
-def heartbeat(conn: Connection, trial_ids: list[int] | tuple[int, ...] | set[int]) -> None:
+def heartbeat(conn: Connection, trial_ids: Iterable[int], *, reported: bool = False) -> None:
+    """The one heartbeat of running trials, written by their driver's renewal and, for the
+    trials that ``reported`` since the last flush, by its writer (their ``updated_at`` too):
+    what the stale rule compares with the database clock."""
     ids = list(trial_ids)
     if ids:
-        conn.execute(
-            sa.update(Trial).where(Trial.id.in_(ids)).values(heartbeat_at=dialect.for_connection(conn).now_plus(0))
-        )
-
-
-def request_cancel(conn: Connection, sweep: int) -> None:
-    conn.execute(
-        sa.update(SweepRow)
-        .where(SweepRow.id == sweep)
-        .values(cancel_requested_at=dialect.for_connection(conn).now_plus(0))
-    )
-
-
-def interrupt_running(conn: Connection, sweep: int) -> int:
-    """Trials left ``running`` (by a driver stopping, or one found dead) become
-    ``interrupted``; resume runs them again from their checkpoints. Returns how many."""
-    # Their open attempts end interrupted too (store.attempts holds the other ways one ends;
-    # not imported here: the analysis reads through this module and never a writer).
-    running = sa.select(Trial.id).where(Trial.sweep_id == sweep, Trial.status == Status.running.value)
-    conn.execute(
-        sa.update(Attempt)
-        .where(Attempt.trial_id.in_(running.scalar_subquery()), Attempt.outcome.is_(None))
-        .values(ended_at=sa.func.now(), outcome=Status.interrupted.value)
-    )
-    res = conn.execute(
-        sa.update(Trial)
-        .where(Trial.sweep_id == sweep, Trial.status == Status.running.value)
-        .values(status=Status.interrupted.value, updated_at=sa.func.now())
-    )
-    return res.rowcount or 0
+        now = dialect.for_connection(conn).now_plus(0)
+        values = {"heartbeat_at": now, "updated_at": now} if reported else {"heartbeat_at": now}
+        conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(**values))
 
 
 def stale_condition(conn: Connection, ttl: float | None = None) -> Any:

@@ -34,14 +34,13 @@ class SweepRow(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(
         sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     )
-    # The lease of the driver running the sweep (store/lease.py); times on the DB clock.
+    # The lease a driver holds for an exclusive step (a design written or amended, a delete:
+    # store/lease.py); times on the DB clock. Running trials is the claims' business.
     lease_owner: Mapped[str | None] = mapped_column(sa.String(64))
     lease_host: Mapped[str | None] = mapped_column(sa.String(255))
     lease_pid: Mapped[int | None] = mapped_column(sa.Integer)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     lease_renewed_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
-    # Set by `orchestrator cancel`; the lease holder sees it at its next renewal and stops.
-    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
     # Who made the sweep: "runner" (submit) or "import" (`orchestrator import`), set when the
     # row is made (reader.ORIGIN_RUNNER / ORIGIN_IMPORT); import writes only into its own.
     origin: Mapped[str] = mapped_column(sa.String(16), nullable=False, server_default="runner")
@@ -269,6 +268,8 @@ class Attempt(Base):
     error_kind: Mapped[str | None] = mapped_column(sa.String(16))
     # The tail of what the attempt's unit wrote to stdout/stderr (migration 0011).
     log: Mapped[str | None] = mapped_column(sa.Text)
+    # ``JOBID_TASKID`` of the SLURM array task whose driver ran it (migration 0012).
+    slurm_job: Mapped[str | None] = mapped_column(sa.String(64))
 
 
 class Driver(Base):
@@ -288,8 +289,6 @@ class Driver(Base):
     pid: Mapped[int | None] = mapped_column(sa.Integer)
     command: Mapped[str | None] = mapped_column(sa.String(16))  # submit | resume | join
     max_concurrent: Mapped[int | None] = mapped_column(sa.Integer)
-    # Held the sweep alone (a sequential design): no other driver ran it meanwhile.
-    exclusive: Mapped[bool] = mapped_column(sa.Boolean, nullable=False, server_default=sa.false())
     started_at: Mapped[dt.datetime] = mapped_column(
         sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
     )
@@ -298,3 +297,22 @@ class Driver(Base):
     end_reason: Mapped[str | None] = mapped_column(sa.String(200))
     # ``orchestrator cancel`` flags every live driver of the sweep; each stops at its renewal.
     cancel_requested_at: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True))
+    # ``JOBID_TASKID`` when the driver is a SLURM array task (migration 0012).
+    slurm_job: Mapped[str | None] = mapped_column(sa.String(64))
+
+
+class SystemMetric(Base):
+    """What the machine was doing at one eval step of a trial, as its worker sampled it
+    (migration 0012): CPU % and RSS of the process, GPU utilisation and memory on CUDA."""
+
+    __tablename__ = "system_metrics"
+
+    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
+    attempt: Mapped[int | None] = mapped_column(sa.Integer)
+    elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
+    cpu_pct: Mapped[float | None] = mapped_column(sa.Double)
+    rss_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    gpu_util_pct: Mapped[float | None] = mapped_column(sa.Double)
+    gpu_mem_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
+    steps_per_s: Mapped[float | None] = mapped_column(sa.Double)

@@ -11,26 +11,18 @@ budget for a file that will not come back (:class:`DatabaseGone`, :class:`StoreP
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.errors import UserError
-from orchestrator.store.dialect import describe, sqlite_path
+from orchestrator.store.dialect import DIALECTS, describe, sqlite_path
 
 T = TypeVar("T")
-
-# PostgreSQL error codes that mean the sweep's database objects are gone, not unreachable:
-# undefined_table (its schema or tables dropped), invalid_schema_name, invalid_catalog_name
-# (the database dropped).
-_GONE_SQLSTATES = {"42P01", "3F000", "3D000"}
-# SQLite's messages for the same: a file that is no longer the sweep's database.
-_GONE_SQLITE = ("no such table", "file is not a database")
 
 
 class DatabaseUnavailable(UserError):
@@ -54,13 +46,12 @@ def outage_budget_s() -> float:
 
 
 def is_gone(exc: BaseException) -> bool:
-    """An error that says the sweep's tables (or the whole database) no longer exist."""
-    orig = getattr(exc, "orig", exc)
-    if getattr(orig, "sqlstate", None) in _GONE_SQLSTATES:
-        return True
+    """An error that says the sweep's tables (or the whole database) no longer exist, as its
+    backend words it (``Dialect.is_gone``)."""
     if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
         return False
-    return isinstance(orig, sqlite3.Error) and any(s in str(orig).lower() for s in _GONE_SQLITE)
+    orig = getattr(exc, "orig", exc)
+    return any(d.is_gone(orig) for d in DIALECTS)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -132,6 +123,29 @@ def write_with_retry(
     and try again until ``budget_s`` has passed, then raise DatabaseUnavailable. With a
     ``pin``, a database that is gone (file deleted or replaced, tables dropped) raises
     DatabaseGone at once, before anything is written to whatever is there now."""
+    return _with_retry(engine, engine.begin, fn, budget_s, on_wait, pin)
+
+
+def read_with_retry(
+    engine: Engine,
+    fn: Callable[[Connection], T],
+    *,
+    budget_s: float | None = 0.0,
+    pin: StorePin | None = None,
+) -> T:
+    """Run ``fn`` on one connection, classified and retried as :func:`write_with_retry`
+    does (default ``budget_s`` 0: one try)."""
+    return _with_retry(engine, engine.connect, fn, budget_s, None, pin)
+
+
+def _with_retry(
+    engine: Engine,
+    open_conn: Callable[[], Any],
+    fn: Callable[[Connection], T],
+    budget_s: float | None,
+    on_wait: Callable[[BaseException, float], None] | None,
+    pin: StorePin | None,
+) -> T:
     budget = outage_budget_s() if budget_s is None else budget_s
     start = time.monotonic()
     delay = 0.5
@@ -139,7 +153,7 @@ def write_with_retry(
         if pin is not None:
             pin.check()
         try:
-            with engine.begin() as conn:
+            with open_conn() as conn:
                 return fn(conn)
         except Exception as exc:
             if is_gone(exc):

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from orchestrator.status import ALL, DONE, STALE, Status
-from orchestrator.store import claims, lease, reader
+from orchestrator.store import claims, lease, reader, retention
 
 
 def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
@@ -89,6 +89,8 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
                     "eta_s": eta,
                     "failed": failed,
                     "saved": saved,
+                    # eval rows (an estimate) and checkpoints (exact) it keeps: store/retention.py
+                    "stored": retention.stored_size(conn, sid),
                     "driver": (live[0].summary() if live else holder.summary() if driving and holder else None),
                     # every live driver (orchestrator join): what it holds and its heartbeat
                     "drivers": [
@@ -97,6 +99,7 @@ def progress_report(engine: Engine, name: str | None = None) -> dict[str, Any]:
                             "host": d.host,
                             "pid": d.pid,
                             "command": d.command,
+                            "slurm_job": d.slurm_job,
                             "claimed": d.claimed,
                             "running": d.running,
                             "started_at": d.started_at,

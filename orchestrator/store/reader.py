@@ -23,11 +23,21 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from orchestrator.errors import UserError
+from orchestrator.evals import TRACE
 from orchestrator.params import flatten_params
 from orchestrator.status import Status
 from orchestrator.store import dialect
 from orchestrator.store.lease import stale_condition
-from orchestrator.store.models import Attempt, Eval, SequentialLook, SweepRow, Trial, TrialError, TrialStop
+from orchestrator.store.models import (
+    Attempt,
+    Eval,
+    SequentialLook,
+    SweepRow,
+    SystemMetric,
+    Trial,
+    TrialError,
+    TrialStop,
+)
 
 if TYPE_CHECKING:  # pandas is imported by the functions that build frames: `status`, `ui` start light
     import pandas as pd
@@ -222,7 +232,7 @@ TRIAL_COLUMNS = (
 PLACEMENT = {"host": "placement_host", "node_id": "placement_node_id", "device": "placement_device"}
 # The trials frame's own columns, before one column per parameter.
 TRIAL_FRAME_COLUMNS = tuple(PLACEMENT.get(c, c) for c in TRIAL_COLUMNS)
-EVAL_COLUMNS = ("trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s")
+EVAL_COLUMNS = TRACE  # the eval point's key and numbers (orchestrator/evals.py)
 
 
 def json_cell(v: Any) -> Any:
@@ -278,16 +288,7 @@ def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
         cols = [t.c.id.label("trial_id")] + [t.c[c] for c in TRIAL_COLUMNS[1:]] + [t.c.params]
         trows = conn.execute(sa.select(*cols).where(t.c.sweep_id == sid).order_by(t.c.id)).mappings().all()
         erows = conn.execute(
-            sa.select(
-                Eval.trial_id,
-                Eval.step,
-                Eval.acc,
-                Eval.loss,
-                Eval.train_loss,
-                Eval.step_lr,
-                Eval.elapsed_s,
-                Eval.metrics,
-            )
+            sa.select(*(Eval.__table__.c[c] for c in EVAL_COLUMNS), Eval.metrics)
             .join(Trial, Trial.id == Eval.trial_id)
             .where(Trial.sweep_id == sid)
             .order_by(Eval.trial_id, Eval.step)
@@ -299,19 +300,10 @@ def sweep_frames(engine: Engine, sweep: str) -> SweepFrames:
     clash = {n: f"params.{n}" for n in params if n in TRIAL_FRAME_COLUMNS}
     pcols, params = pcols.rename(columns=clash), [clash.get(n, n) for n in params]
     trials = pd.concat([trials, pcols], axis=1)
-    evals = pd.DataFrame([tuple(r[:7]) for r in erows], columns=list(EVAL_COLUMNS))
-    evals = evals.astype(
-        {
-            "trial_id": "int64",
-            "step": "int64",
-            "acc": float,
-            "loss": float,
-            "train_loss": float,
-            "step_lr": float,
-            "elapsed_s": float,
-        }
-    )
-    metrics = [r[7] if isinstance(r[7], dict) else (json.loads(r[7]) if r[7] else {}) for r in erows]
+    k = len(EVAL_COLUMNS)  # the metrics follow the trace's columns
+    evals = pd.DataFrame([tuple(r[:k]) for r in erows], columns=list(EVAL_COLUMNS))
+    evals = evals.astype({"trial_id": "int64", "step": "int64", **{c: float for c in EVAL_COLUMNS[2:]}})
+    metrics = [r[k] if isinstance(r[k], dict) else (json.loads(r[k]) if r[k] else {}) for r in erows]
     names = list(dict.fromkeys(k for m in metrics for k in m))
     if names:
         evals = pd.concat(
@@ -615,9 +607,10 @@ ATTEMPT_COLUMNS = (
 
 def trial_attempts(conn: Connection, trial_id: int) -> list[dict[str, Any]]:
     """Every attempt of one trial, oldest first (the ``trial_attempts`` view's columns)."""
-    cols = [getattr(Attempt, c) for c in ATTEMPT_COLUMNS]
+    names = (*ATTEMPT_COLUMNS, "slurm_job")  # the view predates migration 0012's column
+    cols = [getattr(Attempt, c) for c in names]
     rows = conn.execute(sa.select(*cols).where(Attempt.trial_id == trial_id).order_by(Attempt.attempt)).all()
-    return [dict(zip(ATTEMPT_COLUMNS, r)) for r in rows]
+    return [dict(zip(names, r)) for r in rows]
 
 
 @dataclass
@@ -657,3 +650,23 @@ def attempt_stories(conn: Connection, trial_id: int) -> list[AttemptStory]:
             story = stories.setdefault(e.attempt, AttemptStory(e.attempt, None, None, None, None, None))
         story.errors.append({"kind": e.kind, "error": e.error, "traceback": e.traceback})
     return [stories[k] for k in sorted(stories, key=lambda a: (a is not None, a or 0))]
+
+
+# The columns of system_metrics as :func:`system_metrics` gives them (trial_id left out).
+SYSTEM_COLUMNS = (
+    "step",
+    "attempt",
+    "elapsed_s",
+    "cpu_pct",
+    "rss_bytes",
+    "gpu_util_pct",
+    "gpu_mem_bytes",
+    "steps_per_s",
+)
+
+
+def system_metrics(conn: Connection, trial_id: int) -> list[dict[str, Any]]:
+    """What the trial's worker sampled at each eval step (``system_metrics``), in step order."""
+    cols = [getattr(SystemMetric, c) for c in SYSTEM_COLUMNS]
+    rows = conn.execute(sa.select(*cols).where(SystemMetric.trial_id == trial_id).order_by(SystemMetric.step)).all()
+    return [dict(zip(SYSTEM_COLUMNS, r)) for r in rows]

@@ -8,37 +8,42 @@ duplicates it.
 from __future__ import annotations
 
 import json
+import json.encoder
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
-
+from orchestrator import evals
 from orchestrator.errors import UserError
 from orchestrator.params import flatten_params
 from orchestrator.status import SETTLED, Status
-from orchestrator.store import attempts, claims, dialect
-from orchestrator.store.reader import ORIGIN_IMPORT, ORIGIN_RUNNER, find_sweep, sweep_origin
 from orchestrator.store.models import (
     Attempt,
     Driver,
     Eval,
     KeyRename,
     SequentialLook,
-    SweepRow,
     SpecVersion,
+    SweepRow,
+    SystemMetric,
     Trial,
     TrialCheckpoint,
     TrialError,
     TrialParam,
     TrialStop,
 )
+from orchestrator.store.reader import ORIGIN_IMPORT, ORIGIN_RUNNER, find_sweep, sweep_origin
+from orchestrator.store.sweep_store import SweepStore
+from sqlalchemy.engine import Connection, Engine
 
-EVAL_COLUMNS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s", "metrics", "nonfinite")
-# The number columns of an eval row, in the order ``nonfinite`` names them.
-EVAL_NUMBERS = ("acc", "loss", "train_loss", "step_lr", "elapsed_s")
+from orchestrator.store import attempts, claims, dialect
+
+# The ``evals`` columns besides its key, and the number columns among them in the order
+# ``nonfinite`` names them: the eval point's (orchestrator/evals.py).
+EVAL_COLUMNS = evals.STORED
+EVAL_NUMBERS = evals.NUMBERS
 # Typed trial columns copied from the resolved parameters.
 TYPED_PARAMS = ("arm", "task", "seed", "lr", "batch_size", "steps", "eval_every")
 
@@ -89,25 +94,25 @@ def imported_refusal(name: str) -> str:
     )
 
 
-def ensure_sweep(engine: Engine, name: str, spec_text: str, spec_hash: str) -> int:
+def ensure_sweep(db: Engine | SweepStore, name: str, spec_text: str, spec_hash: str) -> int:
     """The sweep's id, creating the row (with this spec) when it is new. Two drivers racing
     to create the same sweep both get the one row (the name is unique). A sweep that
     ``orchestrator import`` made is refused: its trials are records, not runs to continue."""
+    store = db if isinstance(db, SweepStore) else SweepStore(db)
     for _ in range(2):
-        with engine.connect() as conn:
-            found = find_sweep(conn, name)
-            origin = sweep_origin(conn, name) if found is not None else None
+        found, origin = store.read(lambda conn: (find_sweep(conn, name), sweep_origin(conn, name)))
         if found is not None:
             if origin == ORIGIN_IMPORT:
                 raise UserError(imported_refusal(name))
             return found[0]
         try:
-            with engine.begin() as conn:
-                return conn.execute(
+            return store.write(
+                lambda conn: conn.execute(
                     sa.insert(SweepRow)
                     .values(name=name, spec_text=spec_text, spec_hash=spec_hash, origin=ORIGIN_RUNNER)
                     .returning(SweepRow.id)
                 ).scalar_one()
+            )
         except sa.exc.IntegrityError:
             continue  # the other driver created it first
     raise RuntimeError(f"sweep {name!r}: cannot create or find its row")
@@ -319,7 +324,7 @@ def add_trials(
     return {k: existing[k] for k, _ in trials}
 
 
-_EVAL_FIELDS = ("trial_id", "step") + EVAL_COLUMNS
+EVAL_FIELDS = ("trial_id", "step") + EVAL_COLUMNS
 _SET = ", ".join(f"{c} = excluded.{c}" for c in EVAL_COLUMNS)
 
 
@@ -340,11 +345,9 @@ def _clean_json(value: Any, path: str, marks: list[str]) -> Any:
     return value
 
 
-def _eval_tuple(r: Mapping[str, Any]) -> tuple:
-    """One row's values. A non-finite number cannot round-trip through every backend: it is
-    stored as NULL and named in ``nonfinite`` (``loss=nan,metrics.rebind_loss=inf``), so the
-    row, and every finite value in it, is kept and the NULL is not mistaken for a value that
-    was never recorded."""
+def _marked_tuple(r: Mapping[str, Any]) -> tuple:
+    """:func:`eval_tuple` of a row holding a non-finite number (or a value the fast path
+    leaves to this one): each number and metric checked and named on its own."""
     marks: list[str] = []
     numbers = []
     for c in EVAL_NUMBERS:
@@ -363,6 +366,47 @@ def _eval_tuple(r: Mapping[str, Any]) -> tuple:
     )
 
 
+def _json_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, sort_keys=True, allow_nan=False)`` made once: ``dumps`` builds its
+    encoder again on every call, which costs as much as encoding a row's few metrics. Like
+    ``dumps`` it raises ValueError on a non-finite float."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator: the stdlib's own, still built once
+        return json.JSONEncoder(sort_keys=True, allow_nan=False).encode
+    # (markers, default, encoder, indent, key_separator, item_separator, sort_keys, skipkeys,
+    # allow_nan), as JSONEncoder.iterencode passes them for dumps' defaults
+    encode = make(
+        None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ", True, False, False
+    )
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_json = _json_encoder()
+
+
+def eval_tuple(r: Mapping[str, Any]) -> tuple:
+    """One row's values. A non-finite number cannot round-trip through every backend: it is
+    stored as NULL and named in ``nonfinite`` (``loss=nan,metrics.rebind_loss=inf``), so the
+    row, and every finite value in it, is kept and the NULL is not mistaken for a value that
+    was never recorded.
+
+    Every row of a sweep passes here, nearly all of them finite: those take one check of
+    all their numbers and one encoding of their metrics (which refuses a non-finite float);
+    a row that fails either is built again by :func:`_marked_tuple`, which names each one."""
+    get = r.get
+    numbers = list(map(get, EVAL_NUMBERS))
+    try:
+        numbers = [x if x is None or type(x) is float else float(x) for x in numbers]
+        # filter(None, ...) drops None and 0.0, both of which pass anyway.
+        if not all(map(math.isfinite, filter(None, numbers))):
+            return _marked_tuple(r)
+        metrics = get("metrics")
+        text = _encode_json(metrics) if metrics else None
+    except (TypeError, ValueError):  # a non-finite metric, or a value left to the full path
+        return _marked_tuple(r)
+    return (int(r["trial_id"]), int(r["step"]), *numbers, text, None)
+
+
 def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     """Write eval rows (dicts with trial_id, step and EVAL_COLUMNS) as one batched upsert
     inside the caller's transaction.
@@ -371,11 +415,39 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     executemany on SQLite; COPY into a staging table and one INSERT ... ON CONFLICT on
     PostgreSQL (row-at-a-time upserts manage a fraction of that)."""
     # The last report of a (trial, step) wins; one statement may not touch a row twice.
+    dedup = {(t[0], t[1]): t for t in map(eval_tuple, rows)}
+    if not dedup:
+        return 0
+    batch = list(dedup.values())
+    dialect.for_connection(conn).upsert(conn, "evals", EVAL_FIELDS, _SET, batch)
+    return len(batch)
+
+
+# What a worker's sample fills in system_metrics (runner/messages.py maps its wire form here).
+SYSTEM_COLUMNS = ("elapsed_s", "cpu_pct", "rss_bytes", "gpu_util_pct", "gpu_mem_bytes", "steps_per_s")
+_SYSTEM_FIELDS = ("trial_id", "step", "attempt") + SYSTEM_COLUMNS
+_SYSTEM_SET = ", ".join(f"{c} = excluded.{c}" for c in ("attempt",) + SYSTEM_COLUMNS)
+_SYSTEM_INTS = {"rss_bytes", "gpu_mem_bytes"}
+
+
+def upsert_system_metrics(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write system_metrics rows (dicts with trial_id, step and SYSTEM_COLUMNS) as one
+    batched upsert on (trial_id, step) inside the caller's transaction, as
+    :func:`upsert_evals`; each row is tagged with its trial's newest attempt (the one whose
+    worker measured it: the writer stores a report after the attempt it belongs to). A
+    non-finite number is stored as NULL."""
     dedup = {(int(r["trial_id"]), int(r["step"])): r for r in rows}
     if not dedup:
         return 0
-    batch = [_eval_tuple(r) for r in dedup.values()]
-    dialect.for_connection(conn).upsert(conn, "evals", _EVAL_FIELDS, _SET, batch)
+    ids = sorted({t for t, _ in dedup})
+    newest = attempts.newest_attempts(conn, ids)
+
+    def value(c: str, x: Any) -> Any:
+        x = _clean_float(x)
+        return int(x) if x is not None and c in _SYSTEM_INTS else x
+
+    batch = [(t, s, newest.get(t), *(value(c, r.get(c)) for c in SYSTEM_COLUMNS)) for (t, s), r in dedup.items()]
+    dialect.for_connection(conn).upsert(conn, "system_metrics", _SYSTEM_FIELDS, _SYSTEM_SET, batch)
     return len(batch)
 
 
@@ -417,14 +489,6 @@ def set_placement(
     )
 
 
-def touch(conn: Connection, trial_ids: Iterable[int]) -> None:
-    ids = list(trial_ids)
-    if ids:
-        conn.execute(
-            sa.update(Trial).where(Trial.id.in_(ids)).values(updated_at=sa.func.now(), heartbeat_at=sa.func.now())
-        )
-
-
 def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
     """Close a trial; its final metrics are read back from its own eval rows."""
     last = conn.execute(
@@ -450,13 +514,6 @@ def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None
 def record_error(conn: Connection, trial_id: int, error: str) -> None:
     """A failed attempt that will be retried: keep the error text, stay running."""
     conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(error=error, updated_at=sa.func.now()))
-
-
-def interrupt_trial(conn: Connection, trial_id: int) -> None:
-    """A trial stopped before its end (a cancel): it resumes from its checkpoint later."""
-    conn.execute(
-        sa.update(Trial).where(Trial.id == trial_id).values(status=Status.interrupted.value, updated_at=sa.func.now())
-    )
 
 
 def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str, traceback: str | None) -> None:
@@ -503,7 +560,7 @@ def unfinished_trials(conn: Connection, sweep: int) -> list[tuple[int, str, dict
 
 
 def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
-    """Delete a sweep and everything under it (trials, params, evals, errors) in the
+    """Delete a sweep and everything under it (trials, params, evals, errors, system metrics) in the
     caller's transaction; returns the row counts removed. The deletes are explicit rather
     than left to ON DELETE CASCADE, so a SQLite connection opened without foreign keys
     cannot leave orphans either."""
@@ -516,6 +573,7 @@ def delete_sweep(conn: Connection, sweep: int) -> dict[str, int]:
         ("attempts", Attempt),
         ("trial_checkpoints", TrialCheckpoint),
         ("trial_stops", TrialStop),
+        ("system_metrics", SystemMetric),
     ):
         counts[name] = conn.execute(sa.delete(model).where(model.trial_id.in_(tids))).rowcount or 0
     counts["trials"] = conn.execute(sa.delete(Trial).where(Trial.sweep_id == sweep)).rowcount or 0

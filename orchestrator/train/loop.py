@@ -4,8 +4,9 @@ evaluate on a fixed held-out set, yield eval points. Checkpointable at any eval 
 Knows nothing of Ray or SQL. Determinism: the model is initialised under ``seed``; training
 data come from ``tasks.train_generator(data_seed)``; the held-out set from ``eval_seed`` on a
 stream the tasks module keeps disjoint from training. A checkpoint holds every piece of state
-(model, optimizer, data generator, RNG, curriculum, anneal, trace), so a resumed trial
-continues bit for bit on the same device.
+(model, optimizer, data generator, RNG, curriculum, anneal) but the trace, which the stored
+eval rows already hold: a resumed trial is given those rows back (``load_state_dict``'s
+``trace``) and continues bit for bit on the same device.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import cells
 import tasks
+from orchestrator.evals import EvalPoint
 from orchestrator.events import escape_run
 from orchestrator.keys import identity
 from orchestrator.params import TrialParams, resolve, split
@@ -29,35 +30,9 @@ from orchestrator.status import Status
 from orchestrator.train import device as devices
 from orchestrator.train.schedule import lr_multiplier
 
-CHECKPOINT_VERSION = 1
-
-
-@dataclass
-class EvalPoint:
-    """One row of a trial's trace. ``step`` counts optimizer updates done (the first eval is
-    at step 1); ``train_loss`` is the mean training loss since the previous eval point;
-    ``step_lr`` is the learning rate this step ran at (the schedule applied to the trial's
-    ``lr``), the store's ``evals.step_lr``."""
-
-    step: int
-    acc: float
-    loss: float
-    train_loss: float | None
-    step_lr: float
-    elapsed_s: float
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> EvalPoint:
-        """A point of a checkpoint's trace; checkpoints written before the field was renamed
-        call ``step_lr`` ``lr``."""
-        d = dict(d)
-        if "lr" in d and "step_lr" not in d:
-            d["step_lr"] = d.pop("lr")
-        return cls(**d)
+# 2: the trace is left out (``Trainer.checkpoint``); 1 carried it. Both load.
+CHECKPOINT_VERSION = 2
+LOADABLE_VERSIONS = (1, 2)
 
 
 def is_numeric_error(exc: BaseException) -> bool:
@@ -358,9 +333,11 @@ class Trainer:
         self.finish()
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed trial needs. Taken at an eval point (the train-loss
-        accumulator is empty there)."""
+    def checkpoint(self) -> dict[str, Any]:
+        """What a stored checkpoint holds: everything a resumed trial needs but its trace,
+        which the stored eval rows already hold (a second copy would grow with every eval);
+        ``trace_len`` lets :meth:`load_state_dict` check that the rows it is given back are
+        the trace it had. Taken at an eval point (the train-loss accumulator is empty there)."""
         state = {
             "version": CHECKPOINT_VERSION,
             "params": self.params,
@@ -370,7 +347,7 @@ class Trainer:
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None,
-            "trace": [e.to_dict() for e in self.trace],
+            "trace_len": len(self.trace),
             "elapsed": self.elapsed,
             "anneal_start": self.anneal_start,
             "loss_acc": (self._loss_sum, self._loss_n),
@@ -383,9 +360,21 @@ class Trainer:
             state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"checkpoint version {state.get('version')} is not {CHECKPOINT_VERSION}")
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`checkpoint` with the trace in it: a whole trial in one object, for a
+        round trip without a database (the runner stores :meth:`checkpoint`)."""
+        return {**self.checkpoint(), "trace": [e.to_dict() for e in self.trace]}
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], trace: Sequence[Mapping[str, Any] | EvalPoint] | None = None
+    ) -> None:
+        """Resume from ``state``. A state without a trace (:meth:`checkpoint`) needs
+        ``trace``: the trial's stored eval rows up to the checkpoint's step, as
+        :meth:`EvalPoint.to_dict` mappings; a state that carries one (version 1, or
+        :meth:`state_dict`) uses its own. Raises ValueError on a state of another trial,
+        version or budget, or rows that are not the trace the checkpoint was taken with."""
+        if state.get("version") not in LOADABLE_VERSIONS:
+            raise ValueError(f"checkpoint version {state.get('version')} is not one of {LOADABLE_VERSIONS}")
         # Budget, execution settings and tags may change between runs of one trial (a longer
         # budget continues it); what decides the trajectory may not.
         if identity(state["params"]) != identity(self.params):
@@ -401,7 +390,7 @@ class Trainer:
         if self.curriculum is not None and state["curriculum"] is not None:
             self.curriculum.load_state_dict(state["curriculum"])
         self.step = int(state["step"])
-        self.trace = [EvalPoint.from_dict(e) for e in state["trace"]]
+        self.trace = self._resumed_trace(state, trace)
         self.elapsed = float(state["elapsed"])
         self.anneal_start = state["anneal_start"]
         self._loss_sum, self._loss_n = state["loss_acc"]
@@ -414,3 +403,21 @@ class Trainer:
         blend = self.read_blend_at(self.step) if self.step else None
         if blend is not None:
             self.model.set_read_blend(blend)  # type: ignore[operator]  # blendable models only
+
+    def _resumed_trace(
+        self, state: Mapping[str, Any], rows: Sequence[Mapping[str, Any] | EvalPoint] | None
+    ) -> list[EvalPoint]:
+        if "trace" in state:
+            return [EvalPoint.from_dict(e) for e in state["trace"]]
+        step = int(state["step"])
+        # Rows past the checkpoint belong to an attempt that did not get to checkpoint them;
+        # its successor deletes and retrains them, so they are no part of this trace.
+        points = [p if isinstance(p, EvalPoint) else EvalPoint.from_dict(p) for p in rows or ()]
+        points = sorted((p for p in points if p.step <= step), key=lambda p: p.step)
+        want = int(state.get("trace_len", 0))
+        if len(points) != want:
+            raise ValueError(
+                f"checkpoint at step {step} was taken with {want} eval point(s); "
+                f"{len(points)} stored eval row(s) reach that step"
+            )
+        return points

@@ -251,15 +251,20 @@ class PackTrainer:
             self.members[j].step_raised(step, exc, finite[j])
         return True
 
-    def load_member_states(self, states: Sequence[Mapping[str, Any] | None]) -> None:
-        """Resume: each member from its own lone-format checkpoint (None = from scratch).
-        All members given a state must be at the same step."""
+    def load_member_states(
+        self,
+        states: Sequence[Mapping[str, Any] | None],
+        traces: Sequence[Sequence[Mapping[str, Any]]] | None = None,
+    ) -> None:
+        """Resume: each member from its own lone-format checkpoint (None = from scratch)
+        and, for a checkpoint without its trace, that member's stored eval rows
+        (``Trainer.load_state_dict``). All members given a state must be at the same step."""
         steps = {int(s["step"]) for s in states if s is not None}
         if any(s is None for s in states) and steps and steps != {0}:
             raise ValueError("pack members are at different steps")
         if len(steps) > 1:
             raise ValueError("pack members are at different steps")
-        for m, s in zip(self.members, states):
+        for j, (m, s) in enumerate(zip(self.members, states)):
             if s is not None:
-                m.load_state_dict(s)
+                m.load_state_dict(s, traces[j] if traces is not None else None)
         self._stack()

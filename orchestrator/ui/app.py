@@ -142,6 +142,21 @@ class _JSON(JSONResponse):
         return json.dumps(content, separators=(",", ":"), default=str, allow_nan=False).encode()
 
 
+# Trial ids one traces request names at most (a grid cell's trials, the overlay's).
+MAX_IDS = 20_000
+
+
+def _trial_ids(text: str) -> set[int]:
+    """``ids=1,2,3``: a set of trial ids; a UserError for anything else."""
+    parts = text.split(",") if text else []
+    if len(parts) > MAX_IDS:
+        raise UserError(f"ids: {len(parts):,} trial ids, more than the {MAX_IDS:,} one request takes")
+    if not all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts):
+        bad = next(p for p in parts if not (p.isascii() and p.isdigit() and len(p) < 19))
+        raise UserError(f"ids: {bad[:20]!r} is not a trial id; expected ids=1,2,3")
+    return {int(p) for p in parts}
+
+
 async def read_body(request: Request, limit: int) -> bytes | None:
     """The request's body, or None once it is past ``limit`` bytes (read as it streams in:
     the rest is never read, and a Content-Length past it is refused before any)."""
@@ -174,6 +189,13 @@ def create_app(
     # The escape-time view needs lifelines (with scipy, ~1.5 s to import): pay that at start
     # rather than on the first page load.
     import lifelines  # noqa: F401
+
+    # And the analysis layer the grid, escape-time, outcomes and importance views run (a
+    # second or more of imports): a big sweep's first page load should not wait for them.
+    import orchestrator.analysis.grid
+    import orchestrator.analysis.importance
+    import orchestrator.analysis.pipeline
+    import orchestrator.analysis.survival  # noqa: F401
 
     templates = Jinja2Templates(env=templates_env())
     plotly_path = plotly_js()
@@ -246,13 +268,20 @@ def create_app(
         name = request.path_params["name"]
         with engine.connect() as conn:
             reader.sweep_id(conn, name)
-        return page(request, "sweep.html", sweep=name)
+        # How many trials: the page asks for quantile bands rather than every trace of a big
+        # sweep at once, in parallel with the trial table.
+        n = sum(c for _s, c, _t in reader.write_stamp(engine, name))
+        return page(request, "sweep.html", sweep=name, n_trials=n)
 
     @guarded
     def trial_page(request: Request) -> Response:
         name, key = request.path_params["name"], request.path_params["key"]
         t = q.trial(engine, name, key)
         return page(request, "trial.html", sweep=name, trial=t)
+
+    @guarded
+    def api_trial_system(request: Request) -> Response:
+        return _JSON(_clean(q.trial_system(engine, request.path_params["name"], request.path_params["key"])))
 
     @guarded
     def api_sweeps(request: Request) -> Response:
@@ -268,6 +297,10 @@ def create_app(
         ids = None
         if where or key:
             ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
+        if args.get("ids") is not None:
+            # The trials a big sweep's page draws one line each for (a grid cell, the overlay).
+            picked = _trial_ids(args["ids"] or "")
+            ids = picked if ids is None else ids & picked
         mp = args.get("max_points") or "0"
         if not (mp.isascii() and mp.isdigit() and len(mp) < 10):
             raise UserError(f"max_points={mp[:20]!r}: expected a whole number")
@@ -279,7 +312,7 @@ def create_app(
 
     @guarded
     def api_traces_get(request: Request) -> Response:
-        args = {k: arg(request, k) for k in ("where", "key", "since", "full", "max_points")}
+        args = {k: arg(request, k) for k in ("where", "key", "since", "full", "max_points", "ids")}
         return traces_answer(request.path_params["name"], args)
 
     async def api_traces(request: Request) -> Response:
@@ -301,9 +334,14 @@ def create_app(
             data = None
         if not isinstance(data, dict) or not all(isinstance(v, (str, type(None))) for v in data.values()):
             return _JSON({"error": "error: the body must be a JSON object of strings"}, status_code=400)
-        args = {k: (data.get(k) or None) for k in ("where", "key", "since", "full", "max_points")}
+        args = {k: (data.get(k) or None) for k in ("where", "key", "since", "full", "max_points", "ids")}
         name = request.path_params["name"]
         return await run_in_threadpool(guarded(lambda _r: traces_answer(name, args)), request)
+
+    @guarded
+    def api_bands(request: Request) -> Response:
+        name = request.path_params["name"]
+        return _JSON(_clean(q.bands(engine, name, arg(request, "by"), arg(request, "facet"), arg(request, "where"))))
 
     @heavy
     def api_grid(request: Request) -> Response:
@@ -320,7 +358,7 @@ def create_app(
 
     @heavy
     def api_csv(request: Request) -> Response:
-        args = {k: arg(request, k) for k in ("where", "by", "x", "y", "facet", "metric")}
+        args = {k: arg(request, k) for k in ("where", "by", "x", "y", "facet", "metric", "outcome")}
         fname, text = q.csv_view(engine, request.path_params["name"], request.path_params["view"], args)
         return _csv(fname, text)
 
@@ -337,6 +375,7 @@ def create_app(
                 arg(request, "by"),
                 arg(request, "metric") or "lockin",
                 arg(request, "where"),
+                arg(request, "split"),
             )
         )
 
@@ -347,8 +386,13 @@ def create_app(
     @heavy
     def api_compare_csv(request: Request) -> Response:
         c = compare_args(request)
-        cols = ["sweep", c["by"], "n", "k", "rate", "ci_low", "ci_high", "median"]
-        rows = [{"sweep": c[s], c["by"]: r["value"], **r} for s in ("a", "b") for r in c[s + "_cells"]]
+        lead = ["sweep"] + ([c["split"]] if c["split"] else []) + [c["by"]]
+        cols = [*lead, "n", "k", "rate", "ci_low", "ci_high", "median"]
+        rows = [
+            {"sweep": c[s], **({c["split"]: r["split"]} if c["split"] else {}), c["by"]: r["value"], **r}
+            for s in ("a", "b")
+            for r in c[s + "_cells"]
+        ]
         return _csv(f"compare-{c['a']}-{c['b']}.csv", q.to_csv(cols, rows))
 
     @heavy
@@ -356,6 +400,15 @@ def create_app(
         return _JSON(
             _clean(q.escape_times(engine, request.path_params["name"], arg(request, "by"), arg(request, "where")))
         )
+
+    @heavy
+    def api_outcomes(request: Request) -> Response:
+        return _JSON(_clean(q.outcomes(engine, request.path_params["name"], arg(request, "where"))))
+
+    @heavy
+    def api_importance(request: Request) -> Response:
+        name, outcome = request.path_params["name"], arg(request, "outcome") or "final_acc"
+        return _JSON(_clean(q.importance(engine, name, outcome, arg(request, "where"))))
 
     def plotly(_request: Request) -> Response:
         return FileResponse(plotly_path, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
@@ -369,9 +422,13 @@ def create_app(
         Route("/sweeps/{name}/trials/{key}", trial_page),
         Route("/api/sweeps", api_sweeps),
         Route("/api/sweeps/{name}/trials", api_trials),
+        Route("/api/sweeps/{name}/trials/{key}/system", api_trial_system),
         Route("/api/sweeps/{name}/traces", api_traces, methods=["GET", "POST"]),
         Route("/api/sweeps/{name}/km", api_km),
+        Route("/api/sweeps/{name}/bands", api_bands),
         Route("/api/sweeps/{name}/grid", api_grid),
+        Route("/api/sweeps/{name}/outcomes", api_outcomes),
+        Route("/api/sweeps/{name}/importance", api_importance),
         Route("/api/sweeps/{name}/csv/{view}", api_csv),
         Route("/compare", compare_page),
         Route("/api/compare", api_compare),

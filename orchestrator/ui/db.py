@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from sqlalchemy.engine import Engine
 
+from orchestrator.evals import TRACE
 from orchestrator.errors import UserError
 from orchestrator.status import Status
 from orchestrator.store import reader
@@ -34,7 +35,8 @@ from orchestrator.yaml_load import load_capped
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
-FULL_COLUMNS = TRACE_COLUMNS + ("train_loss", "step_lr", "elapsed_s", "metrics")
+# Every column of the eval point (orchestrator/evals.py): the live traces' short form above.
+FULL_COLUMNS = (*TRACE, "metrics")
 # What the escape-time view counts: running trials too, censored at their last eval so far.
 ESCAPE_STATUSES = [Status.running.value, Status.completed.value, Status.diverged.value]
 
@@ -87,8 +89,38 @@ def spec_analysis(conn, name: str) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
+# The index's ETA: one RateWindow per sweep (orchestrator/eta.py, the terminal view's rule),
+# fed each time the sweep list is read; the page reads it every poll interval.
+_ETA_WINDOWS: dict[tuple[int, str], Any] = {}
+_ETA_LOCK = threading.Lock()
+
+
+def _eta(engine: Engine, st: dict[str, Any]) -> tuple[float | None, str | None]:
+    """``(seconds, None)`` for a sweep being run whose recent rate gives an ETA, else
+    ``(None, why not)``: done, not running, or still estimating."""
+    import time
+
+    from orchestrator.eta import RateWindow
+
+    progress, total = st.get("progress"), (st.get("saved") or {}).get("of_steps") or 0
+    key = (id(engine), st.get("sweep", ""))
+    if progress is not None and progress >= 1:
+        _ETA_WINDOWS.pop(key, None)
+        return None, "done"
+    if not (st.get("driver") or st.get("drivers")):
+        _ETA_WINDOWS.pop(key, None)
+        return None, "not running"
+    now = time.monotonic()
+    with _ETA_LOCK:
+        window = _ETA_WINDOWS.setdefault(key, RateWindow())
+        window.add(now, (progress or 0.0) * total)
+        eta = window.eta(total, now)
+    return (eta, None) if eta is not None else (None, "estimating")
+
+
 def sweeps(engine: Engine) -> list[dict[str, Any]]:
-    """Every sweep: counts by status, share of steps done, ETA, first start, last write."""
+    """Every sweep: counts by status, share of steps done, ETA (from the recent rate, or
+    why there is none), first start, last write."""
     from orchestrator.store.progress import progress_report
 
     report = {s["sweep"]: s for s in progress_report(engine)["sweeps"]}
@@ -98,6 +130,7 @@ def sweeps(engine: Engine) -> list[dict[str, Any]]:
     for r in rows:
         st = report.get(r.name, {})
         spec = read_spec(r.spec_text)
+        eta_s, eta_note = _eta(engine, st) if st else (None, None)
         out.append(
             {
                 "name": r.name,
@@ -106,7 +139,8 @@ def sweeps(engine: Engine) -> list[dict[str, Any]]:
                 "total": st.get("total", 0),
                 "counts": st.get("counts", {}),
                 "progress": st.get("progress"),
-                "eta_s": st.get("eta_s"),
+                "eta_s": eta_s,
+                "eta_note": eta_note,
                 "created_at": _iso(r.created_at),
                 "started_at": _iso(r.started),
                 "updated_at": _iso(r.updated),
@@ -130,7 +164,46 @@ class TrialTable:
     varying: list[str]
 
 
+class _Coalesce:
+    """Concurrent identical calls share one computation; nothing is kept once it ends, so an
+    answer is never older than a call already running when the request came. A big sweep's
+    page asks for its trial table and its quantile bands (which need the table) at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.flight: dict[tuple, tuple[threading.Event, list]] = {}
+
+    def run(self, key: tuple, fn):
+        with self.lock:
+            f = self.flight.get(key)
+            owner = f is None
+            if f is None:
+                f = self.flight[key] = (threading.Event(), [])
+        done, box = f
+        if not owner:
+            done.wait()
+            # The first caller failed (its deadline, a bad where): this one computes its own.
+            return box[0] if box else fn()
+        try:
+            value = fn()
+            box.append(value)
+            return value
+        finally:
+            with self.lock:
+                self.flight.pop(key, None)
+            done.set()
+
+
+_TRIALS = _Coalesce()
+
+
 def trials(engine: Engine, name: str, where: str | None = None, key: str | None = None) -> TrialTable:
+    """The sweep's trial table after ``where`` (or the one trial ``key``); callers share the
+    :class:`TrialTable` of an identical call in flight and must not change it."""
+    return _TRIALS.run((id(engine), name, where, key), lambda: _trials(engine, name, where, key))
+
+
+def _trials(engine: Engine, name: str, where: str | None, key: str | None) -> TrialTable:
     from orchestrator.analysis.data import params_frame
     from orchestrator.analysis.where import filter_trial_ids
     from orchestrator.params import flatten_params
@@ -209,6 +282,7 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
             raise NotFound(f"sweep {name!r} has no trial {key!r}")
         tried = reader.trial_attempts(conn, r.id)
         stories = reader.attempt_stories(conn, r.id)
+        system = reader.system_metrics(conn, r.id)
     from orchestrator.params import flatten_params
 
     d = dict(r._mapping)
@@ -220,7 +294,41 @@ def trial(engine: Engine, name: str, key: str) -> dict[str, Any]:
     d["tried"] = tried
     # Each attempt's console tail and tracebacks, shown as text (the template escapes them).
     d["stories"] = [{**vars(st), "started_at": _iso(st.started_at), "ended_at": _iso(st.ended_at)} for st in stories]
+    d["system"] = _system_columns(system)
     return d
+
+
+_MB = 1024**2
+
+
+def _system_columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The trial page's system chart: one list per series against ``step``, memory in MiB;
+    the GPU series only where some sample has them (a CPU trial's are all NULL)."""
+
+    def mb(x: Any) -> float | None:
+        return None if x is None else round(x / _MB, 3)
+
+    out: dict[str, list[Any]] = {
+        "step": [r["step"] for r in rows],
+        "attempt": [r["attempt"] for r in rows],
+        "cpu_pct": [r["cpu_pct"] for r in rows],
+        "rss_mb": [mb(r["rss_bytes"]) for r in rows],
+        "steps_per_s": [r["steps_per_s"] for r in rows],
+    }
+    if any(r["gpu_util_pct"] is not None or r["gpu_mem_bytes"] is not None for r in rows):
+        out["gpu_util_pct"] = [r["gpu_util_pct"] for r in rows]
+        out["gpu_mem_mb"] = [mb(r["gpu_mem_bytes"]) for r in rows]
+    return out
+
+
+def trial_system(engine: Engine, name: str, key: str) -> dict[str, list[Any]]:
+    """The series of :func:`trial`'s ``system`` alone (the trial page polls it while the
+    trial runs)."""
+    with engine.connect() as conn:
+        r = reader.trial_row(conn, reader.sweep_id(conn, name), key)
+        if r is None:
+            raise NotFound(f"sweep {name!r} has no trial {key!r}")
+        return _system_columns(reader.system_metrics(conn, r.id))
 
 
 def encode_cursor(t: dt.datetime, last: dict[int, int]) -> str:
@@ -371,25 +479,50 @@ class _PrepCache:
     sweep's write stamp is unchanged: regrouping the escape-time view, or reloading the page
     of a sweep nobody writes to, then skips reading half a million eval rows again. The
     stamp is the trial count per status plus the latest ``updated_at``; every eval flush
-    touches it and every finish changes a status count."""
+    touches it and every finish changes a status count.
+
+    Bounded: at most ``size`` entries, the least recently used dropped first. One build per
+    key at a time: the page's first load asks for the grid, the outcomes and the importance
+    at once, all from one prepared sweep, and three builders of it would triple the work and
+    the memory while they ran."""
 
     def __init__(self, size: int = 8):
         self.size = size
         self.items: dict[tuple, tuple[tuple, Any]] = {}
         self.lock = threading.Lock()
+        self.building: dict[tuple, threading.Lock] = {}
+
+    def _hit(self, key: tuple, stamp: tuple) -> tuple[bool, Any]:
+        hit = self.items.get(key)
+        if hit is not None and hit[0] == stamp:
+            self.items[key] = self.items.pop(key)  # most recently used last
+            return True, hit[1]
+        return False, None
 
     def get(self, engine: Engine, name: str, key: tuple, build):
         stamp = reader.write_stamp(engine, name)
         with self.lock:
-            hit = self.items.get(key)
-            if hit is not None and hit[0] == stamp:
-                return hit[1]
-        value = build()
-        with self.lock:
-            self.items[key] = (stamp, value)
-            while len(self.items) > self.size:
-                self.items.pop(next(iter(self.items)))
-        return value
+            found, value = self._hit(key, stamp)
+            if found:
+                return value
+            gate = self.building.setdefault(key, threading.Lock())
+        try:
+            with gate:
+                with self.lock:
+                    found, value = self._hit(key, stamp)
+                if found:
+                    return value
+                value = build()
+                with self.lock:
+                    self.items.pop(key, None)
+                    self.items[key] = (stamp, value)
+                    while len(self.items) > self.size:
+                        self.items.pop(next(iter(self.items)))
+                return value
+        finally:
+            with self.lock:
+                if self.building.get(key) is gate and not gate.locked():
+                    del self.building[key]
 
 
 PREPARED = _PrepCache()
@@ -532,11 +665,29 @@ def shared_params(engine: Engine, a: str, b: str) -> list[str]:
     return [p for p in both if p in vary] + [p for p in both if p not in vary]
 
 
+def _split_default(engine: Engine, a: str, b: str, by: str) -> str | None:
+    """What the comparison keeps apart by default: the ``arm``, where it varies in either
+    sweep and is not the compared parameter (by lr, an armed and an unarmed cell pooled
+    would be one meaningless average)."""
+    ta, tb = trials(engine, a), trials(engine, b)
+    if by != "arm" and "arm" in ta.params and "arm" in tb.params and ("arm" in ta.varying or "arm" in tb.varying):
+        return "arm"
+    return None
+
+
 def compare(
-    engine: Engine, a: str, b: str, by: str | None, metric: str = "lockin", where: str | None = None
+    engine: Engine,
+    a: str,
+    b: str,
+    by: str | None,
+    metric: str = "lockin",
+    where: str | None = None,
+    split: str | None = None,
 ) -> dict[str, Any]:
     """Two sweeps side by side along a parameter both have: per value, each sweep's n, k,
-    rate and interval (and median escape step), from the same cells as :func:`grid`."""
+    rate and interval (and median escape step), from the same cells as :func:`grid`.
+    ``split``: a parameter whose values are kept apart (one series per sweep and value;
+    ``none``: pooled; unset: the arm where it varies, see :func:`_split_default`)."""
     from orchestrator.analysis.grid import grid_cells
 
     if not a or not b:
@@ -548,13 +699,78 @@ def compare(
         by = shared[0]
     if by not in shared:
         raise UserError(f"by {by!r}: not a parameter of both sweeps; shared: {', '.join(shared[:40]) or '(none)'}")
-    out: dict[str, Any] = {"a": a, "b": b, "by": by, "metric": metric or "lockin", "shared": shared, "ci": CI_METHOD}
+    if split == "none":
+        split = None
+    elif not split:
+        split = _split_default(engine, a, b, by)
+    elif split == by or split not in shared:
+        raise UserError(f"split {split!r}: expected none or a parameter of both sweeps other than by {by!r}")
+    out: dict[str, Any] = {
+        "a": a,
+        "b": b,
+        "by": by,
+        "split": split,
+        "metric": metric or "lockin",
+        "shared": shared,
+        "ci": CI_METHOD,
+        "where": where or None,
+    }
     for side, name in (("a", a), ("b", b)):
         prep = _grid_prepared(engine, name, where)
         _few_values(prep.trials, "by", by, MAX_AXIS, "values a comparison lists")
-        cells = grid_cells(prep.trials, prep.cfg, [by], metric or "lockin", prep.data.params)
-        out[side + "_cells"] = [{"value": r[by], **_cell(r)} for r in cells.to_dict("records")]
+        if split:
+            _few_values(prep.trials, "split", split, MAX_GROUPS, "series a comparison draws")
+        axes = [split, by] if split else [by]
+        cells = grid_cells(prep.trials, prep.cfg, axes, metric or "lockin", prep.data.params)
+        out[side + "_cells"] = [
+            {"value": r[by], "split": r[split] if split else None, **_cell(r)} for r in cells.to_dict("records")
+        ]
     return out
+
+
+def outcomes(engine: Engine, name: str, where: str | None = None) -> dict[str, Any]:
+    """One row per trial the analysis counts (the sweep's statuses, after ``where``): its
+    key, the swept parameters and the three outcomes the parallel coordinates colour by
+    (final accuracy, lock-in 0/1, escape step: the events' ``time``, a trial that never
+    escaped at its last eval, with ``escaped`` saying which)."""
+    from orchestrator.analysis.importance import swept
+
+    prep = _grid_prepared(engine, name, where)
+    t = prep.trials
+    axes = swept(t, list(prep.data.params))
+    rows = []
+    for r in t.to_dict("records"):
+        rows.append(
+            {
+                "trial_id": int(r["trial_id"]),
+                "key": r["key"],
+                "params": {p: r[p] for p in axes},
+                "final_acc": r["final_acc"],
+                "lockin": int(bool(r["locked"])),
+                "escape_step": r["time"],
+                "escaped": bool(r["event"]),
+            }
+        )
+    return {
+        "axes": axes,
+        "rows": rows,
+        "lockin": prep.cfg.lockin,
+        "escape_at": prep.cfg.escape_at,
+        "statuses": list(prep.cfg.statuses),
+    }
+
+
+def importance(engine: Engine, name: str, outcome: str = "final_acc", where: str | None = None) -> dict[str, Any]:
+    """fANOVA importance of the swept parameters for ``outcome`` over the trials the
+    analysis counts (:func:`orchestrator.analysis.importance.importance`, method named)."""
+    from orchestrator.analysis import importance as imp
+
+    prep = _grid_prepared(engine, name, where)
+    key = (id(engine), name, "importance", outcome, prep.cfg.model_dump_json())
+    res = PREPARED.get(
+        engine, name, key, lambda: imp.importance(prep.trials, list(prep.data.params), outcome, prep.cfg.stopped_as)
+    )
+    return {**res.to_dict(), "statuses": list(prep.cfg.statuses), "lockin": prep.cfg.lockin}
 
 
 def _csv_value(v: Any) -> Any:
@@ -593,7 +809,7 @@ def csv_view(engine: Engine, name: str, view: str, args: dict[str, str | None]) 
         t = trials(engine, name, where=where)
         keys = {r["trial_id"]: r["key"] for r in t.rows}
         cols = traces(engine, name, trial_ids=set(keys), full=True)["columns"]
-        names = ["trial_id", "step", "acc", "loss", "train_loss", "step_lr", "elapsed_s"]
+        names = list(TRACE)
         rows = [{c: cols[c][i] for c in names} for i in range(len(cols["trial_id"]))]
         for r in rows:
             r["key"] = keys.get(r["trial_id"])
@@ -615,4 +831,171 @@ def csv_view(engine: Engine, name: str, view: str, args: dict[str, str | None]) 
             for c in p["cells"]
         ]
         return f"{name}-grid.csv", to_csv([*lead, "n", "k", "rate", "ci_low", "ci_high", "median"], rows)
-    raise UserError(f"view {view!r}: expected one of trials, traces, km, grid")
+    if view == "outcomes":
+        o = outcomes(engine, name, where)
+        cols = ["trial_id", "key", *("param." + p for p in o["axes"]), "final_acc", "lockin", "escape_step", "escaped"]
+        rows = [{**r, **{"param." + p: v for p, v in r["params"].items()}} for r in o["rows"]]
+        return f"{name}-outcomes.csv", to_csv(cols, rows)
+    if view == "importance":
+        got = importance(engine, name, args.get("outcome") or "final_acc", where)
+        rows = [
+            {**p, "outcome": got["outcome"], "method": got["method"], "n_trials": got["n_trials"]}
+            for p in got["params"]
+        ]
+        return f"{name}-importance.csv", to_csv(["param", "importance", "kind", "outcome", "method", "n_trials"], rows)
+    raise UserError(f"view {view!r}: expected one of trials, traces, km, grid, outcomes, importance")
+
+
+# ---- quantile bands: the traces view of a big sweep --------------------------------------------
+# Past BAND_TRIALS trials the page draws, per colour group (and facet), the quantiles of acc
+# and loss at each eval step instead of one line per trial: tens of thousands of SVG or
+# software-WebGL lines take the browser many seconds, bands a few hundred points.
+BAND_TRIALS = 200
+BAND_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+# Steps a band keeps at most (every k-th distinct step past it, and the last): a page is
+# about this many pixels wide.
+BAND_MAX_STEPS = 1000
+
+
+def _group_key(v: Any) -> str:
+    """One string per value as the page labels it: a float that is a whole number is that
+    int (JavaScript prints 1.0 as "1"), lists and dicts as sorted JSON."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _default_by(rows: list[dict[str, Any]], varying: list[str]) -> str | None:
+    """The page's default colour: the varying parameter (not seed) with the fewest values."""
+    best: tuple[int, str] | None = None
+    for p in varying:
+        if p == "seed":
+            continue
+        n = len({_group_key(r["params"].get(p)) for r in rows})
+        if best is None or n < best[0]:
+            best = (n, p)
+    return best[1] if best else None
+
+
+def band_frame(rows: list[tuple], group_of: dict[int, tuple[str, str]]):
+    """Eval rows ``(trial_id, step, acc, loss)`` as a frame with each trial's facet and group
+    keys (trials not in ``group_of`` dropped). Built column by column through numpy, with
+    the keys as integer codes until the end: a frame of half a million tuples costs more
+    than the quantiles."""
+    import numpy as np
+    import pandas as pd
+
+    if not rows:
+        return pd.DataFrame({c: [] for c in (*TRACE_COLUMNS, "facet", "group")})
+    n = len(rows)
+    ids = np.fromiter(map(itemgetter(0), rows), dtype=np.int64, count=n)
+    keys = sorted(set(group_of.values()))
+    code = np.full(int(max(ids.max(), max(group_of, default=0))) + 1, -1, dtype=np.int64)
+    at = {k: i for i, k in enumerate(keys)}
+    for tid, k in group_of.items():
+        code[tid] = at[k]
+    c = code[ids]
+    keep = c >= 0
+    df = pd.DataFrame(
+        {
+            "trial_id": ids[keep],
+            "step": np.fromiter(map(itemgetter(1), rows), dtype=np.int64, count=n)[keep],
+            "acc": np.array(list(map(itemgetter(2), rows)), dtype=float)[keep],
+            "loss": np.array(list(map(itemgetter(3), rows)), dtype=float)[keep],
+        }
+    )
+    labels = (
+        np.array([f for f, _g in keys] or [""], dtype=object),
+        np.array([g for _f, g in keys] or [""], dtype=object),
+    )
+    df["facet"] = labels[0][c[keep]]
+    df["group"] = labels[1][c[keep]]
+    return df
+
+
+def band_quantiles(df) -> Any:
+    """Per (facet, group, step): trials with an eval there (``n``) and the
+    :data:`BAND_QUANTILES` of acc and loss (NaN-skipping), indexed by facet, group, step."""
+    g = df.groupby(["facet", "group", "step"], sort=True)
+    out = g["trial_id"].count().rename("n").to_frame()
+    for col in ("acc", "loss"):
+        q = g[col].quantile(list(BAND_QUANTILES)).unstack()
+        q.columns = [f"{col}_q{round(p * 100)}" for p in q.columns]
+        out = out.join(q)
+    return out
+
+
+def _json_floats(values) -> list[float | None]:
+    import numpy as np
+
+    arr = np.round(np.asarray(values, dtype=float), 5)
+    return [None if not np.isfinite(x) else float(x) for x in arr]
+
+
+BANDS = _PrepCache(size=16)
+
+
+def bands(
+    engine: Engine, name: str, by: str | None = None, facet: str | None = None, where: str | None = None
+) -> dict[str, Any]:
+    """The quantile bands of the sweep's traces (after ``where``) per ``facet`` value and
+    ``by`` group (the page's default colour when None): per eval step the number of trials
+    with an eval there and the :data:`BAND_QUANTILES` of acc and loss. Cached per sweep
+    state (:class:`_PrepCache`, bounded)."""
+    key = (id(engine), name, "bands", by, facet, where or "")
+    return BANDS.get(engine, name, key, lambda: _bands(engine, name, by, facet, where))
+
+
+def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: str | None) -> dict[str, Any]:
+    t = trials(engine, name, where=where)
+    by = by or _default_by(t.rows, t.varying)
+    for flag, p in (("by", by), ("facet", facet)):
+        if p is not None and t.rows and p not in t.params:  # an empty view has no bands, not an error
+            raise UserError(f"{flag}={p!r}: the sweep has no parameter of that name")
+    group_of: dict[int, tuple[str, str]] = {}
+    value_of: dict[str, Any] = {}
+    count: dict[tuple[str, str], int] = {}
+    for r in t.rows:
+        fv = r["params"].get(facet) if facet else None
+        gv = r["params"].get(by) if by else None
+        fk, gk = _group_key(fv), _group_key(gv)
+        value_of.setdefault(fk, fv)
+        value_of.setdefault(gk, gv)
+        group_of[r["trial_id"]] = (fk, gk)
+        count[fk, gk] = count.get((fk, gk), 0) + 1
+    ngroups = len({g for _f, g in count})
+    if ngroups > MAX_GROUPS:
+        raise UserError(
+            f"by={by!r}: {ngroups:,} values, more than the {MAX_GROUPS} groups the quantile bands draw; "
+            "colour by a parameter with fewer values, or narrow with where="
+        )
+    with engine.connect() as conn:
+        rows = reader.trace_rows(conn, name, TRACE_COLUMNS, set(group_of) if where else None)
+    q = band_quantiles(band_frame(rows, group_of))
+    drawn = set(q.index.droplevel("step"))
+    panels: dict[str, dict[str, Any]] = {}
+    for (fk, gk), n in sorted(count.items()):
+        panel = panels.setdefault(fk, {"value": value_of[fk], "groups": []})
+        entry: dict[str, Any] = {"value": value_of[gk], "trials": n, "step": [], "n": []}
+        if (fk, gk) in drawn:
+            part = q.loc[(fk, gk)]
+            stride = -(-len(part) // BAND_MAX_STEPS)
+            if stride > 1:
+                keep = list(range(0, len(part), stride))
+                if keep[-1] != len(part) - 1:
+                    keep.append(len(part) - 1)
+                part = part.iloc[keep]
+            entry["step"] = [int(s) for s in part.index]
+            entry["n"] = [int(x) for x in part["n"]]
+            for c in part.columns:
+                if c != "n":
+                    entry[c] = _json_floats(part[c])
+        panel["groups"].append(entry)
+    return {
+        "by": by,
+        "facet": facet,
+        "quantiles": list(BAND_QUANTILES),
+        "n_trials": len(t.rows),
+        "panels": list(panels.values()),
+        "stamp": json.dumps(reader.write_stamp(engine, name), default=str),
+    }

@@ -1,6 +1,8 @@
-// The sweep list refreshes itself from /api/sweeps.
+// The sweep list refreshes itself from /api/sweeps. The ETA column is the server's estimate
+// from the recent rate (orchestrator/eta.py), or why there is none: done, not running,
+// estimating (the first minute of progress).
 function hms(s) {
-  if (!s) return "";
+  if (s === null || s === undefined) return "";
   s = Math.round(s);
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), x = s % 60;
   return h + ":" + String(m).padStart(2, "0") + ":" + String(x).padStart(2, "0");
@@ -16,7 +18,8 @@ function row(s) {
   });
   const cells = [el("td"), el("td", s.description), el("td", s.total), counts,
                  el("td", s.progress === null ? "" : Math.round(100 * s.progress) + "%"),
-                 el("td", hms(s.eta_s)), el("td", s.started_at || ""), el("td", s.updated_at || "")];
+                 el("td", s.eta_s === null || s.eta_s === undefined ? s.eta_note || "" : hms(s.eta_s), "eta"),
+                 el("td", s.started_at || ""), el("td", s.updated_at || "")];
   cells[0].appendChild(a);
   tr.append(...cells);
   return tr;

@@ -2,9 +2,12 @@
 // filtered by a --where condition, smoothed and on linear or log axes; the grid of lock-in or
 // escape per cell (click a cell for its traces); Kaplan-Meier curves; the paged trial table.
 // New eval rows arrive through the incremental traces endpoint and are appended in place.
+// Parallel coordinates of the swept parameters coloured by an outcome, the parameters'
+// fANOVA importance, and an overlay of the trials ticked in the table.
 // Everything the user picks is in the query string (writeURL), so a link reproduces the view.
 const state = { trials: [], traces: {}, cursor: null, where: "", sort: ["key", 1], page: 0,
-                kmAt: 0, kmDirty: false, busy: false, grid: null, cell: null, gridAt: 0 };
+                kmAt: 0, kmDirty: false, busy: false, grid: null, cell: null, gridAt: 0,
+                overlay: [], pc: null, pcAxes: null, pcSel: {} };
 const $ = id => document.getElementById(id);
 const PAGE_ROWS = 100;
 // Above these, the traces are drawn with WebGL (scattergl); below, as SVG (crisper, and each
@@ -15,6 +18,11 @@ const PLOT_CONFIG = { displaylogo: false, responsive: true, plotGlPixelRatio: 1 
 // The first load asks the server to thin the traces past this many points (every k-th eval
 // of each trial and its last; the trial page and the CSV have every point).
 const MAX_POINTS = 250000;
+// Past this many trials in the view the traces plot shows quantile bands per colour group
+// (computed by the server) instead of a line per trial: 10,000 SVG or software-WebGL lines
+// take a browser many seconds. The grid cell and the overlay still draw a line per trial,
+// fetching just those trials' traces.
+const BAND_TRIALS = 200;
 
 // Own properties only: a parameter named "constructor" is a parameter, not Object's.
 const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
@@ -46,6 +54,10 @@ function saveURL() {
     cell: state.cell ? JSON.stringify(state.cell) : "",
     sort: state.sort[0] === "key" && state.sort[1] > 0 ? "" : (state.sort[1] < 0 ? "-" : "") + state.sort[0],
     page: state.page || "",
+    pc: $("pc-outcome").value === "final_acc" ? "" : $("pc-outcome").value,
+    pcaxes: state.pcAxes ? JSON.stringify(state.pcAxes) : "",
+    pcsel: Object.keys(state.pcSel).length ? JSON.stringify(state.pcSel) : "",
+    overlay: state.overlay.join(","),
   });
   updateCSVLinks();
 }
@@ -62,6 +74,23 @@ function restoreScalars() {
   state.page = Math.max(0, parseInt(INITIAL.get("page") || "0", 10) || 0);
   try { const c = JSON.parse(INITIAL.get("cell") || "null"); if (c && typeof c === "object") state.cell = c; } catch (e) { /* ignore */ }
   $("where").value = INITIAL.get("where") || "";
+  choose($("pc-outcome"), INITIAL.get("pc"));
+  state.pcAxes = jsonList(INITIAL.get("pcaxes"));
+  try {
+    const sel = JSON.parse(INITIAL.get("pcsel") || "{}");
+    if (sel && typeof sel === "object" && !Array.isArray(sel)) {
+      for (const k of Object.keys(sel)) if (Array.isArray(sel[k])) state.pcSel[k] = sel[k].map(String);
+    }
+  } catch (e) { /* a mangled link: no filter */ }
+  const keys = [...new Set((INITIAL.get("overlay") || "").split(",").filter(k => k))];
+  if (keys.length > MAX_OVERLAY) {
+    $("overlay-error").textContent = "the link names " + keys.length + " trials; the overlay holds at most " + MAX_OVERLAY + ": the first " + MAX_OVERLAY + " are kept";
+  }
+  state.overlay = keys.slice(0, MAX_OVERLAY);
+}
+// A JSON list of strings from the URL, or null.
+function jsonList(text) {
+  try { const v = JSON.parse(text || "null"); return Array.isArray(v) ? v.map(String) : null; } catch (e) { return null; }
 }
 
 function updateCSVLinks() {
@@ -73,6 +102,9 @@ function updateCSVLinks() {
   $("csv-km").href = base + "km?" + k;
   const g = gridQuery();
   $("csv-grid").href = g ? base + "grid?" + g : "";
+  $("csv-outcomes").href = base + "outcomes?" + q;
+  const o = new URLSearchParams(q); o.set("outcome", $("pc-outcome").value);
+  $("csv-importance").href = base + "importance?" + o;
 }
 
 // ---- traces ----------------------------------------------------------------------------------
@@ -150,6 +182,8 @@ function traceLayout(title, legendTitle, width, height) {
 }
 
 function drawTraces() {
+  if (state.big) { drawBands(); return; }
+  $("traces-note").textContent = "";
   const g = $("group").value, f = $("facet").value, smooth = Number($("smooth").value) || 0, gl = useGL();
   const groups = groupsOf(g), facets = f ? groupsOf(f) : [null];
   const holder = $("plots");
@@ -177,6 +211,95 @@ function drawTraces() {
   Promise.all(drawn).then(() => { if (!state.glRetry && !document.body.dataset.drawn) document.body.dataset.drawn = String(performance.now()); });
 }
 
+// ---- quantile bands (a big sweep) ---------------------------------------------------------------
+function bandQuery(where, by, facet) {
+  const q = new URLSearchParams(); if (where) q.set("where", where);
+  if (by) q.set("by", by); if (facet) q.set("facet", facet);
+  return q;
+}
+
+function rgba(hex, a) {
+  const n = parseInt(hex.slice(1), 16);
+  return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + a + ")";
+}
+
+// The bands for the picked colour and facet, fetched when the ones held are for others.
+async function drawBands() {
+  const g = $("group").value, f = $("facet").value || null, b = state.bands;
+  if (!b || b.by !== g || b.facet !== f || state.bandsWhere !== state.where) {
+    const seq = state.bandSeq = (state.bandSeq || 0) + 1, where = state.where;
+    let nb;
+    try { nb = await getJSON(apiBase() + "/bands?" + bandQuery(where, g, f)); }
+    catch (e) {
+      if (seq === state.bandSeq) {
+        $("traces-note").textContent = e.message;
+        [...$("plots").children].forEach(d => { Plotly.purge(d); d.remove(); });
+      }
+      return;
+    }
+    if (seq !== state.bandSeq || !state.big) return;
+    state.bands = nb; state.bandsWhere = where;
+  }
+  renderBands();
+}
+
+// Per facet a plot of acc over loss; per colour group the median at each eval step as a line
+// and the 25-75 % and 10-90 % of the trials with an eval there as shaded bands.
+function renderBands() {
+  const b = state.bands, g = $("group").value, f = $("facet").value, smooth = Number($("smooth").value) || 0;
+  const groups = groupsOf(g), facets = f ? groupsOf(f) : [null];
+  const holder = $("plots");
+  const wanted = facets.map((v, i) => "facet-" + i);
+  [...holder.children].forEach(d => { if (!wanted.includes(d.id)) { Plotly.purge(d); d.remove(); } });
+  const width = facets.length > 1 ? Math.max(420, Math.floor((window.innerWidth - 60) / Math.min(facets.length, 3))) : null;
+  const drawn = [];
+  facets.forEach((fv, i) => {
+    let div = document.getElementById("facet-" + i);
+    if (!div) { div = document.createElement("div"); div.id = "facet-" + i; div.className = "facet"; holder.appendChild(div); }
+    div.style.width = facets.length > 1 ? "" : "100%";
+    const panel = b.panels.find(p => !f || label(p.value) === fv);
+    const bands = [], lines = [], loss = [];
+    let nTrials = 0;
+    (panel ? panel.groups : []).forEach(e => {
+      const gv = label(e.value), gi = groups.indexOf(gv), color = PALETTE[Math.max(0, gi) % PALETTE.length];
+      const name = plotText(gv), x = e.step, back = x.slice().reverse();
+      nTrials += e.trials;
+      [["acc", "x", "y", lines], ["loss", "x2", "y2", loss]].forEach(([m, xa, ya, out]) => {
+        const s = p => ema(e[m + "_q" + p], smooth);
+        [[10, 90, 0.12], [25, 75, 0.28]].forEach(([lo, hi, alpha]) => {
+          bands.push({ type: "scatter", mode: "lines", uid: "band" + hi + "-" + m + "-" + i + "-" + gi, x: x.concat(back),
+            y: s(hi).concat(s(lo).reverse()), fill: "toself", fillcolor: rgba(color, alpha), line: { width: 0 },
+            xaxis: xa, yaxis: ya, hoverinfo: "skip", showlegend: false, legendgroup: "g" + gi });
+        });
+        // uid "acc-": the line count the browser tests read is meta.trials over these.
+        out.push({ type: "scatter", mode: "lines", uid: m + "-" + i + "-" + gi, x: x, y: s(50), customdata: e.n,
+          name: name + " (" + e.trials + ")", legendgroup: "g" + gi, showlegend: m === "acc", xaxis: xa, yaxis: ya,
+          line: { color: color, width: 2 }, meta: { trials: e.trials, band: true },
+          hovertemplate: plotText(g) + "=" + name + "<br>step %{x}: median " + m + " %{y:.3f} of %{customdata} trials<extra></extra>" });
+      });
+    });
+    const note = " (median, 25-75 % and 10-90 %" + (smooth ? "; EMA " + smooth : "") + ")";
+    const title = (f ? plotText(f + " = " + fv) + ": " : "") + "quantile bands of " + nTrials + " trials" + note;
+    drawn.push(Plotly.react(div, bands.concat(lines, loss), traceLayout(title, plotText(g), width), PLOT_CONFIG));
+  });
+  const ng = new Set(b.panels.flatMap(p => p.groups.map(e => label(e.value)))).size;
+  $("traces-note").textContent = "quantile bands of " + b.n_trials + " trials in " + ng + " group(s) by " + g +
+    (f ? ", faceted by " + f : "") + " (more than " + BAND_TRIALS + " trials: bands instead of a line per trial): " +
+    "per eval step the median line, the 25-75 % and 10-90 % of the trials shaded. Pick trials to overlay: tick them in the table, or click a grid cell.";
+  Promise.all(drawn).then(() => { if (!document.body.dataset.drawn) document.body.dataset.drawn = String(performance.now()); });
+}
+
+// The traces of these trials, fetched where the page lacks them (a big sweep's page holds
+// only the ones it draws a line each for). A trial with no eval rows gets empty columns.
+async function ensureTraces(ids, maxPoints) {
+  const need = ids.filter(id => !own(state.traces, id));
+  if (!need.length) return;
+  const body = { ids: need.join(",") }; if (maxPoints) body.max_points = String(maxPoints);
+  const tr = await postJSON(apiBase() + "/traces", body);
+  mergeTraces(state.traces, tr);
+  need.forEach(id => { if (!own(state.traces, id)) state.traces[id] = { step: [], acc: [], loss: [] }; });
+}
+
 // Plotly could not set up WebGL (seen in headless Chromium's software renderer while a big
 // page loads): try again from scratch after 0.5 s, then draw SVG instead.
 const GL_RETRIES = 2;
@@ -194,6 +317,7 @@ function drawTable() {
   const varying = state.varying || [];
   const cols = ["key"].concat(varying, ["status", "step", "final_acc", "best_acc", "error"]);
   const hr = document.createElement("tr");
+  hr.appendChild(el("th", "overlay", "overlay-head"));
   cols.forEach(c => {
     const th = el("th", c + (state.sort[0] === c ? (state.sort[1] > 0 ? " ▲" : " ▼") : ""));
     th.dataset.col = c;
@@ -215,6 +339,11 @@ function drawTable() {
   body.replaceChildren();
   for (const t of shown) {
     const tr = document.createElement("tr");
+    const pick = document.createElement("input");
+    pick.type = "checkbox"; pick.className = "overlay-pick"; pick.dataset.key = t.key;
+    pick.checked = state.overlay.includes(t.key);
+    pick.onchange = () => toggleOverlay(t.key, pick);
+    const ptd = document.createElement("td"); ptd.appendChild(pick); tr.appendChild(ptd);
     cols.forEach(c => {
       const td = document.createElement("td");
       if (c === "key") {
@@ -361,6 +490,14 @@ function drawCell() {
   if (!cell) { $("cell-caption").textContent = ""; Plotly.purge(div); return; }
   const g = state.grid, ids = new Set(cell.trial_ids);
   const mine = state.trials.filter(t => ids.has(t.trial_id));
+  if (state.big && mine.some(t => !own(state.traces, t.trial_id))) {
+    $("cell-caption").textContent = "fetching the traces of the cell's " + mine.length + " trials";
+    const want = state.cell;
+    ensureTraces(mine.map(t => t.trial_id), MAX_POINTS)
+      .then(() => { if (state.cell === want) drawCell(); })
+      .catch(e => { $("cell-caption").textContent = e.message; });
+    return;
+  }
   const colour = $("group").value, groups = groupsOf(colour, mine);
   const gl = mine.length > GL_TRIALS && GL_PROBE && !(state.glFailed >= GL_RETRIES);
   const data = groupedTraces(mine, colour, groups, Number($("smooth").value) || 0, gl, "cell");
@@ -369,6 +506,210 @@ function drawCell() {
     ", 95% CI " + fmt(cell.ci_low) + " to " + fmt(cell.ci_high) + (cell.median !== null ? ", median escape step " + cell.median : "") + ")";
   Plotly.react(div, data, traceLayout(plotText("cell " + where), plotText(colour), null, 420), PLOT_CONFIG)
     .then(() => { if (div.querySelector(".no-webgl")) failedGL(div); });
+}
+
+// ---- the overlay: any trials ticked in the table, one line each --------------------------------
+const MAX_OVERLAY = 50;
+function toggleOverlay(key, box) {
+  const i = state.overlay.indexOf(key);
+  if (box.checked && i < 0) {
+    if (state.overlay.length >= MAX_OVERLAY) {
+      box.checked = false;
+      $("overlay-error").textContent = "the overlay holds at most " + MAX_OVERLAY + " trials: untick one first";
+      return;
+    }
+    state.overlay.push(key);
+  } else if (!box.checked && i >= 0) state.overlay.splice(i, 1);
+  $("overlay-error").textContent = "";
+  drawOverlay(); saveURL();
+}
+
+function drawOverlay() {
+  const div = $("overlay"), byKey = new Map(state.trials.map(t => [t.key, t]));
+  const shown = state.overlay.filter(k => byKey.has(k)), missing = state.overlay.filter(k => !byKey.has(k));
+  $("noverlay").textContent = "(" + shown.length + " of at most " + MAX_OVERLAY + ")";
+  $("overlay-note").textContent = (shown.length ? "the ticked trials' traces, one colour each"
+    : "tick trials in the table to draw their traces on one chart (at most " + MAX_OVERLAY + ")") +
+    (missing.length ? "; not among this view's trials: " + missing.join(", ") : "");
+  if (!shown.length) { Plotly.purge(div); div.dataset.keys = ""; return; }
+  const lacking = shown.map(k => byKey.get(k).trial_id).filter(id => !own(state.traces, id));
+  if (state.big && lacking.length) {
+    ensureTraces(lacking).then(drawOverlay).catch(e => { $("overlay-error").textContent = e.message; });
+    return;
+  }
+  const smooth = Number($("smooth").value) || 0, data = [], loss = [];
+  shown.forEach((k, i) => {
+    const t = byKey.get(k), tr = state.traces[t.trial_id] || { step: [], acc: [], loss: [] };
+    const color = PALETTE[i % PALETTE.length], name = plotText(k);
+    const dash = ["solid", "dash", "dot", "dashdot"][Math.floor(i / PALETTE.length) % 4];
+    const common = { type: "scatter", mode: "lines", x: tr.step, name: name, legendgroup: "o" + i,
+                     line: { color: color, width: 1.5, dash: dash } };
+    data.push(Object.assign({}, common, { uid: "ov-acc-" + i, y: ema(tr.acc, smooth), yaxis: "y", xaxis: "x",
+      hovertemplate: name + "<br>step %{x}: acc %{y:.3f}<extra></extra>" }));
+    loss.push(Object.assign({}, common, { uid: "ov-loss-" + i, y: ema(tr.loss, smooth), yaxis: "y2", xaxis: "x2", showlegend: false,
+      hovertemplate: name + "<br>step %{x}: loss %{y:.3f}<extra></extra>" }));
+  });
+  div.dataset.keys = shown.join(",");
+  Plotly.react(div, data.concat(loss), traceLayout("overlay: " + shown.length + " trial(s)" + (smooth ? " (EMA " + smooth + ")" : ""), "trial", null, 480), PLOT_CONFIG);
+}
+
+// ---- parallel coordinates -----------------------------------------------------------------------
+// Drawn as ordinary SVG lines over normalised axes (Plotly's parcoords needs WebGL, which a
+// headless or software-rendered browser often lacks): one polyline per trial through its
+// swept parameters and, last, the outcome it is coloured by. Categorical axes (and numbers
+// with a dozen levels or fewer) space their levels evenly; clicking a level keeps only the
+// trials with it (several levels, several axes: and across axes, or within one).
+const PC_LEVELS = 12, PC_BINS = 10;
+const PC_OUTCOMES = { final_acc: "final accuracy", lockin: "lock-in", escape_step: "escape step" };
+const VIRIDIS = ["#440154", "#482878", "#3e4a89", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"];
+
+async function drawPC() {
+  const seq = state.pcSeq = (state.pcSeq || 0) + 1;
+  const q = new URLSearchParams(); if (state.where) q.set("where", state.where);
+  let o;
+  try { o = await getJSON(apiBase() + "/outcomes?" + q); }
+  catch (e) { if (seq === state.pcSeq) { $("pc-note").textContent = e.message; Plotly.purge($("parcoords")); } return; }
+  if (seq !== state.pcSeq) return;
+  state.pc = o;
+  fillPCAxes(o.axes);
+  renderPC();
+}
+
+function fillPCAxes(axes) {
+  const holder = $("pc-axes");
+  if (holder.dataset.axes === JSON.stringify(axes)) return;
+  holder.dataset.axes = JSON.stringify(axes);
+  holder.replaceChildren(el("span", "axes: "));
+  axes.forEach(a => {
+    const box = document.createElement("input");
+    box.type = "checkbox"; box.className = "pc-axis"; box.value = a;
+    box.checked = !state.pcAxes || state.pcAxes.includes(a);
+    box.onchange = () => {
+      const on = [...holder.querySelectorAll("input.pc-axis")].filter(b => b.checked).map(b => b.value);
+      state.pcAxes = on.length === axes.length ? null : on;
+      renderPC(); saveURL();
+    };
+    const lab = document.createElement("label"); lab.append(box, " " + a); holder.append(lab, " ");
+  });
+}
+
+function pcAxis(name, values) {
+  const labs = values.map(label), uniq = [...new Set(labs)];
+  const nums = values.every(v => typeof v === "number" && isFinite(v));
+  if (nums && uniq.length > PC_LEVELS) {
+    const lo = Math.min(...values), hi = Math.max(...values), log = lo > 0 && hi / lo >= 100;
+    const f = v => log ? Math.log10(v) : v, a = f(lo), b = f(hi), span = b - a || 1;
+    const ticks = [0, 0.25, 0.5, 0.75, 1].map(u => { const x = a + u * span; return { y: u, text: fmt(log ? Math.pow(10, x) : x) }; });
+    return { name: name, cat: false, pos: v => (f(v) - a) / span, ticks: ticks };
+  }
+  const levels = uniq.sort((x, y) => nums ? Number(x) - Number(y) : x.localeCompare(y));
+  const at = new Map(levels.map((l, i) => [l, levels.length > 1 ? i / (levels.length - 1) : 0.5]));
+  return { name: name, cat: true, pos: v => at.get(label(v)), ticks: levels.map(l => ({ y: at.get(l), text: l })) };
+}
+
+// A small, fixed offset per trial on categorical axes, so that trials sharing every level
+// are told apart and their number shows.
+function jitter(i) { return (((i * 2654435761) >>> 0) % 1000 / 1000 - 0.5) * 0.03; }
+
+function renderPC() {
+  const o = state.pc, div = $("parcoords");
+  if (!o) return;
+  const outcome = $("pc-outcome").value, what = PC_OUTCOMES[outcome];
+  const names = o.axes.filter(a => !state.pcAxes || state.pcAxes.includes(a));
+  const rows = o.rows.filter(r => r[outcome] !== null && r[outcome] !== undefined);
+  div.dataset.outcome = outcome;
+  if (!rows.length || !names.length) {
+    Plotly.purge(div);
+    $("pc-note").textContent = !o.axes.length ? "no parameter varies in this sweep" : !names.length ? "tick at least one axis" : "no trial has a " + what + " yet";
+    return;
+  }
+  const axes = names.map(n => pcAxis(n, rows.map(r => own(r.params, n) ? r.params[n] : null)));
+  const ov = rows.map(r => r[outcome]);
+  const out = outcome === "final_acc" ? { name: what, cat: false, pos: v => v, ticks: [0, 0.25, 0.5, 0.75, 1].map(u => ({ y: u, text: String(u) })) }
+    : outcome === "lockin" ? { name: what, cat: true, pos: v => v, ticks: [{ y: 0, text: "no (0)" }, { y: 1, text: "yes (1)" }] }
+    : pcAxis(what, ov);
+  if (outcome === "final_acc") { out.pos = v => Math.max(0, Math.min(1, v)); }
+  axes.push(out);
+  const lo = outcome === "final_acc" ? 0 : Math.min(...ov), hi = outcome === "final_acc" ? 1 : Math.max(...ov);
+  const kept = r => Object.entries(state.pcSel).every(([a, ls]) => !names.includes(a) || !ls.length || ls.includes(label(own(r.params, a) ? r.params[a] : null)));
+  const bins = VIRIDIS.map(() => ({ x: [], y: [], text: [] })), grey = { x: [], y: [], text: [] };
+  let nKept = 0;
+  rows.forEach((r, i) => {
+    const ok = kept(r); if (ok) nKept++;
+    const c = hi > lo ? (r[outcome] - lo) / (hi - lo) : 0.5;
+    const bin = ok ? bins[Math.min(PC_BINS - 1, Math.floor(c * PC_BINS))] : grey;
+    if (bin.x.length) { bin.x.push(null); bin.y.push(null); bin.text.push(""); }
+    const who = plotText(r.key) + "<br>" + plotText(what) + " " + fmt(r[outcome]);
+    axes.forEach((ax, j) => {
+      const v = j < names.length ? (own(r.params, names[j]) ? r.params[names[j]] : null) : r[outcome];
+      bin.x.push(j); bin.y.push(ax.pos(v) + (ax.cat ? jitter(i + 7 * j) : 0)); bin.text.push(who);
+    });
+  });
+  const line = (b, color, uid) => ({ type: "scatter", mode: "lines", uid: uid, x: b.x, y: b.y, text: b.text, connectgaps: false,
+    line: { color: color, width: 1.3 }, opacity: color === "#cccccc" ? 0.6 : 0.85, hovertemplate: "%{text}<extra></extra>", showlegend: false });
+  const data = [line(grey, "#cccccc", "pc-grey")].concat(bins.map((b, i) => line(b, VIRIDIS[i], "pc-" + i)));
+  // The levels: clickable markers (filled where the filter keeps them), and the outcome's
+  // points with the colour bar.
+  const lx = [], ly = [], lc = [], lfill = [];
+  axes.slice(0, names.length).forEach((ax, j) => {
+    if (!ax.cat) return;
+    ax.ticks.forEach(t => { lx.push(j); ly.push(t.y); lc.push([ax.name, t.text]); lfill.push((state.pcSel[ax.name] || []).includes(t.text) ? "#222" : "#fff"); });
+  });
+  data.push({ type: "scatter", mode: "markers", uid: "pc-levels", x: lx, y: ly, customdata: lc, showlegend: false,
+    marker: { size: 11, color: lfill, line: { color: "#222", width: 1.5 } }, hovertemplate: "click to keep only these trials<extra></extra>" });
+  data.push({ type: "scatter", mode: "markers", uid: "pc-outcome", x: rows.map(() => names.length), y: rows.map(r => out.pos(r[outcome])),
+    showlegend: false, hoverinfo: "skip", marker: { size: 6, color: ov, cmin: lo, cmax: hi, colorscale: "Viridis",
+    showscale: true, colorbar: { title: { text: plotText(what) } } } });
+  const ann = [], shapes = [];
+  axes.forEach((ax, j) => {
+    shapes.push({ type: "line", x0: j, x1: j, y0: 0, y1: 1, line: { color: "#888", width: 1 } });
+    ann.push({ x: j, y: 1.08, text: plotText(ax.name), showarrow: false, font: { size: 12 } });
+    ax.ticks.forEach(t => ann.push({ x: j, y: t.y, text: plotText(t.text), showarrow: false, xanchor: "right", xshift: -10, font: { size: 10, color: "#444" } }));
+  });
+  Plotly.react(div, data, {
+    height: 440, margin: { t: 40, r: 20, b: 20, l: 30 }, annotations: ann, shapes: shapes, hovermode: "closest",
+    xaxis: { range: [-0.6, axes.length - 0.5], showgrid: false, zeroline: false, showticklabels: false, fixedrange: true },
+    yaxis: { range: [-0.06, 1.14], showgrid: false, zeroline: false, showticklabels: false, fixedrange: true },
+  }, { displaylogo: false, responsive: true });
+  if (!div.__pcBound) {
+    div.__pcBound = true;
+    div.on("plotly_click", ev => {
+      const pt = ev.points.find(p => p.data.uid === "pc-levels");
+      if (!pt) return;
+      const [a, lev] = pt.customdata, cur = state.pcSel[a] || [];
+      state.pcSel[a] = cur.includes(lev) ? cur.filter(x => x !== lev) : cur.concat([lev]);
+      if (!state.pcSel[a].length) delete state.pcSel[a];
+      renderPC(); saveURL();
+    });
+  }
+  const filt = Object.entries(state.pcSel).filter(([a]) => names.includes(a)).map(([a, ls]) => a + " in {" + ls.join(", ") + "}");
+  $("pc-note").textContent = "one line per trial the analysis counts (statuses " + o.statuses.join(", ") + "), coloured by " + what +
+    (outcome === "lockin" ? " (final acc >= " + o.lockin + ")" : outcome === "escape_step" ? " (acc >= " + o.escape_at + "; a trial that never escaped at its last eval)" : "") +
+    "; categorical levels spread a little so that coinciding trials show" +
+    (filt.length ? "; kept: " + filt.join(" and ") + " (" + nKept + " of " + rows.length + ", the rest grey)" : "; click a level to keep only its trials");
+}
+
+// ---- parameter importance ----------------------------------------------------------------------
+async function drawImportance() {
+  const seq = state.impSeq = (state.impSeq || 0) + 1, div = $("importance");
+  const q = new URLSearchParams({ outcome: $("pc-outcome").value }); if (state.where) q.set("where", state.where);
+  let r;
+  try { r = await getJSON(apiBase() + "/importance?" + q); }
+  catch (e) { if (seq === state.impSeq) { $("imp-note").textContent = e.message; Plotly.purge(div); } return; }
+  if (seq !== state.impSeq) return;
+  const head = "importance of each swept parameter for the " + r.outcome_label + ": " + r.method + ", " + r.n_trials +
+    " trials (statuses " + r.statuses.join(", ") + ")" + (r.dropped ? ", " + r.dropped + " without a known one left out" + (r.stopped ? " (" + r.stopped + " ended by the stop rule: their state at the budget is unknown)" : "") : "");
+  $("imp-note").textContent = head + (r.note ? ": " + r.note : "; the importances sum to 1");
+  div.dataset.method = r.method;
+  if (!r.params.length) { Plotly.purge(div); return; }
+  const ps = r.params.slice().reverse();
+  Plotly.react(div, [{ type: "bar", orientation: "h", x: ps.map(p => p.importance), y: ps.map(p => plotText(p.param + " (" + p.kind + ")")),
+    text: ps.map(p => p.importance.toFixed(3)), textposition: "auto", marker: { color: "#1f77b4" },
+    hovertemplate: "%{y}: %{x:.4f}<extra></extra>" }], {
+    height: Math.max(200, 90 + 36 * ps.length), margin: { t: 30, r: 20, b: 40, l: 200 },
+    title: { text: plotText(r.method + ": " + r.outcome_label), font: { size: 13 } },
+    xaxis: { title: { text: "importance (sums to 1)" }, range: [0, 1] }, yaxis: { type: "category" },
+  }, { displaylogo: false, responsive: true });
 }
 
 // Colour-by lists the parameters that vary first, then the rest; facet-by and the grid's axes
@@ -398,20 +739,52 @@ async function reload() {
   const q = new URLSearchParams(); if (w) q.set("where", w);
   try {
     const qt = new URLSearchParams(q); qt.set("max_points", String(MAX_POINTS));
-    const [t, tr] = await Promise.all([getJSON(apiBase() + "/trials?" + q), getJSON(apiBase() + "/traces?" + qt)]);
-    state.stride = tr.stride;
-    state.where = w;
+    // Bands or every trace: a guess from the last view's trial count (the shell's count on
+    // the first load) so both requests go at once; a wrong guess costs one more request.
+    const traces = () => getJSON(apiBase() + "/traces?" + qt);
+    // A link's colour this sweep lacks is a 400 here: drawBands then asks with the one picked.
+    const bands = by => getJSON(apiBase() + "/bands?" + bandQuery(w, by, null)).catch(() => null);
+    const guess = (state.loaded ? state.trials.length : Number(PAGE.trials) || 0) > BAND_TRIALS;
+    const [t, first] = await Promise.all([getJSON(apiBase() + "/trials?" + q),
+      guess ? bands($("group").value || INITIAL.get("color")) : traces()]);
+    const big = t.trials.length > BAND_TRIALS;
+    const tr = big === guess ? first : await (big ? bands($("group").value || INITIAL.get("color")) : traces());
+    state.where = w; state.loaded = true; state.big = big;
     state.trials = t.trials; state.varying = t.varying; state.traces = {}; state.cursor = null;
     fillControls(t);
-    mergeTraces(state.traces, tr); state.cursor = tr.cursor;
+    if (big) { state.bands = tr; state.bandsWhere = w; state.stride = 1; state.bandAt = Date.now(); }
+    else { state.bands = null; state.stride = tr.stride; mergeTraces(state.traces, tr); state.cursor = tr.cursor; }
     showError("");
   } catch (e) { showError(e.message); return; }
-  drawTable(); drawTraces(); drawGrid(); drawKM(); saveURL();
+  // One view at a time, the grid first: each costs the server an analysis pass of the sweep
+  // (the parallel coordinates reuse the grid's, the escape-time curves make their own,
+  // fANOVA is the costliest), and on a big sweep they would all share its CPU.
+  drawTable(); drawTraces(); drawOverlay(); saveURL();
+  drawGrid().finally(() => { drawPC(); drawKM().finally(drawImportance); });
+}
+
+// A big sweep's page: new bands (and trials) once the sweep's write stamp moves, looked at
+// every 10 s (a moving sweep's bands are recomputed on each look).
+async function pollBands() {
+  if (Date.now() - (state.bandAt || 0) < 10000) return;
+  state.bandAt = Date.now();
+  const b = await getJSON(apiBase() + "/bands?" + bandQuery(state.where, $("group").value, $("facet").value || null));
+  if (!state.big || (state.bands && b.stamp === state.bands.stamp)) { $("live").textContent = "live: unchanged at " + new Date().toISOString().slice(11, 19); return; }
+  const q2 = new URLSearchParams(); if (state.where) q2.set("where", state.where);
+  const t = await getJSON(apiBase() + "/trials?" + q2);
+  state.trials = t.trials; state.varying = t.varying; state.bands = b; state.bandsWhere = state.where; state.traces = {};
+  drawTraces(); drawTable(); drawCell(); drawOverlay(); state.kmDirty = true;
+  if (Date.now() - state.kmAt > 10000) { state.kmDirty = false; drawKM(); drawGrid(); drawPC(); drawImportance(); }
+  $("live").textContent = "live: new rows by " + new Date().toISOString().slice(11, 19);
 }
 
 async function poll() {
-  if (state.busy || state.cursor === null) return;
+  if (state.busy || (state.cursor === null && !state.big)) return;
   state.busy = true;
+  if (state.big) {
+    try { await pollBands(); } catch (e) { $("live").textContent = "live: " + e.message; } finally { state.busy = false; }
+    return;
+  }
   try {
     const tr = await postJSON(apiBase() + "/traces", { since: state.cursor, where: state.where || null });
     state.cursor = tr.cursor;
@@ -421,12 +794,12 @@ async function poll() {
       const q2 = new URLSearchParams(); if (state.where) q2.set("where", state.where);
       const t = await getJSON(apiBase() + "/trials?" + q2);
       state.trials = t.trials; state.varying = t.varying;
-      if (tr.n > 0) { drawTraces(); state.kmDirty = true; }
+      if (tr.n > 0) { drawTraces(); drawOverlay(); state.kmDirty = true; }
       drawTable();
     }
     // The escape-time view and the grid cost a full analysis pass: redraw them at most every
     // 10 s, but always once after the last new rows.
-    if (state.kmDirty && Date.now() - state.kmAt > 10000) { state.kmDirty = false; drawKM(); drawGrid(); }
+    if (state.kmDirty && Date.now() - state.kmAt > 10000) { state.kmDirty = false; drawKM(); drawGrid(); drawPC(); drawImportance(); }
     $("live").textContent = "live: " + tr.n + " new rows at " + tr.now;
   } catch (e) { $("live").textContent = "live: " + e.message; }
   finally { state.busy = false; }
@@ -443,6 +816,10 @@ $("facet").onchange = () => { drawTraces(); saveURL(); };
 ["xscale", "accscale", "lossscale"].forEach(id => { $(id).onchange = () => { drawTraces(); drawCell(); drawKM(); saveURL(); }; });
 $("smooth").oninput = () => { $("smooth-value").textContent = $("smooth").value; drawTraces(); drawCell(); saveURL(); };
 ["gx", "gy", "gf", "gm"].forEach(id => { $(id).onchange = () => { state.cell = null; drawGrid(); saveURL(); }; });
+$("pc-controls").addEventListener("submit", e => e.preventDefault());
+$("pc-outcome").onchange = () => { renderPC(); drawImportance(); saveURL(); };
+$("pc-clear").onclick = () => { state.pcSel = {}; renderPC(); saveURL(); };
+$("overlay-clear").onclick = () => { state.overlay = []; $("overlay-error").textContent = ""; drawTable(); drawOverlay(); saveURL(); };
 $("prev").onclick = () => { state.page = Math.max(0, state.page - 1); drawTable(); saveURL(); };
 $("next").onclick = () => { state.page++; drawTable(); saveURL(); };
 restoreScalars();

@@ -1,0 +1,302 @@
+"""The sweep page of a big sweep (issue 34 item 5): past ``BAND_TRIALS`` trials the traces plot
+shows quantile bands per colour group, computed by the server, and the grid cell and the
+overlay fetch just their trials' traces (``ids=``). The bands equal a pandas computation
+from the same rows; the caches stay bounded and build once under concurrent requests; in
+headless Chromium (slow) a big sweep whose colour values are markup draws the bands with
+that markup as text, and a clicked grid cell draws its trials.
+
+Real parts: a real SQLite file (the ``bench ui`` fixture written in bulk, or ``orchestrator
+import``), the real app in-process (ui_support.asgi_call) or a real `orchestrator ui` process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from orchestrator.bench.ui import SWEEP, build_db_fast
+from orchestrator.store import reader
+from orchestrator.store.reader import open_reader_engine
+from orchestrator.ui import db as q
+from orchestrator.ui.app import create_app
+from ui_support import IMG, PLOT, SCRIPT, asgi_call, chromium, ui_server, wait_for
+
+N_TRIALS, N_EVALS = 300, 12
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('bands') / 'bands.db'}"
+    build_db_fast(url, N_TRIALS, N_EVALS)
+    return url
+
+
+@pytest.fixture(scope="module")
+def engine(big):
+    e, _ = open_reader_engine(big)
+    yield e
+    e.dispose()
+
+
+@pytest.fixture(scope="module")
+def app(engine, big):
+    return create_app(engine, big)
+
+
+def _json(app, path: str, **kw) -> tuple[int, dict]:
+    code, _h, body = asgi_call(app, path, **kw)
+    return code, json.loads(body)
+
+
+def _expected(engine, by: str, facet: str | None, where: str | None) -> pd.DataFrame:
+    """The quantiles straight from pandas: every trace row of the view's trials, each
+    trial's values of ``by`` and ``facet`` as strings, ``groupby(...).quantile``."""
+    table = q.trials(engine, SWEEP, where=where)
+    label = {r["trial_id"]: (str(r["params"].get(facet)), str(r["params"][by])) for r in table.rows}
+    with engine.connect() as conn:
+        rows = reader.trace_rows(conn, SWEEP, ("trial_id", "step", "acc", "loss"), None)
+    df = pd.DataFrame(rows, columns=["trial_id", "step", "acc", "loss"])
+    df = df[df["trial_id"].isin(label)]
+    df["facet"] = [label[t][0] for t in df["trial_id"]]
+    df["group"] = [label[t][1] for t in df["trial_id"]]
+    out = df.groupby(["facet", "group", "step"])[["acc", "loss"]].quantile([0.1, 0.25, 0.5, 0.75, 0.9])
+    return out.unstack()
+
+
+@pytest.mark.parametrize(
+    "by, facet, where",
+    [("model.read", None, None), ("model.read", "lr", None), ("lr", None, "read = 'raw'")],
+)
+def test_bands_are_the_pandas_quantiles_of_the_same_rows(app, engine, by, facet, where):
+    path = f"/api/sweeps/{SWEEP}/bands?by={by}" + (f"&facet={facet}" if facet else "")
+    if where:
+        path += "&where=" + where.replace(" ", "%20").replace("'", "%27")
+    code, b = _json(app, path)
+    assert code == 200, b
+    want = _expected(engine, by, facet, where)
+    assert b["by"] == by and b["facet"] == facet and b["quantiles"] == [0.1, 0.25, 0.5, 0.75, 0.9]
+    n_view = len(q.trials(engine, SWEEP, where=where).rows)
+    assert b["n_trials"] == n_view and (where is None) == (n_view == N_TRIALS)
+    seen, trials = 0, 0
+    for panel in b["panels"]:
+        for g in panel["groups"]:
+            key = (str(panel["value"]), str(g["value"]))
+            exp = want.loc[key]
+            assert g["step"] == [int(s) for s in exp.index]
+            trials += g["trials"]
+            for m in ("acc", "loss"):
+                for p in (10, 25, 50, 75, 90):
+                    got = np.array(g[f"{m}_q{p}"], dtype=float)
+                    assert np.allclose(got, exp[(m, p / 100)].to_numpy(), atol=1e-5), (key, m, p)
+            seen += 1
+    assert seen == len(want.index.droplevel("step").unique()) and trials == n_view
+
+
+def test_bands_refuse_a_bad_parameter_and_too_many_groups_in_one_line(app, monkeypatch):
+    code, b = _json(app, f"/api/sweeps/{SWEEP}/bands?by=nope")
+    assert code == 400 and b["error"] == "error: by='nope': the sweep has no parameter of that name"
+    monkeypatch.setattr(q, "MAX_GROUPS", 10)  # the fixture's seed takes 17 values
+    code, b = _json(app, f"/api/sweeps/{SWEEP}/bands?by=seed")
+    assert code == 400 and b["error"] == (
+        "error: by='seed': 17 values, more than the 10 groups the quantile bands draw; "
+        "colour by a parameter with fewer values, or narrow with where="
+    )
+    code, b = _json(app, "/api/sweeps/nosuch/bands")
+    assert code == 404
+
+
+def test_the_default_colour_is_the_varying_parameter_with_fewest_values(app, engine):
+    code, b = _json(app, f"/api/sweeps/{SWEEP}/bands")
+    table = q.trials(engine, SWEEP)
+    counts = {p: len({json.dumps(r["params"].get(p)) for r in table.rows}) for p in table.varying if p != "seed"}
+    assert code == 200 and counts[b["by"]] == min(counts.values())
+
+
+def test_traces_of_named_trial_ids_only(app, engine):
+    ids = [r["trial_id"] for r in q.trials(engine, SWEEP).rows[:3]]
+    code, t = _json(app, f"/api/sweeps/{SWEEP}/traces?ids={ids[0]},{ids[2]}")
+    assert code == 200 and sorted(set(t["columns"]["trial_id"])) == [ids[0], ids[2]]
+    assert t["n"] == 2 * N_EVALS
+    body = json.dumps({"ids": str(ids[1])}).encode()
+    code, t = _json(app, f"/api/sweeps/{SWEEP}/traces", method="POST", body=body)
+    assert code == 200 and set(t["columns"]["trial_id"]) == {ids[1]}
+    code, t = _json(app, f"/api/sweeps/{SWEEP}/traces?ids=1,x2")
+    assert code == 400 and t["error"] == "error: ids: 'x2' is not a trial id; expected ids=1,2,3"
+
+
+def test_the_band_cache_is_bounded(engine):
+    q.BANDS.items.clear()
+    for lr in ("0.001", "0.003", "0.01", "0.03", "0.1"):
+        for read in ("raw", "ns5", "x", "y"):
+            q.bands(engine, SWEEP, "model.read", None, f"lr >= {lr} AND read != '{read}'")
+    assert len(q.BANDS.items) == q.BANDS.size == 16
+    assert not q.BANDS.building
+
+
+def test_concurrent_requests_build_a_prepared_view_once(engine):
+    cache, builds = q._PrepCache(size=2), []
+
+    def build():
+        builds.append(1)
+        time.sleep(0.3)  # long enough that every thread asks while it is being built
+        return object()
+
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(cache.get(engine, SWEEP, ("k",), build))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1 and len(got) == 4 and len({id(v) for v in got}) == 1
+    for k in ("a", "b", "c"):
+        cache.get(engine, SWEEP, (k,), object)
+    assert list(cache.items) == [("b",), ("c",)] and not cache.building
+
+
+def test_the_sweep_shell_carries_the_trial_count(app):
+    code, _h, body = asgi_call(app, f"/sweeps/{SWEEP}")
+    assert code == 200 and f'data-trials="{N_TRIALS}"'.encode() in body
+
+
+# ---- in headless Chromium ----------------------------------------------------------------------
+MARKED = "marked_big"
+ARMS = (IMG, SCRIPT, PLOT)
+
+
+def _marked_db(url: str, tmp) -> None:
+    """A 240-trial sweep through `orchestrator import` whose colour parameter's values are
+    markup (``arm``: the varying parameter with the fewest values, so the default colour)."""
+    from orchestrator.cli import main
+
+    lines = []
+    for i in range(240):
+        arm = ARMS[i % 3]
+        acc = [min(1.0, (0.2 + 0.1 * (i % 3)) * s / 40 + 0.001 * (i % 7)) for s in (10, 20, 30, 40)]
+        lines.append(
+            json.dumps(
+                {
+                    "params": {"arm": arm, "lr": [1e-3, 3e-3, 1e-2, 3e-2][i % 4], "seed": i, "task": "mqar"},
+                    "trace": [{"step": s, "acc": a, "loss": 1 - a} for s, a in zip((10, 20, 30, 40), acc)],
+                }
+            )
+        )
+    src = tmp / "big.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    assert main(["import", str(src), "--sweep", MARKED, "--db", url]) == 0
+
+
+BANDS_JS = """
+const d = document.getElementById('facet-0');
+if (!d || !d.data) return null;
+const med = d.data.filter(t => String(t.uid).startsWith('acc-'));
+return {uids: d.data.map(t => t.uid), types: d.data.map(t => t.type), fills: d.data.filter(t => t.fill === 'toself').length,
+  trials: med.reduce((n, t) => n + t.meta.trials, 0), legend: Array.from(d.querySelectorAll('.legendtext')).map(e => e.textContent),
+  note: document.getElementById('traces-note').textContent, title: d.layout.title.text,
+  pwned: typeof window.__pwned, glCanvases: d.querySelectorAll('canvas').length};
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_a_big_sweep_page_draws_bands_with_stored_markup_as_text(tmp_path):
+    url = f"sqlite:///{tmp_path / 'marked.db'}"
+    _marked_db(url, tmp_path)
+    with ui_server(url) as base:
+        driver = chromium(console_log=True)
+        try:
+            driver.get(f"{base}/sweeps/{MARKED}")
+            info = wait_for(lambda: driver.execute_script(BANDS_JS), 60, "the bands drawn")
+            assert driver.find_element("id", "group").get_attribute("value") == "arm"
+            # Per arm: two shaded bands for acc and two for loss, the acc and loss medians.
+            assert info["fills"] == 3 * 4 and len(info["uids"]) == 3 * 6 and set(info["types"]) == {"scatter"}
+            assert info["trials"] == 240 and info["glCanvases"] == 0
+            assert sorted(info["legend"]) == sorted(f"{a} (80)" for a in ARMS)  # stored markup, as text
+            assert info["note"].startswith("quantile bands of 240 trials in 3 group(s) by arm")
+            assert "tick them in the table, or click a grid cell" in info["note"]
+            assert info["title"].startswith("quantile bands of 240 trials") and info["pwned"] == "undefined"
+            # The grid is drawn; a clicked cell fetches and draws a line per trial of it.
+            wait_for(
+                lambda: driver.execute_script("const g = document.getElementById('grid-0'); return g && g.data"),
+                60,
+                "grid",
+            )
+            driver.execute_script(
+                "document.getElementById('gx').value = 'lr'; document.getElementById('gy').value = 'arm';"
+            )
+            driver.execute_script("document.getElementById('gx').dispatchEvent(new Event('change'))")
+            wait_for(
+                lambda: driver.execute_script(
+                    "const g = document.getElementById('grid-0'); return g && g.data && g.data[0].y.length === 3"
+                ),
+                60,
+                "the arm x lr grid",
+            )
+            driver.execute_script(
+                "state.cell = {f: null, y: state.grid.y_values[0], x: state.grid.x_values[0]}; drawCell();"
+            )
+            lines = wait_for(
+                lambda: driver.execute_script(
+                    "const c = document.getElementById('cell-traces'); return c.data && c.data.length &&"
+                    " c.data.filter(t => String(t.uid).startsWith('acc-')).reduce((n, t) => n + t.meta.trials, 0)"
+                ),
+                60,
+                "the cell's traces",
+            )
+            assert lines == 20  # 240 trials over 3 arms x 4 learning rates
+            # A trial ticked in the table is drawn in the overlay from its fetched trace.
+            driver.find_element("css selector", "input.overlay-pick").click()
+            keys = wait_for(
+                lambda: driver.execute_script(
+                    "const o = document.getElementById('overlay'); return o.data && o.data.length && o.dataset.keys"
+                ),
+                30,
+                "the overlay",
+            )
+            n_points = driver.execute_script("return document.getElementById('overlay').data[0].x.length")
+            assert keys and n_points == 4
+            assert driver.execute_script("return typeof window.__pwned") == "undefined"
+            severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
+            assert not severe, severe
+            # A link naming a colour the sweep lacks still draws (the default's bands), faceted
+            # by lr: a panel per learning rate, each with its 60 trials.
+            driver.get(f"{base}/sweeps/{MARKED}?color=nope&facet=lr")
+            titles = wait_for(
+                lambda: driver.execute_script(
+                    "const ds = document.querySelectorAll('#plots .facet');"
+                    "return ds.length === 4 && [...ds].every(d => d.data) && [...ds].map(d => d.layout.title.text)"
+                ),
+                60,
+                "four lr panels",
+            )
+            assert [t.split(": ")[1] for t in titles] == [
+                "quantile bands of 60 trials (median, 25-75 % and 10-90 %)"
+            ] * 4
+            assert driver.find_element("id", "error").text == ""
+        finally:
+            driver.quit()
+
+
+def test_identical_trial_tables_in_flight_are_computed_once(engine, monkeypatch):
+    calls = []
+    real = q._trials
+
+    def counted(*a):
+        calls.append(a)
+        time.sleep(0.3)  # both requests arrive while the first is computed
+        return real(*a)
+
+    monkeypatch.setattr(q, "_trials", counted)
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(q.trials(engine, SWEEP))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 3 and got[0] is got[1] is got[2] and len(got[0].rows) == N_TRIALS
+    q.trials(engine, SWEEP)  # nothing is kept once the call ends
+    assert len(calls) == 2 and not q._TRIALS.flight
