@@ -353,15 +353,24 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
             ctx.on_event("packing", None, pack_seeds=pack_seeds, size=size, packs=packs, units=len(units))
         return units
 
-    source = feed.UnitFeed(
-        next_batch, units_of, stopped=lambda: session.stop_reason is not None, max_trials=feed.trials_per_tune_run()
-    )
     writer = StoreWriter(
         session,
         on_event=ctx.on_event,
         checkpoint_folder=ctx.checkpoint_folder,
         sweep=ctx.name,
         keep_checkpoints=ctx.spec.keep_checkpoints,
+    )
+
+    def claim_next() -> feed.Trials | None:
+        # The ends waiting in the writer are stored (and their trials let go) before the
+        # next claim: one commit for the trials that ended and the rows of those still
+        # running, and a claim that sees them settled (a sequential look counts them).
+        if session.fatal is None:
+            writer.flush()
+        return next_batch()
+
+    source = feed.UnitFeed(
+        claim_next, units_of, stopped=lambda: session.stop_reason is not None, max_trials=feed.trials_per_tune_run()
     )
     storage = tempfile.mkdtemp(prefix="orchestrator-tune-")
     stopper = _StopWhenSet(session, loader_handle)

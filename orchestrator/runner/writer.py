@@ -1,9 +1,15 @@
 """The driver-side Tune callback: the one process that writes the database during a sweep.
 
 Eval rows are buffered and flushed as batched upserts (every ``flush_rows`` rows or
-``flush_s`` seconds, and whenever a trial starts, ends or fails), each trial's newest
-checkpoint in the same transaction as the rows it covers (or, with a checkpoint folder, to its
-file right after that transaction). A row lost in the buffer when the driver dies was past
+``flush_s`` seconds, before the feed claims more trials, and whenever a trial fails), each
+trial's newest checkpoint in the same transaction as the rows it covers (or, with a checkpoint
+folder, to its file right after that transaction). A trial's start (marked running, its
+attempt begun, its placement) and its end are queued too and stored in the next flush, so in
+the steady state the end of one trial, the start of the next and everyone's rows share one
+transaction (issue 34: a commit per trial, not five). Within a flush the order is the one a
+trial lives in: starts, then rows, checkpoints, heartbeats and consoles, then ends (an end
+reads its final metrics from its rows). A start that would delete rows still buffered for its
+trial (a new attempt deletes the rows past its checkpoint) flushes them first. A row lost in the buffer when the driver dies was past
 every stored checkpoint: the attempt that resumes the trial deletes the rows past its
 checkpoint and trains them again, so no trace is stitched from two attempts. With the spec's ``keep_checkpoints: none`` a
 finished trial's checkpoint is deleted in the transaction that stores its end.
@@ -29,6 +35,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -73,6 +80,23 @@ def one_line(text: str) -> str:
     return lines[-1][:300]
 
 
+@dataclass
+class _Start:
+    """A queued start of a unit's trials: ``write(conn, held)`` with those still held."""
+
+    tids: list[int]
+    write: Callable[[Any, list[int]], None]
+
+
+@dataclass
+class _End:
+    """A queued end of a Tune trial: each member's final, and the checkpoints it drops."""
+
+    trial: Any
+    ends: dict[int, TrialFinal]
+    dropped: list[int]
+
+
 class StoreWriter(tune.Callback):
     def __init__(
         self,
@@ -102,6 +126,8 @@ class StoreWriter(tune.Callback):
         self._keys: dict[int, str] = {}  # trial id -> stable key (checkpoint file names)
         self.checkpoint_bytes = 0
         self._touched: set[int] = set()
+        self._starts: list[_Start] = []  # trials' starts, stored first in the next flush
+        self._ends: list[_End] = []  # trials' ends, stored last in the next flush
         self._last_flush = time.monotonic()
         self.rows_written = 0
         self.outcomes: dict[int, str] = {}
@@ -110,7 +136,9 @@ class StoreWriter(tune.Callback):
         # Tune pickles its run config (callbacks included) for its own experiment restore,
         # which we never use: a session and a progress closure cannot travel.
         state = self.__dict__.copy()
-        state.update(session=None, on_event=None, _rows=[], _system=[], _touched=set(), _ckpts={}, _logs={})
+        state.update(
+            session=None, on_event=None, _rows=[], _system=[], _touched=set(), _ckpts={}, _logs={}, _starts=[], _ends=[]
+        )
         return state
 
     def _tids(self, trial) -> list[int]:
@@ -129,17 +157,29 @@ class StoreWriter(tune.Callback):
         gone = claims.taken_from(conn, self.driver, tids)
         return [t for t in tids if t not in gone]
 
+    def _pending(self) -> bool:
+        return bool(
+            self._rows or self._touched or self._ckpts or self._logs or self._system or self._starts or self._ends
+        )
+
     def flush(self) -> None:
-        if not self._rows and not self._touched and not self._ckpts and not self._logs and not self._system:
+        """Store everything buffered in one transaction (see the module's docstring)."""
+        if not self._pending():
             return
         rows, touched, ckpts, logs = list(self._rows), set(self._touched), dict(self._ckpts), dict(self._logs)
-        system = list(self._system)
+        system, starts, ends = list(self._system), list(self._starts), list(self._ends)
         to_db = self.checkpoint_folder is None
 
         def write(conn) -> tuple[int, set[int]]:
             # Nothing for a trial another driver took over while this one was cut off.
             ids = {r.trial_id for r in rows} | {int(m["trial_id"]) for m in system} | set(ckpts) | touched
+            for s in starts:
+                ids.update(s.tids)
+            for e in ends:
+                ids.update(e.ends)
             gone = claims.taken_from(conn, self.driver, ids)
+            for s in starts:
+                s.write(conn, [t for t in s.tids if t not in gone])
             n = repo.upsert_evals(conn, [r.store_row() for r in rows if r.trial_id not in gone])
             repo.upsert_system_metrics(conn, [m for m in system if m["trial_id"] not in gone])
             if to_db:  # after the rows: a stored checkpoint never claims a row that is missing
@@ -153,6 +193,8 @@ class StoreWriter(tune.Callback):
                 )
             lease.heartbeat(conn, touched - gone, reported=True)
             attempts.save_logs(conn, {t: text for t, text in logs.items() if t not in gone})
+            for e in ends:
+                self._store_end(conn, e, [t for t in e.ends if t not in gone])
             return n, gone
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
@@ -169,6 +211,8 @@ class StoreWriter(tune.Callback):
         self.checkpoint_bytes += sum(len(c.state) for c in ckpts.values())
         del self._rows[: len(rows)]
         del self._system[: len(system)]
+        del self._starts[: len(starts)]
+        del self._ends[: len(ends)]
         self._touched -= touched
         for tid, c in ckpts.items():
             if self._ckpts.get(tid) is c:
@@ -177,22 +221,40 @@ class StoreWriter(tune.Callback):
             if self._logs.get(tid) is text:
                 del self._logs[tid]
         self._last_flush = time.monotonic()
+        for e in ends:
+            self._ended(e, gone)
+
+    def _start(self, tids: list[int], write: Callable[[Any, list[int]], None]) -> None:
+        """Queue a start of ``tids`` (``write(conn, held)``) for the next flush. Whatever is
+        buffered for those trials (a previous attempt's rows, checkpoint or end) is stored
+        first: the new attempt deletes what lies past its checkpoint."""
+        mine = set(tids)
+        if (
+            any(r.trial_id in mine for r in self._rows)
+            or any(int(m["trial_id"]) in mine for m in self._system)
+            or mine & self._ckpts.keys()
+            or any(mine & e.ends.keys() for e in self._ends)
+        ):
+            self.flush()
+        self._starts.append(_Start(tids, write))
 
     def on_step_begin(self, iteration, trials, **info):
         # The lease thread found the database gone: end Tune's loop now rather than let
         # each trial run on to its next report.
         if self.session.fatal is not None:
             raise self.session.fatal
+        # Queued ends and starts wait at most flush_s when no trial reports (the last ones).
+        if (self._starts or self._ends) and time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.flush()
         tids = self._tids(trial)
 
-        def write(conn) -> None:
-            for tid in self._held(conn, tids):
+        def write(conn, held: list[int]) -> None:
+            for tid in held:
                 repo.mark_running(conn, tid)
 
-        self.session.write(write)
+        self._start(tids, write)
         self._running(tids, True)
         self.on_event("start", trial)
 
@@ -200,15 +262,13 @@ class StoreWriter(tune.Callback):
         report = Report.from_wire(result)
         start, placement = report.attempt, report.placement
         if start is not None or placement is not None:
-            self.flush()  # a previous attempt's rows land before the new one deletes past its step
             tids = self._tids(trial)
             unit = trial.config["unit"]
             # What the unit asked of its GPU, shared by its members (runner/fleet.py).
             share = float(unit["gpu"]) / len(tids) if unit.get("gpu") else None
             accelerator = unit.get("accelerator")
 
-            def write(conn) -> None:
-                held = self._held(conn, tids)
+            def write(conn, held: list[int]) -> None:
                 if start is not None:
                     for tid, step in start.from_steps:
                         if tid in held:
@@ -221,7 +281,7 @@ class StoreWriter(tune.Callback):
                             conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
                         )
 
-            self.session.write(write)
+            self._start(tids, write)
         self._rows.extend(report.evals)
         self._system.extend(report.system_rows())
         for c in report.checkpoints:
@@ -244,48 +304,48 @@ class StoreWriter(tune.Callback):
         dropped = [] if self.keep_final else [t for t, e in ends.items() if e.status in FINISHED]
         for tid in dropped:
             self._ckpts.pop(tid, None)
-        self.flush()
+        # Stored with the next flush: the feed's next claim, the timer, or the run's end. Not
+        # running from now on (a stopping driver's grace waits for what still runs).
+        self._ends.append(_End(trial, ends, dropped))
+        self._running(list(ends), False)
 
-        held_at_end: list[int] = []
+    def _store_end(self, conn, end: _End, held: list[int]) -> None:
+        for tid in held:
+            e = end.ends[tid]
+            attempts.close_attempts(conn, [tid], e.status.value, e.failure.kind if e.failure else None)
+            if e.status == Status.interrupted:
+                claims.interrupt(conn, trial_ids=[tid])
+                continue
+            if e.error and (e.failure is not None or e.status == Status.failed):
+                kind = e.failure.kind if e.failure is not None else "runtime"
+                tb = e.failure.traceback if e.failure is not None else None
+                repo.add_trial_error(conn, tid, kind, e.error, tb)
+            repo.finish_trial(conn, tid, e.status.value, e.error)
+            if e.stop is not None:
+                repo.record_stop(conn, tid, e.stop.step, e.stop.budget, e.stop.reason)
+        attempts.drop_checkpoints(conn, [t for t in end.dropped if t in held])
+        # Ended trials are let go with their end, in its transaction; an interrupted one
+        # stays this driver's until it exits (it is not claimed again and again here).
+        claims.release(conn, self.driver, [t for t in held if end.ends[t].status != Status.interrupted])
 
-        def write(conn) -> None:
-            held = self._held(conn, list(ends))
-            held_at_end[:] = held
-            for tid, end in ends.items():
-                if tid not in held:
-                    continue
-                attempts.close_attempts(conn, [tid], end.status.value, end.failure.kind if end.failure else None)
-                if end.status == Status.interrupted:
-                    claims.interrupt(conn, trial_ids=[tid])
-                    continue
-                if end.error and (end.failure is not None or end.status == Status.failed):
-                    kind = end.failure.kind if end.failure is not None else "runtime"
-                    tb = end.failure.traceback if end.failure is not None else None
-                    repo.add_trial_error(conn, tid, kind, end.error, tb)
-                repo.finish_trial(conn, tid, end.status.value, end.error)
-                if end.stop is not None:
-                    repo.record_stop(conn, tid, end.stop.step, end.stop.budget, end.stop.reason)
-            attempts.drop_checkpoints(conn, [t for t in dropped if t in held])
-            # Ended trials are let go with their end, in its transaction; an interrupted one
-            # stays this driver's until it exits (it is not claimed again and again here).
-            claims.release(conn, self.driver, [t for t, e in ends.items() if e.status != Status.interrupted])
-
-        self.session.write(write)
-        taken = [t for t in ends if t not in held_at_end]
+    def _ended(self, end: _End, gone: set[int]) -> None:
+        """After its flush: what the driver does about an end it stored (or could not)."""
+        taken = [t for t in end.ends if t in gone]
         if taken:
             # Its link came back after the trial ended here and was taken over there: this
             # driver stops as when its renewal finds a trial taken (one line, exit 130), rather
             # than carry on as if the trial were its own result.
             self.session.stop(f"{LOST} ({len(taken)} trial(s) taken over by another driver)")
         if self.checkpoint_folder is not None:
-            for tid in dropped:
+            for tid in end.dropped:
                 checkpoints.trial_path(self.checkpoint_folder, self.sweep, self._keys[tid]).unlink(missing_ok=True)
-        self._running(list(ends), False)
-        for tid, end in ends.items():
-            self.outcomes[tid] = end.status.value
+        for tid, e in end.ends.items():
+            if tid in gone:  # its end is the other driver's to store and to tell
+                continue
+            self.outcomes[tid] = e.status.value
             # An error worth a line of its own: a failure, or an exception that ended the trial.
-            raised = end.status == Status.failed or end.failure is not None
-            self.on_event(end.status.value, trial, trial_id=tid, error=end.error if raised else None)
+            raised = e.status == Status.failed or e.failure is not None
+            self.on_event(e.status.value, end.trial, trial_id=tid, error=e.error if raised else None)
 
     def _attempt_failed(self, trial, *, final: bool) -> tuple[list[int], str]:
         """An attempt of ``trial`` raised: its traceback to ``trial_errors``; the trial is

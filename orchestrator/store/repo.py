@@ -490,11 +490,13 @@ def set_placement(
 
 
 def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
-    """Close a trial; its final metrics are read back from its own eval rows."""
-    last = conn.execute(
-        sa.select(Eval.step, Eval.acc, Eval.loss).where(Eval.trial_id == trial_id).order_by(Eval.step.desc()).limit(1)
-    ).first()
-    best = conn.execute(sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id)).scalar_one_or_none()
+    """Close a trial; its final metrics are read back from its own eval rows (in the one
+    UPDATE: the writer ends many trials a flush, issue 34)."""
+    last = sa.select(Eval.step).where(Eval.trial_id == trial_id).order_by(Eval.step.desc()).limit(1).scalar_subquery()
+
+    def at_last(column):
+        return sa.select(column).where(Eval.trial_id == trial_id, Eval.step == last).scalar_subquery()
+
     conn.execute(
         sa.update(Trial)
         .where(Trial.id == trial_id)
@@ -503,10 +505,10 @@ def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None
             error=error,
             finished_at=sa.func.now(),
             updated_at=sa.func.now(),
-            final_step=last.step if last else None,
-            final_acc=last.acc if last else None,
-            final_loss=last.loss if last else None,
-            best_acc=best,
+            final_step=last,
+            final_acc=at_last(Eval.acc),
+            final_loss=at_last(Eval.loss),
+            best_acc=sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id).scalar_subquery(),
         )
     )
 

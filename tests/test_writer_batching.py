@@ -1,0 +1,155 @@
+"""The writer stores a trial's start and end in its flushes (issue 34 item 1): in the steady
+state the end of one trial, the start of the next and the rows of both share one commit, and
+what it stores is what the unbatched writes stored (the same order: starts, rows, ends)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import sqlalchemy as sa
+
+from conftest import fill_sweep, query
+from orchestrator.runner.lifecycle import DriverSession
+from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Placement, Report, TrialFinal
+from orchestrator.runner.writer import StoreWriter
+from orchestrator.status import Status
+from orchestrator.store import claims
+from orchestrator.store.engine import open_store_engine
+from orchestrator.store.sweep_store import SweepStore
+from orchestrator.train.loop import EvalPoint
+
+ENV = {"host": "h1", "device": "cpu", "precision": "fp32", "code_version": "git:abc"}
+
+
+def _trial(tid: int, final: Status | None = None) -> SimpleNamespace:
+    """What the writer reads of a Tune trial: its unit's members and its last report."""
+    last = Report(finals=(TrialFinal(tid, final),)).to_wire() if final is not None else None
+    return SimpleNamespace(config={"unit": {"members": [{"trial_id": tid, "key": f"k{tid}"}]}}, last_result=last)
+
+
+def _point(step: int) -> EvalPoint:
+    return EvalPoint(step, step / 100, 1.0 / step, 1.0, 1e-3, step / 10)
+
+
+def _first(tid: int, from_step: int | None = None) -> dict:
+    """A unit's first report: where it runs, the attempt's start, its first row."""
+    step = (from_step or 0) + 10
+    return Report(
+        evals=(EvalRow(tid, _point(step)),),
+        placement=Placement("h1", "ab" * 28, "cpu (fp32)"),
+        attempt=AttemptStart(((tid, from_step),), ENV),
+    ).to_wire()
+
+
+def _rows(tid: int, *steps: int) -> dict:
+    return Report(evals=tuple(EvalRow(tid, _point(s)) for s in steps)).to_wire()
+
+
+class _Commits:
+    """Commits made on the calling thread (the driver's lease thread renews on its own)."""
+
+    def __init__(self, engine: sa.engine.Engine) -> None:
+        self.n = 0
+        self._thread = threading.get_ident()
+        sa.event.listen(engine, "commit", self._on)
+
+    def _on(self, conn) -> None:
+        if threading.get_ident() == self._thread:
+            self.n += 1
+
+
+def _session(engine: sa.engine.Engine, sid: int) -> DriverSession:
+    return DriverSession(SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join")
+
+
+def test_six_trials_one_after_another_take_one_commit_each_and_store_what_they_did(db_url):
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=6, n_steps=0)
+    tids = sorted(ids.values())
+    with _session(engine, sid) as session:
+        with engine.begin() as conn:
+            assert len(claims.claim_batch(conn, sid, session.owner, 6, ttl=600) or []) == 6
+        writer = StoreWriter(session, flush_s=3600)  # no timer: only the feed's flushes
+        commits = _Commits(engine)
+        for tid in tids:
+            trial = _trial(tid, Status.completed)
+            writer.on_trial_start(0, [], trial)
+            writer.on_trial_result(0, [], trial, _first(tid))
+            writer.on_trial_result(0, [], trial, _rows(tid, 20, 30))
+            writer.on_trial_complete(0, [], trial)
+            assert writer.outcomes.get(tid) is None  # queued, not stored yet
+            writer.flush()  # what the feed does before its next claim
+            assert writer.outcomes[tid] == "completed" and tid not in session.running
+        assert commits.n == 6
+    got = query(
+        db_url,
+        "SELECT t.id, t.status, t.attempts, t.final_step, t.final_acc, t.claimed_by, t.host, "
+        "(SELECT COUNT(*) FROM evals e WHERE e.trial_id = t.id), "
+        "(SELECT COUNT(*) FROM attempts a WHERE a.trial_id = t.id AND a.outcome = 'completed') "
+        "FROM trials t ORDER BY t.id",
+    )
+    assert [tuple(r) for r in got] == [(t, "completed", 1, 30, 0.3, None, "h1", 3, 1) for t in tids]
+    engine.dispose()
+
+
+def test_an_end_merged_with_the_next_start_stores_nothing_of_a_trial_taken_over(db_url):
+    """A's end and B's start wait in one flush; meanwhile another driver took A over (this
+    one was cut off past the TTL). The flush stores B's start and rows and nothing of A, and
+    the driver stops as when its renewal finds a trial taken."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=2, n_steps=0)
+    a, b = sorted(ids.values())
+    with _session(engine, sid) as session:
+        with engine.begin() as conn:
+            assert len(claims.claim_batch(conn, sid, session.owner, 2, ttl=600) or []) == 2
+        writer = StoreWriter(session, flush_s=3600)
+        ta = _trial(a, Status.completed)
+        writer.on_trial_start(0, [], ta)
+        writer.on_trial_result(0, [], ta, _first(a))
+        writer.flush()
+        writer.on_trial_result(0, [], ta, _rows(a, 20))
+        writer.on_trial_complete(0, [], ta)
+        tb = _trial(b)
+        writer.on_trial_start(0, [], tb)
+        writer.on_trial_result(0, [], tb, _first(b))
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE trials SET claimed_by = 'other' WHERE id = :t"), {"t": a})
+        writer.flush()
+        assert session.stop_reason is not None and "taken over" in session.stop_reason
+        assert a not in writer.outcomes and writer.outcomes == {}  # B has not ended
+    rows = {r.id: r for r in query(db_url, "SELECT id, status, claimed_by, finished_at FROM trials")}
+    assert (rows[a].status, rows[a].claimed_by, rows[a].finished_at) == ("running", "other", None)
+    assert rows[b].status == "running"
+    assert query(db_url, "SELECT trial_id, step FROM evals ORDER BY trial_id, step") == [(a, 10), (b, 10)]
+    assert query(db_url, "SELECT trial_id, outcome FROM attempts ORDER BY trial_id") == [(a, None), (b, None)]
+    engine.dispose()
+
+
+def test_a_new_attempt_stores_the_old_attempts_buffered_rows_first_and_deletes_past_its_step(db_url):
+    """Rows and a checkpoint of attempt 1 still buffered when Tune restarts the unit from its
+    step-20 checkpoint: they land before the start (whose attempt deletes what lies past step
+    20), never after it, where they would stitch a trace from two attempts."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=1, n_steps=0)
+    (tid,) = ids.values()
+    with _session(engine, sid) as session:
+        with engine.begin() as conn:
+            assert len(claims.claim_batch(conn, sid, session.owner, 1, ttl=600) or []) == 1
+        writer = StoreWriter(session, flush_s=3600)
+        trial = _trial(tid, Status.completed)
+        writer.on_trial_start(0, [], trial)
+        writer.on_trial_result(0, [], trial, _first(tid))
+        writer.on_trial_result(0, [], trial, _rows(tid, 20, 30, 40))
+        writer._ckpts[tid] = Checkpoint(tid, 40, b"attempt-1")
+        writer.on_trial_result(0, [], trial, _first(tid, from_step=20))  # attempt 2, from step 20
+        writer.on_trial_result(0, [], trial, _rows(tid, 40))
+        writer.on_trial_complete(0, [], trial)
+        writer.flush()
+    assert query(db_url, "SELECT step, acc FROM evals ORDER BY step") == [(10, 0.1), (20, 0.2), (30, 0.3), (40, 0.4)]
+    assert query(db_url, "SELECT attempt, from_step, outcome FROM attempts ORDER BY attempt") == [
+        (1, None, "lost"),
+        (2, 20, "completed"),
+    ]
+    assert query(db_url, "SELECT COUNT(*) FROM trial_checkpoints")[0][0] == 0  # past step 20: deleted
+    engine.dispose()
