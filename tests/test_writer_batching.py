@@ -5,6 +5,8 @@ what it stores is what the unbatched writes stored (the same order: starts, rows
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import sqlalchemy as sa
@@ -59,18 +61,25 @@ class _Commits:
             self.n += 1
 
 
-def _session(engine: sa.engine.Engine, sid: int) -> DriverSession:
-    return DriverSession(SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join")
+@contextmanager
+def _claimed(db_url: str, n: int) -> Iterator[tuple[sa.engine.Engine, list[int], DriverSession, StoreWriter]]:
+    """A sweep of ``n`` trials a live driver session has claimed, and its writer (no timer:
+    only the flushes the test makes, as the feed makes before each claim)."""
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=n, n_steps=0)
+    try:
+        with DriverSession(
+            SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join"
+        ) as session:
+            with engine.begin() as conn:
+                assert len(claims.claim_batch(conn, sid, session.owner, n, ttl=600) or []) == n
+            yield engine, sorted(ids.values()), session, StoreWriter(session, flush_s=3600)
+    finally:
+        engine.dispose()
 
 
 def test_six_trials_one_after_another_take_one_commit_each_and_store_what_they_did(db_url):
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=6, n_steps=0)
-    tids = sorted(ids.values())
-    with _session(engine, sid) as session:
-        with engine.begin() as conn:
-            assert len(claims.claim_batch(conn, sid, session.owner, 6, ttl=600) or []) == 6
-        writer = StoreWriter(session, flush_s=3600)  # no timer: only the feed's flushes
+    with _claimed(db_url, 6) as (engine, tids, session, writer):
         commits = _Commits(engine)
         for tid in tids:
             trial = _trial(tid, Status.completed)
@@ -90,20 +99,13 @@ def test_six_trials_one_after_another_take_one_commit_each_and_store_what_they_d
         "FROM trials t ORDER BY t.id",
     )
     assert [tuple(r) for r in got] == [(t, "completed", 1, 30, 0.3, None, "h1", 3, 1) for t in tids]
-    engine.dispose()
 
 
 def test_an_end_merged_with_the_next_start_stores_nothing_of_a_trial_taken_over(db_url):
     """A's end and B's start wait in one flush; meanwhile another driver took A over (this
     one was cut off past the TTL). The flush stores B's start and rows and nothing of A, and
     the driver stops as when its renewal finds a trial taken."""
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=2, n_steps=0)
-    a, b = sorted(ids.values())
-    with _session(engine, sid) as session:
-        with engine.begin() as conn:
-            assert len(claims.claim_batch(conn, sid, session.owner, 2, ttl=600) or []) == 2
-        writer = StoreWriter(session, flush_s=3600)
+    with _claimed(db_url, 2) as (engine, (a, b), session, writer):
         ta = _trial(a, Status.completed)
         writer.on_trial_start(0, [], ta)
         writer.on_trial_result(0, [], ta, _first(a))
@@ -123,20 +125,13 @@ def test_an_end_merged_with_the_next_start_stores_nothing_of_a_trial_taken_over(
     assert rows[b].status == "running"
     assert query(db_url, "SELECT trial_id, step FROM evals ORDER BY trial_id, step") == [(a, 10), (b, 10)]
     assert query(db_url, "SELECT trial_id, outcome FROM attempts ORDER BY trial_id") == [(a, None), (b, None)]
-    engine.dispose()
 
 
 def test_a_new_attempt_stores_the_old_attempts_buffered_rows_first_and_deletes_past_its_step(db_url):
     """Rows and a checkpoint of attempt 1 still buffered when Tune restarts the unit from its
     step-20 checkpoint: they land before the start (whose attempt deletes what lies past step
     20), never after it, where they would stitch a trace from two attempts."""
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=1, n_steps=0)
-    (tid,) = ids.values()
-    with _session(engine, sid) as session:
-        with engine.begin() as conn:
-            assert len(claims.claim_batch(conn, sid, session.owner, 1, ttl=600) or []) == 1
-        writer = StoreWriter(session, flush_s=3600)
+    with _claimed(db_url, 1) as (engine, (tid,), session, writer):
         trial = _trial(tid, Status.completed)
         writer.on_trial_start(0, [], trial)
         writer.on_trial_result(0, [], trial, _first(tid))
@@ -152,4 +147,3 @@ def test_a_new_attempt_stores_the_old_attempts_buffered_rows_first_and_deletes_p
         (2, 20, "completed"),
     ]
     assert query(db_url, "SELECT COUNT(*) FROM trial_checkpoints")[0][0] == 0  # past step 20: deleted
-    engine.dispose()
