@@ -20,6 +20,8 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import quote
 
 import pytest
@@ -136,6 +138,30 @@ def fill_sweep(engine: sa.engine.Engine, name: str = "s1", n_trials: int = 3, n_
         ]
         repo.upsert_evals(conn, rows)
     return sid, ids
+
+
+@contextmanager
+def claimed_writer(db_url: str, n_trials: int, n_steps: int = 0) -> Iterator[tuple]:
+    """A sweep of ``n_trials`` (:func:`fill_sweep`) that a live driver session has claimed,
+    and that session's writer with no flush timer (only the flushes a test makes, as the feed
+    makes before each claim): (engine, trial ids in order, session, writer)."""
+    from orchestrator.runner.lifecycle import DriverSession
+    from orchestrator.runner.writer import StoreWriter
+    from orchestrator.store import claims
+    from orchestrator.store.engine import open_store_engine
+    from orchestrator.store.sweep_store import SweepStore
+
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=n_trials, n_steps=n_steps)
+    try:
+        with DriverSession(
+            SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join"
+        ) as session:
+            with engine.begin() as conn:
+                assert len(claims.claim_batch(conn, sid, session.owner, n_trials, ttl=600) or []) == n_trials
+            yield engine, sorted(ids.values()), session, StoreWriter(session, flush_s=3600)
+    finally:
+        engine.dispose()
 
 
 # Every stored time a lease, claim, heartbeat or staleness rule compares with the clock.

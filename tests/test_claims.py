@@ -13,11 +13,10 @@ import time
 
 import sqlalchemy as sa
 
-from conftest import fill_sweep, pass_time
+from conftest import claimed_writer, fill_sweep, pass_time, query
 from orchestrator.store import attempts, claims, lease, repo
 from orchestrator.store.engine import make_engine, open_store_engine
 from orchestrator.store.outage import write_with_retry
-from orchestrator.store.sweep_store import SweepStore
 
 
 def test_concurrent_claimers_never_get_the_same_trial(db_url):
@@ -195,30 +194,19 @@ def test_a_cut_off_driver_writes_nothing_for_a_trial_taken_over(db_url):
     """A driver whose claim lapsed (cut off from the database longer than the TTL) and whose
     trial another driver took over meanwhile: its writer's next flush stores its rows and
     checkpoint for the trials it still holds, and nothing for the one taken over."""
-    from orchestrator.runner.lifecycle import DriverSession
     from orchestrator.runner.messages import Checkpoint, EvalRow
-    from orchestrator.runner.writer import StoreWriter
     from orchestrator.train.loop import EvalPoint
 
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=2, n_steps=1)
-    mine, taken = sorted(ids.values())
-    with DriverSession(
-        SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join"
-    ) as session:
+    with claimed_writer(db_url, 2, n_steps=1) as (engine, (mine, taken), session, writer):
         with engine.begin() as conn:
-            assert len(claims.claim_batch(conn, sid, session.owner, 2, ttl=600) or []) == 2
             # The other driver's claim on the lapsed trial (claim_batch's UPDATE, as it makes it).
             conn.execute(sa.text("UPDATE trials SET claimed_by = 'other' WHERE id = :t"), {"t": taken})
-        writer = StoreWriter(session)
         writer._rows += [EvalRow(t, EvalPoint(50, 0.5, 1.0, 1.0, 1e-3, 9.0)) for t in (mine, taken)]
         writer._ckpts = {t: Checkpoint(t, 50, b"state") for t in (mine, taken)}
         writer.flush()
         assert writer.rows_written == 1 and not writer._rows and not writer._ckpts
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT trial_id FROM evals WHERE step = 50")).scalars().all() == [mine]
-        assert conn.execute(sa.text("SELECT trial_id FROM trial_checkpoints")).scalars().all() == [mine]
-    engine.dispose()
+    assert query(db_url, "SELECT trial_id FROM evals WHERE step = 50") == [(mine,)]
+    assert query(db_url, "SELECT trial_id FROM trial_checkpoints") == [(mine,)]
 
 
 def test_a_cut_off_driver_keeps_nothing_alive_of_a_trial_taken_over(db_url):

@@ -16,11 +16,10 @@ import pytest
 import sqlalchemy as sa
 import torch
 
-from conftest import BACKENDS, TINY_FIXED, backend_url, fill_sweep, query
+from conftest import BACKENDS, TINY_FIXED, backend_url, claimed_writer, fill_sweep, query
 from orchestrator.cli import main
-from orchestrator.store import attempts, claims, repo
+from orchestrator.store import attempts, repo
 from orchestrator.store.engine import open_store_engine
-from orchestrator.store.sweep_store import SweepStore
 from orchestrator.train.sysmetrics import SAMPLE_FIELDS, Sampler, SystemSample
 
 ENV = {"host": "h1", "device": "cpu", "precision": "fp32", "code_version": "git:abc"}
@@ -124,22 +123,13 @@ def _trial(tids):
 
 
 def test_the_writer_stores_samples_with_their_rows_once_and_not_for_a_trial_taken_over(db_url):
-    from orchestrator.runner.lifecycle import DriverSession
     from orchestrator.runner.messages import EvalRow, Report
-    from orchestrator.runner.writer import StoreWriter
 
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=2, n_steps=1)
-    mine, taken = sorted(ids.values())
-    with DriverSession(
-        SweepStore(engine), sid, "s1", handle_signals=False, ttl=600, take_lease=False, command="join"
-    ) as session:
+    with claimed_writer(db_url, 2, n_steps=1) as (engine, (mine, taken), session, writer):
         with engine.begin() as conn:
-            assert len(claims.claim_batch(conn, sid, session.owner, 2, ttl=600) or []) == 2
             for t in (mine, taken):
                 attempts.begin_attempt(conn, t, None, ENV, session.owner)
             attempts.begin_attempt(conn, mine, None, ENV, session.owner)  # mine is on attempt 2
-        writer = StoreWriter(session, flush_s=3600)
         for cpu in (50.0, 75.0):  # the same step reported twice (a re-report): one row, the last
             sample = SystemSample(50, 2.0, cpu, 200 * 2**20, None, None, 25.0)
             report = Report(evals=(EvalRow(mine, _point(50)),), system=sample)
@@ -153,7 +143,6 @@ def test_the_writer_stores_samples_with_their_rows_once_and_not_for_a_trial_take
         assert not writer._system
     rows = query(db_url, "SELECT trial_id, step, attempt, cpu_pct, rss_bytes, steps_per_s FROM system_metrics")
     assert [tuple(r) for r in rows] == [(mine, 50, 2, 75.0, 200 * 2**20, 25.0)]
-    engine.dispose()
 
 
 def test_a_new_attempt_drops_the_samples_past_its_step_and_delete_takes_them(db_url):

@@ -8,11 +8,13 @@ attempt begun, its placement) and its end are queued too and stored in the next 
 the steady state the end of one trial, the start of the next and everyone's rows share one
 transaction (issue 34: a commit per trial, not five). Within a flush the order is the one a
 trial lives in: starts, then rows, checkpoints, heartbeats and consoles, then ends (an end
-reads its final metrics from its rows). A start that would delete rows still buffered for its
-trial (a new attempt deletes the rows past its checkpoint) flushes them first. A row lost in the buffer when the driver dies was past
-every stored checkpoint: the attempt that resumes the trial deletes the rows past its
-checkpoint and trains them again, so no trace is stitched from two attempts. With the spec's ``keep_checkpoints: none`` a
-finished trial's checkpoint is deleted in the transaction that stores its end.
+reads its final metrics from its rows). A start that would delete rows still buffered for
+its trial (a new attempt deletes the rows past its checkpoint) flushes them first.
+
+A row lost in the buffer when the driver dies was past every stored checkpoint: the attempt
+that resumes the trial deletes the rows past its checkpoint and trains them again, so no
+trace is stitched from two attempts. With the spec's ``keep_checkpoints: none`` a finished
+trial's checkpoint is deleted in the transaction that stores its end.
 
 Each unit's first report starts one attempt per member (``store.attempts``: where and with
 which code it runs, from which step); how the trial ends closes it. Every write goes through the driver session's one write path
