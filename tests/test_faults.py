@@ -9,8 +9,9 @@ backoff), mid-sweep (the writer rides it out and the sweep completes without a r
 How many kills: ``ORCH_FAULT_KILLS`` (SQLite, default 3) and ``ORCH_FAULT_KILLS_PG``
 (default 2); the issue's full count is
 ``ORCH_FAULT_KILLS=20 ORCH_FAULT_KILLS_PG=5 pytest tests/test_faults.py -k sigkills -s``
-(``-s`` prints the kill steps). The PostgreSQL restart test stops the shared server, so it
-runs only with ``ORCH_TEST_PG_RESTART=1`` (``.ci/run`` sets it).
+(``-s`` prints the kill steps). The PostgreSQL outage tests stop and restart a server of
+their own (``tests/pg_server.py``), so the suite's shared server stays up for the tests
+beside them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import sqlalchemy as sa
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
-from conftest import POSTGRES_URL, backend_url, make_pg_schema_url, shared_env, sweep_evals, two_arm_spec
+import pg_server
+from conftest import backend_url, shared_env, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -226,31 +228,14 @@ def test_eight_readers_against_a_sqlite_sweep_being_written(tmp_path, shared_ray
     assert _q(url, "SELECT COUNT(*) FROM evals")[0][0] == 6 * 25
 
 
-def _pg_ctl(action: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-def _pg_up() -> bool:
-    return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"]).returncode == 0
-
-
-@pytest.mark.skipif(
-    os.environ.get("ORCH_TEST_PG_RESTART") != "1" or not POSTGRES_URL,
-    reason="restarts the shared PostgreSQL server: set ORCH_TEST_PG_RESTART=1",
-)
+@pytest.mark.skipif(bool(pg_server.why_unavailable()), reason=f"{pg_server.why_unavailable()}")
 @pytest.mark.parametrize("outage", ["restart", "stop12", "giveup"])
 def test_postgres_outage_mid_sweep(tmp_path, capsys, reference, shared_ray, outage):
     """restart / stop12: the writer rides the outage out, the sweep completes without a
     resume, 0 rows lost or duplicated. giveup: an outage longer than ORCH_DB_OUTAGE_S stops
     the driver with one line and exit 75; resume then finishes the sweep."""
-    url, drop = make_pg_schema_url()
-    try:
+    with pg_server.PrivateServer() as pg:
+        url = pg.url
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
         budget = "5" if outage == "giveup" else "120"
@@ -261,17 +246,17 @@ def test_postgres_outage_mid_sweep(tmp_path, capsys, reference, shared_ray, outa
         assert p.poll() is None, p.communicate()[1]
         try:
             if outage == "restart":
-                _pg_ctl("restart")
+                pg.restart()
             else:
-                _pg_ctl("stop")
+                pg.stop()
                 if outage == "giveup":
                     p.wait(timeout=120)  # gives up after 5 s of retries
                 else:
                     time.sleep(12)  # the backoff doubles 0.5 s to 8 s within it: five retries
-                _pg_ctl("start")
+                pg.start()
         finally:
-            if not _pg_up():
-                _pg_ctl("start")
+            if not pg.up():
+                pg.start()
         _, err = p.communicate(timeout=600)
         if outage == "giveup":
             assert p.returncode == 75, err
@@ -285,10 +270,3 @@ def test_postgres_outage_mid_sweep(tmp_path, capsys, reference, shared_ray, outa
             assert p.returncode == 0, err
         assert dict(_q(url, "SELECT status, COUNT(*) FROM trials GROUP BY status")) == {"completed": 6}
         assert sweep_evals(url) == reference  # 0 lost, 0 duplicated (the key is (trial, step))
-    finally:
-        if not _pg_up():
-            _pg_ctl("start")
-        try:
-            drop()
-        except sa.exc.OperationalError:  # its pooled connection died in the outage
-            drop()
