@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 
+import pytest
 import sqlalchemy as sa
 
 from conftest import fill_sweep
@@ -37,8 +38,34 @@ def test_the_lists_are_the_points_fields():
     assert reader.EVAL_COLUMNS == ("trial_id", "step", *evals.NUMBERS)
     assert ui_db.FULL_COLUMNS == (*reader.EVAL_COLUMNS, "metrics")
     assert [c.name for c in Eval.__table__.columns] == ["trial_id", "step", *evals.STORED]
-    # The import's input format names each number (``lr`` for ``step_lr``).
-    assert set(INPUT_NAMES) == set(evals.NUMBERS) and set(INPUT_NAMES.values()) <= set(TracePoint.model_fields)
+    assert all(isinstance(Eval.__table__.c[n].type, sa.Double) and Eval.__table__.c[n].nullable for n in evals.NUMBERS)
+    # The import's input format names each number (``lr`` for ``step_lr``), a field each, in order.
+    assert INPUT_NAMES == {**{n: n for n in evals.NUMBERS}, "step_lr": "lr"}
+    assert list(TracePoint.model_fields) == ["step", *INPUT_NAMES.values()]
+    # What the import checks of each: settings and clocks finite, scores diverge when not.
+    assert evals.FINITE_ON_IMPORT == ("step_lr", "elapsed_s")
+    assert evals.DIVERGING == ("acc", "loss", "train_loss")
+    assert set(evals.MEASURES) <= set(evals.NUMBERS)
+
+
+def test_the_import_checks_each_number_as_evals_marks_it():
+    def point(**kw):
+        return TracePoint.model_validate({"step": 1, "acc": 0.5, **kw})
+
+    for n in evals.NUMBERS:
+        key = INPUT_NAMES[n]
+        with pytest.raises(ValueError, match="a boolean is not a number"):
+            point(**{key: True})
+        if n == "acc":
+            continue
+        assert getattr(point(**{key: 0.25}), key) == 0.25 and getattr(point(), key) is None
+        if n in evals.FINITE_ON_IMPORT:
+            with pytest.raises(ValueError, match="expected a finite number"):
+                point(**{key: float("inf")})
+        else:
+            assert point(**{key: float("nan")}).finite == (n not in evals.DIVERGING)
+    assert not point(acc=float("nan")).finite and not point(acc=None).finite
+    assert point(other=3.0).model_extra == {"other": 3.0}  # a key no number has: a metric
 
 
 def test_wire_form_round_trips_through_json():

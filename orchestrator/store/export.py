@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator.evals import NUMBERS
 from orchestrator.store.models import Eval, Trial
 from orchestrator.store.reader import sweep_frames, sweep_id
 
@@ -43,7 +44,7 @@ def _portable(df: pd.DataFrame) -> pd.DataFrame:
 def _with_nonfinite(engine: Engine, sweep: str, evals: pd.DataFrame) -> pd.DataFrame:
     """``evals`` with the ``nonfinite`` column beside the numbers: a measurement stored as
     NULL is either not recorded or not finite, and only this column tells which (``loss=nan``).
-    Placed after ``elapsed_s``, before the ``metrics.*`` columns."""
+    Placed after the numbers (orchestrator/evals.py), before the ``metrics.*`` columns."""
     with engine.connect() as conn:
         sid = sweep_id(conn, sweep)
         rows = conn.execute(
@@ -56,7 +57,7 @@ def _with_nonfinite(engine: Engine, sweep: str, evals: pd.DataFrame) -> pd.DataF
     col = pd.Series(
         [marks.get((int(t), int(s))) for t, s in zip(out["trial_id"], out["step"])], index=out.index, dtype=object
     )
-    at = list(out.columns).index("elapsed_s") + 1 if "elapsed_s" in out.columns else len(out.columns)
+    at = list(out.columns).index(NUMBERS[-1]) + 1 if NUMBERS[-1] in out.columns else len(out.columns)
     out.insert(at, "nonfinite", col)
     return out
 

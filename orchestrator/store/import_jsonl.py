@@ -9,8 +9,9 @@ One JSON object per line::
 ``params`` may be nested (it is flattened to dotted names, as the store keeps them);
 ``status`` (completed, diverged or failed; default completed) and ``error`` (text) are
 optional. Each trace point needs an int ``step`` and an ``acc`` in [0, 1]; ``loss``,
-``train_loss``, ``lr`` and ``elapsed_s`` fill their columns and any other key goes into
-the row's ``metrics``. Numbers are JSON numbers (a string or a boolean is not one); ``NaN``,
+``train_loss``, ``lr``, ``elapsed_s`` and any other number of the eval point
+(``orchestrator/evals.py``, under its own name) fill their columns and any other key goes
+into the row's ``metrics``. Numbers are JSON numbers (a string or a boolean is not one); ``NaN``,
 ``Infinity``, ``-Infinity`` (as Python's json writes them) and a literal that overflows
 (``1e400``, read as the infinity it is) are accepted in ``acc``/``loss``/``train_loss`` and
 in metrics, and ``null`` in ``acc`` (no result) or a loss (not recorded): a run whose trace
@@ -48,7 +49,7 @@ import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -57,12 +58,14 @@ from pydantic import (
     StrictFloat,
     StrictStr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from sqlalchemy.engine import Engine
 
 from orchestrator.errors import UserError
+from orchestrator import evals
 from orchestrator.evals import NUMBERS
 from orchestrator.keys import record_key
 from orchestrator.status import Status
@@ -80,21 +83,24 @@ MAX_STEP = 2**31 - 1  # evals.step is a 32-bit INTEGER on PostgreSQL
 MAX_PARAM_DEPTH = 8
 
 
-# A trace point's input key for each of the eval point's numbers: the file format says ``lr``
-# for what the store calls ``step_lr`` (the learning rate the step ran at).
-INPUT_NAMES = {n: "lr" if n == "step_lr" else n for n in NUMBERS}
+# A trace point's input key for each of the eval point's numbers (the file format says ``lr``
+# for what the store calls ``step_lr``, the learning rate the step ran at) and which of them
+# must be finite or make a run diverged: orchestrator/evals.py. ``acc`` is the one required.
+INPUT_NAMES = dict(evals.INPUT_NAMES)
+_OPTIONAL = tuple(INPUT_NAMES[n] for n in NUMBERS if n != "acc")
+_FINITE = tuple(INPUT_NAMES[n] for n in evals.FINITE_ON_IMPORT)
+_DIVERGING = tuple(INPUT_NAMES[n] for n in evals.DIVERGING if n != "acc")
 
 
-class TracePoint(BaseModel):
+class _TracePointChecks(BaseModel):
+    """A trace point's step, accuracy and the checks of every number; :data:`TracePoint`
+    adds a field per other number of the eval point (each optional)."""
+
     model_config = ConfigDict(extra="allow")
 
     step: int = Field(ge=0, le=MAX_STEP)
     # None / NaN / +-inf mark a diverged run (see ImportRecord); a finite acc is in [0, 1].
     acc: StrictFloat | None
-    loss: StrictFloat | None = None
-    train_loss: StrictFloat | None = None
-    lr: StrictFloat | None = None
-    elapsed_s: StrictFloat | None = None
 
     @field_validator("step", mode="before")
     @classmethod
@@ -103,7 +109,7 @@ class TracePoint(BaseModel):
             raise ValueError("step must be an integer")
         return v
 
-    @field_validator("acc", "loss", "train_loss", "lr", "elapsed_s", mode="before")
+    @field_validator("acc", *_OPTIONAL, mode="before", check_fields=False)
     @classmethod
     def _not_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):
@@ -117,7 +123,7 @@ class TracePoint(BaseModel):
             raise ValueError(f"acc must be in [0, 1], got {v!r}")
         return v
 
-    @field_validator("lr", "elapsed_s")
+    @field_validator(*_FINITE, check_fields=False)
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
@@ -130,7 +136,18 @@ class TracePoint(BaseModel):
         is a loss that was not recorded; a null acc is a point without a result)."""
         if self.acc is None or not math.isfinite(self.acc):
             return False
-        return all(v is None or math.isfinite(v) for v in (self.loss, self.train_loss))
+        return all(v is None or math.isfinite(v) for v in (getattr(self, n) for n in _DIVERGING))
+
+
+if TYPE_CHECKING:
+    TracePoint = _TracePointChecks
+else:
+    TracePoint = create_model(
+        "TracePoint",
+        __base__=_TracePointChecks,
+        __module__=__name__,
+        **{n: (StrictFloat | None, None) for n in _OPTIONAL},
+    )
 
 
 def _show(v: Any, limit: int = 40) -> str:

@@ -12,6 +12,7 @@ import datetime as dt
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from orchestrator.evals import NUMBERS
 from orchestrator.status import Status
 
 
@@ -152,24 +153,34 @@ class TrialParam(Base):
 
 
 class Eval(Base):
-    """One eval point of one trial. Primary key (trial_id, step): rewrites are upserts."""
+    """One eval point of one trial. Primary key (trial_id, step): rewrites are upserts.
 
-    __tablename__ = "evals"
+    One DOUBLE column per number of the eval point, in its order (``orchestrator/evals.py``,
+    where each is described): the table is built from ``evals.NUMBERS``, so a new number is a
+    field there and a migration."""
 
-    trial_id: Mapped[int] = mapped_column(sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
-    step: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=False)
-    acc: Mapped[float | None] = mapped_column(sa.Double)
-    loss: Mapped[float | None] = mapped_column(sa.Double)
-    train_loss: Mapped[float | None] = mapped_column(sa.Double)
-    # The learning rate at this step (the schedule applied); trials.lr is the trial's base lr.
-    step_lr: Mapped[float | None] = mapped_column(sa.Double)
-    elapsed_s: Mapped[float | None] = mapped_column(sa.Double)
-    metrics: Mapped[dict | None] = mapped_column(sa.JSON)
-    # The values of this point that were not finite, stored as NULL above (not every backend
-    # round-trips NaN/inf): "loss=nan", "loss=inf,metrics.rebind_loss=nan". NULL: all finite,
-    # so a NULL number there is one that was not recorded. A diverged trial's point with a
-    # finite accuracy and a NaN loss keeps its row and its accuracy (migration 0006).
-    nonfinite: Mapped[str | None] = mapped_column(sa.Text)
+    __table__ = sa.Table(
+        "evals",
+        Base.metadata,
+        sa.Column("trial_id", sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True, autoincrement=False),
+        *(sa.Column(n, sa.Double) for n in NUMBERS),
+        sa.Column("metrics", sa.JSON),
+        # The values of this point that were not finite, stored as NULL above (not every
+        # backend round-trips NaN/inf): "loss=nan", "loss=inf,metrics.rebind_loss=nan". NULL:
+        # all finite, so a NULL number there is one that was not recorded. A diverged
+        # trial's point with a finite accuracy and a NaN loss keeps its row and its accuracy
+        # (migration 0006).
+        sa.Column("nonfinite", sa.Text),
+    )
+
+    # Types of the attributes the code names (every column above is mapped, these or not).
+    trial_id: Mapped[int]
+    step: Mapped[int]
+    acc: Mapped[float | None]
+    loss: Mapped[float | None]
+    metrics: Mapped[dict | None]
+    nonfinite: Mapped[str | None]
 
 
 class SequentialLook(Base):

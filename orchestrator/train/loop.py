@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import cells
 import tasks
-from orchestrator.evals import EvalPoint
+from orchestrator.evals import MEASURES, EvalPoint, measure
 from orchestrator.events import escape_run
 from orchestrator.keys import identity
 from orchestrator.params import TrialParams, resolve, split
@@ -220,9 +220,19 @@ class Trainer:
             self.curriculum.observe(step, probe)
         return True
 
-    def eval_point(self, step: int, step_lr: float, acc: float, loss: float, metrics: dict[str, float]) -> EvalPoint:
+    def eval_point(
+        self,
+        step: int,
+        step_lr: float,
+        acc: float,
+        loss: float,
+        metrics: dict[str, float],
+        params: Sequence[torch.Tensor] | None = None,
+    ) -> EvalPoint:
         """The eval row at ``step`` from held-out scores (``metrics`` already holds the
-        rebinding control's); drains the train-loss accumulator."""
+        rebinding control's) and the numbers ``evals.MEASURES`` takes from the parameters
+        (``params``: a pack member's own; by default the model's); drains the train-loss
+        accumulator."""
         if self.curriculum is not None:
             metrics.update({k: float(v) for k, v in self.curriculum.metrics().items()})
         blend = self.read_blend_at(step)
@@ -230,6 +240,10 @@ class Trainer:
             metrics["read_blend"] = blend
         train_loss = self._loss_sum / self._loss_n if self._loss_n else None
         self._loss_sum, self._loss_n = 0.0, 0
+        measured: dict[str, float] = {}
+        if MEASURES:
+            with torch.no_grad():
+                measured = measure(list(self.model.parameters()) if params is None else params)
         return EvalPoint(
             step=step,
             acc=acc,
@@ -238,6 +252,7 @@ class Trainer:
             step_lr=step_lr,
             elapsed_s=self.elapsed,
             metrics=metrics,
+            **measured,
         )
 
     def accept_eval(self, point: EvalPoint) -> bool:

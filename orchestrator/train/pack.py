@@ -195,7 +195,12 @@ class PackTrainer:
             racc, rloss = self._score(self.rebind_set)
             for j in range(len(self.members)):
                 extra[j].update(rebind_acc=racc[j], rebind_loss=rloss[j])
-        return [m.eval_point(step, lr, accs[j], losses[j], extra[j]) for j, m in enumerate(self.members)]
+        # Each member's parameters are its slices of the stacked ones (the numbers evals.py
+        # measures from them; the member models are stale until sync_members).
+        return [
+            m.eval_point(step, lr, accs[j], losses[j], extra[j], params=[p[j] for p in self.params.values()])
+            for j, m in enumerate(self.members)
+        ]
 
     def run(self) -> Iterator[list[tuple[int, EvalPoint]]]:
         p = self.p
