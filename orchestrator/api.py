@@ -82,6 +82,27 @@ def _spec(spec: str | Path | dict[str, Any], max_trials: int):
     return specs.load("<text>", text=spec, max_trials=max_trials)
 
 
+def _options(
+    db: str | None,
+    address: str | None,
+    max_concurrent: int | None,
+    checkpoint_dir: str | None,
+    takeover: bool,
+    allow_code_change: bool,
+):
+    """The driver's options, from the keywords that submit, resume and join share (in their order)."""
+    from orchestrator.runner.sweep import RunOptions
+
+    return RunOptions(
+        db=db,
+        address=address,
+        max_concurrent=max_concurrent,
+        checkpoint_dir=checkpoint_dir,
+        takeover=takeover,
+        allow_code_change=allow_code_change,
+    )
+
+
 def _run(summary, url: str) -> SweepRun:
     return SweepRun(name=summary.sweep, db=url, total=summary.total, ran=summary.ran, outcomes=dict(summary.outcomes))
 
@@ -114,19 +135,12 @@ def submit(
     Returns a :class:`SweepRun` (name, database URL, trial counts, outcomes) once every
     trial has ended. Raises :class:`~orchestrator.errors.UserError` for a bad spec or
     database, before anything runs."""
-    from orchestrator.runner.sweep import RunOptions, submit as run_submit
+    from orchestrator.runner.sweep import submit as run_submit
     from orchestrator.store.engine import resolve_url
 
     sweep = _spec(spec, max_trials)
     url = resolve_url(db, sweep.spec.storage)  # refused (empty, in memory) before Ray starts
-    options = RunOptions(
-        db=db,
-        address=address,
-        max_concurrent=max_concurrent,
-        checkpoint_dir=checkpoint_dir,
-        takeover=takeover,
-        allow_code_change=allow_code_change,
-    )
+    options = _options(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
     return _run(run_submit(sweep, options, amend=amend), url)
 
 
@@ -147,18 +161,11 @@ def resume(
     ``address``, ``max_concurrent``, ``checkpoint_dir``, ``takeover``,
     ``allow_code_change``). Returns a
     :class:`SweepRun`; an unknown sweep is a :class:`~orchestrator.errors.UserError`."""
-    from orchestrator.runner.sweep import RunOptions, resume as run_resume
+    from orchestrator.runner.sweep import resume as run_resume
     from orchestrator.store.engine import resolve_url
 
     url = resolve_url(db)
-    options = RunOptions(
-        db=db,
-        address=address,
-        max_concurrent=max_concurrent,
-        checkpoint_dir=checkpoint_dir,
-        takeover=takeover,
-        allow_code_change=allow_code_change,
-    )
+    options = _options(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
     return _run(run_resume(sweep, options), url)
 
 
@@ -181,17 +188,12 @@ def join(
     the trials this driver ran); an unknown sweep is a :class:`~orchestrator.errors.UserError`.
     A ``sequential:`` design is shared look by look: whichever driver first finds a look
     complete decides it, once."""
-    from orchestrator.runner.sweep import RunOptions, join as run_join
+    from orchestrator.runner.sweep import join as run_join
     from orchestrator.store.engine import resolve_url
 
     url = resolve_url(db)
-    options = RunOptions(
-        db=db,
-        address=address,
-        max_concurrent=max_concurrent,
-        checkpoint_dir=checkpoint_dir,
-        allow_code_change=allow_code_change,
-    )
+    # No takeover: a joining driver runs beside the sweep's other drivers, never instead of them.
+    options = _options(db, address, max_concurrent, checkpoint_dir, False, allow_code_change)
     return _run(run_join(sweep, options), url)
 
 
@@ -237,8 +239,7 @@ def analyze(sweep: str, kind: str, *, db: str | Engine | None = None, **options:
     :class:`~orchestrator.errors.UserError`."""
     from orchestrator.analysis import pipeline
 
-    engine = connect(db)
-    prep = pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
+    _, prep = _prepared(sweep, db, options)
     return pipeline.result(kind, pipeline.run(prep, kind))
 
 
@@ -256,11 +257,9 @@ def report(
     ``runs/reports/SWEEP``), ``format`` (``png`` or ``svg`` figures) and ``options`` over the
     stored ``analysis:`` block as in :func:`analyze`. Returns a report object:
     ``.text()`` (the printed tables), ``.to_dict()`` and ``.html_path``."""
-    from orchestrator.analysis import pipeline
     from orchestrator.analysis.report import build_report
 
-    engine = connect(db)
-    prep = pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
+    engine, prep = _prepared(sweep, db, options)
     return build_report(prep, out, fmt=format, db=engine)
 
 
@@ -275,6 +274,15 @@ def export(sweep: str, *, db: str | Engine | None = None, out: str | Path, forma
     from orchestrator.store.export import export_sweep
 
     return export_sweep(connect(db), sweep, format, out)
+
+
+def _prepared(sweep: str, db: str | Engine | None, options: dict[str, Any]):
+    """The engine and the prepared data of analyze and report: the stored ``analysis:``
+    block under the caller's options."""
+    from orchestrator.analysis import pipeline
+
+    engine = connect(db)
+    return engine, pipeline.prepare(engine, sweep, _stored_config(engine, sweep), **options)
 
 
 def _stored_config(engine: Engine, sweep: str):

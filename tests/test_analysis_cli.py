@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import fisher_exact
 
 from orchestrator.store.import_jsonl import write_records
-from orchestrator.cli import main
+from cli_support import run_cli
 from orchestrator.store.engine import open_store_engine
 
 GRID = [1] + list(range(200, 2001, 200))
@@ -44,14 +44,8 @@ def url(db_url):
     return db_url
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
 def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
+    code, out, err = run_cli(capsys, *argv, "--json")
     assert code == 0, err
     return json.loads(out)
 
@@ -90,13 +84,13 @@ def test_json_shapes_of_every_analysis(url, capsys):
         (0.003, "ns5", 6, 6),
     ]
     # --cells is the deprecated spelling of --strata: same result, a note on stderr.
-    code, out, err = run(capsys, *base, "lockin", "--db", url, "--by", "variant", "--cells", "lr", "--json")
+    code, out, err = run_cli(capsys, *base, "lockin", "--db", url, "--by", "variant", "--cells", "lr", "--json")
     assert code == 0 and json.loads(out) == lock and "--cells is deprecated" in err
-    code, _, err = run(capsys, *base, "lockin", "--db", url, "--strata", "lr", "--cells", "lr")
+    code, _, err = run_cli(capsys, *base, "lockin", "--db", url, "--strata", "lr", "--cells", "lr")
     assert code == 2 and "give one of them" in err
     km = run_json(capsys, *base, "km", "--db", url, "--by", "variant", "--where", "lr = 0.003")
     assert km["groups"]["ns5"]["median"] == 600 and km["groups"]["ns5"]["n"] == 6
-    code, out, _ = run(capsys, *base, "hazard", "--db", url, "--by", "variant")
+    code, out, _ = run_cli(capsys, *base, "hazard", "--db", url, "--by", "variant")
     assert code == 0 and "C(variant)[T.ns5]" in out and "run-intervals" in out
 
 
@@ -127,7 +121,7 @@ def test_spec_analysis_block_with_flags_over_it(url, tmp_path, capsys):
     assert d["p_value"] == pytest.approx(fisher_exact([[9, 3], [5, 7]], "greater").pvalue)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: cli\nanalysis:\n  by: variant\n  lockn: 0.9\n")
-    code, _, err = run(capsys, "analyze", bad, "lockin", "--db", url)
+    code, _, err = run_cli(capsys, "analyze", bad, "lockin", "--db", url)
     assert code == 2 and "analysis: lockn" in err
 
 
@@ -144,7 +138,7 @@ def test_spec_analysis_block_with_flags_over_it(url, tmp_path, capsys):
     ],
 )
 def test_errors_are_one_line_exit_2(url, capsys, argv, msg):
-    code, out, err = run(capsys, "analyze", "cli", *argv, "--db", url)
+    code, out, err = run_cli(capsys, "analyze", "cli", *argv, "--db", url)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and msg in err and err.count("\n") == 1, err
 
@@ -155,16 +149,16 @@ def test_bench_analysis_prints_its_figures(capsys, tmp_path):
     assert d["n_trials"] == 90 and d["n_eval_rows"] == 720 and keep.exists()
     assert d["total_s"] == pytest.approx(d["load_s"] + d["expand_s"] + d["fit_s"])
     assert 0 < d["n_events"] <= d["n_intervals"] <= 90 * 7
-    code, out, _ = run(capsys, "bench", "analysis", "--trials", 40, "--evals", 4)
+    code, out, _ = run_cli(capsys, "bench", "analysis", "--trials", 40, "--evals", 4)
     assert code == 0 and "goal < 10 s" in out and "run-intervals" in out
 
 
 def test_every_analysis_says_the_rule_it_read(url, capsys):
     # Which threshold? The output says: lock-in's (and its metric) at the budget, the escape
     # threshold and what censors for escape times, the horizon when there is one.
-    code, out, _ = run(capsys, "analyze", "cli", "lockin", "--by", "variant", "--db", url, "--lockin", "0.9")
+    code, out, _ = run_cli(capsys, "analyze", "cli", "lockin", "--by", "variant", "--db", url, "--lockin", "0.9")
     assert code == 0 and out.splitlines()[0] == "lock-in: final eval accuracy >= 0.9"
-    code, out, _ = run(capsys, "analyze", "cli", "km", "--by", "variant", "--db", url, "--horizon", "1600")
+    code, out, _ = run_cli(capsys, "analyze", "cli", "km", "--by", "variant", "--db", url, "--horizon", "1600")
     assert code == 0
     assert (
         "escape: the first eval after the first with accuracy >= 0.8 (a collapse below 0.005 to the end censors); traces cut at step 1600"

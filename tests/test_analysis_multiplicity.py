@@ -18,7 +18,7 @@ from test_analysis_cli import _records
 from orchestrator import analysis as oa
 from orchestrator.analysis import multiplicity
 from orchestrator.analysis.report import build_report
-from orchestrator.cli import main
+from cli_support import run_cli
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.import_jsonl import write_records
 
@@ -79,15 +79,9 @@ def url(tmp_path):
     return db
 
 
-def _run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
 def test_analyze_strata_prints_adjusted_and_raw(url, capsys):
     base = ("analyze", "cli", "logrank", "--db", url, "--by", "variant", "--strata", "lr")
-    code, out, err = _run(capsys, *base, "--json")
+    code, out, err = run_cli(capsys, *base, "--json")
     assert code == 0, err
     d = json.loads(out)
     raw = [c["p_value"] for c in d["cells"]]
@@ -97,10 +91,12 @@ def test_analyze_strata_prints_adjusted_and_raw(url, capsys):
     assert [c["p_adjusted"] for c in d["cells"]] == pytest.approx(list(want))
     assert [c["adjust"] for c in d["cells"]] == ["holm", "holm"]
     # The raw p-values are the stratum's own log-rank, as `--where` on one stratum gives it.
-    alone = _run(capsys, "analyze", "cli", "logrank", "--db", url, "--by", "variant", "--where", "lr = 0.003", "--json")
+    alone = run_cli(
+        capsys, "analyze", "cli", "logrank", "--db", url, "--by", "variant", "--where", "lr = 0.003", "--json"
+    )
     assert json.loads(alone[1])["p_value"] == pytest.approx(raw[1])
 
-    code, out, err = _run(capsys, *base, "--adjust", "holm")
+    code, out, err = run_cli(capsys, *base, "--adjust", "holm")
     assert code == 0, err
     lines = out.splitlines()
     assert "p-values adjusted within the per-stratum log-rank tests: holm (raw p in parentheses)" in lines
@@ -109,18 +105,18 @@ def test_analyze_strata_prints_adjusted_and_raw(url, capsys):
         assert f"p = {q:.4g} (raw p = {p:.4g})" in line, line
     assert not math.isclose(want[1], raw[1])  # the smaller p really moved (Holm doubles it)
 
-    code, out, _ = _run(capsys, *base, "--adjust", "bh", "--json")
+    code, out, _ = run_cli(capsys, *base, "--adjust", "bh", "--json")
     assert [c["p_adjusted"] for c in json.loads(out)["cells"]] == pytest.approx(
         list(multipletests(raw, method="fdr_bh")[1])
     )
-    code, out, _ = _run(capsys, *base, "--adjust", "none")
+    code, out, _ = run_cli(capsys, *base, "--adjust", "none")
     assert "not adjusted for multiplicity (--adjust none)" in out and "raw p" not in out
     assert f"lr=0.003: p = {raw[1]:.4g}," in out
 
 
 @pytest.mark.parametrize("command", [("analyze", "cli", "logrank"), ("report", "cli")])
 def test_bad_adjust_is_a_one_line_error(url, capsys, command):
-    code, out, err = _run(capsys, *command, "--db", url, "--by", "variant", "--adjust", "foo")
+    code, out, err = run_cli(capsys, *command, "--db", url, "--by", "variant", "--adjust", "foo")
     assert code == 2 and out == ""
     assert err.startswith("error: ") and "adjust" in err and "'holm', 'bh', 'bonferroni' or 'none'" in err
     assert err.count("\n") == 1, err
@@ -132,7 +128,7 @@ def _contrast_ps(contrasts):
 
 def test_report_adjusts_each_table_by_default_and_says_so(url, tmp_path, capsys):
     opts = ("--by", "variant", "--strata", "lr", "--contrasts", "ns5,baseline")
-    code, out, err = _run(capsys, "report", "cli", "--db", url, "--out", tmp_path / "r", *opts, "--json")
+    code, out, err = run_cli(capsys, "report", "cli", "--db", url, "--out", tmp_path / "r", *opts, "--json")
     assert code == 0, err
     d = json.loads(out)
     assert d["config"]["adjust"] == "holm" and d["adjust"]["method"] == "holm"
@@ -148,7 +144,7 @@ def test_report_adjusts_each_table_by_default_and_says_so(url, tmp_path, capsys)
     )
     assert "p_adjusted" not in d["logrank"]
 
-    code, text, err = _run(capsys, "report", "cli", "--db", url, "--out", tmp_path / "r2", *opts)
+    code, text, err = run_cli(capsys, "report", "cli", "--db", url, "--out", tmp_path / "r2", *opts)
     assert code == 0, err
     lines = text.splitlines()
     f = lines.index("F. contrasts (final acc; permutation two-sided, lock-in >= 0.8)")
@@ -176,7 +172,7 @@ def test_report_adjusts_each_table_by_default_and_says_so(url, tmp_path, capsys)
 def test_spec_block_chooses_the_method(url, tmp_path, capsys):
     spec = tmp_path / "cli.yaml"
     spec.write_text("name: cli\narms: [mlstm]\nanalysis:\n  by: variant\n  strata: [lr]\n  adjust: bonferroni\n")
-    code, out, err = _run(capsys, "analyze", spec, "logrank", "--db", url, "--strata", "lr", "--json")
+    code, out, err = run_cli(capsys, "analyze", spec, "logrank", "--db", url, "--strata", "lr", "--json")
     assert code == 0, err
     d = json.loads(out)
     raw = [c["p_value"] for c in d["cells"]]

@@ -19,6 +19,7 @@ from orchestrator.cli import app, main
 from orchestrator.cli.analysis_options import OLD_FLAGS
 from orchestrator.errors import UserError
 import test_analysis_cli
+from cli_support import run_cli
 
 FIELDS = set(AnalysisConfig.model_fields)
 # How the CLI prints (and a dry run, which from Python is `orchestrator.spec.load`); not an
@@ -122,7 +123,7 @@ url = test_analysis_cli.url
 
 
 def _run(capsys, *argv):
-    code, out, err = test_analysis_cli.run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 0, err
     return out, err
 

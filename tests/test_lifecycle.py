@@ -31,15 +31,21 @@ CLI = [sys.executable, "-m", "orchestrator.cli"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", "ORCH_LEASE_TTL_S": "4"}
 
 
-def _submit(spec: Path, url: str, ck: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def _driver(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``orchestrator ARGS`` as a driver process in a session of its own (a signal to its
+    group is a Ctrl-C to it alone), its stderr kept for the stop line."""
     return subprocess.Popen(
-        CLI + ["submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(ck), *extra],
+        CLI + list(args),
         env=env or ENV,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _submit(spec: Path, url: str, ck: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return _driver("submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(ck), *extra, env=env)
 
 
 def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -80,14 +86,7 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
             if i == 0:
                 proc = _submit(spec, url, tmp_path / "ck")
             else:
-                proc = subprocess.Popen(
-                    CLI + ["resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck")],
-                    env=ENV,
-                    start_new_session=True,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
+                proc = _driver("resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck"))
             _wait_mid(url, proc)
             t0 = time.time()
             if how == "cancel":
@@ -132,14 +131,7 @@ def test_a_stop_checkpoints_where_the_trials_are(tmp_path, capsys, reference, sh
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC.replace("checkpoint_every_s: 0", "checkpoint_every_s: 600"))
-        proc = subprocess.Popen(
-            CLI + ["submit", str(spec), "--db", url, "--quiet"],
-            env=ENV,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _driver("submit", str(spec), "--db", url, "--quiet")
         _wait_mid(url, proc)
         if how == "sigint":
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group

@@ -74,18 +74,46 @@ def _expand(table: Table) -> dict[tuple, int]:
     return out
 
 
+# 001's one-layer MQAR recipe (sec. 3.2, App. B): the factorial's, which Tables 1 and 3 rerun.
+_MQAR_RECIPE: dict[str, Any] = {
+    "d_model": 32,
+    "n_layers": 1,
+    "lr": 1e-3,
+    "batch_size": 64,  # choice
+    "steps": 3000,  # choice
+    "eval_every": 200,  # choice
+}
+# Tables 1 and 3: the same recipe, rebinding-controlled and causal; a d_state only where a row names one.
+_HARDENED_RECIPE: dict[str, Any] = {**_MQAR_RECIPE, "rebinding": True, "bidirectional": False, "model.d_state": None}
+# 001's two-layer recipe (App. B: --layers 2 --heads 2 --batch 256 --steps 3000): Tables 4 to 6
+# and sec. 6 (ii), which reruns Table 6's at greater lengths.
+_TWO_LAYER_RECIPE: dict[str, Any] = {
+    "d_model": 32,  # choice
+    "n_layers": 2,
+    "model.heads": 2,
+    "batch_size": 256,
+    "steps": 3000,
+    "lr": 1e-3,  # choice
+    "eval_every": 200,  # choice
+}
+# 003's mLSTM cell at v80/s512, batch 16 (sec. 4): the schedule, elimination and anneal tables.
+_MLSTM_CELL: dict[str, Any] = {
+    "arm": "mlstm",
+    "d_model": 94,
+    "task.vocab_size": 80,
+    "task.seq_len": 512,
+    "batch_size": 16,
+    "lr": 1e-3,  # choice
+    "eval_every": 200,  # choice
+}
+
 TABLES: dict[str, Table] = {
     "factorial": Table(
         # 001 sec. 3.2 and App. B (mqar_probe.py --d-model 32 --layers 1 --ks 8 16 32 --seeds 0 1 2);
         # lr 1e-3 is the paper's "shared default"; batch, steps and eval cadence are choices.
         every={
             "task": "mqar",
-            "d_model": 32,
-            "n_layers": 1,
-            "lr": 1e-3,
-            "batch_size": 64,  # choice
-            "steps": 3000,  # choice
-            "eval_every": 200,  # choice
+            **_MQAR_RECIPE,
             "schedule": "constant",
             "bidirectional": False,
             "model.d_state": None,
@@ -104,18 +132,7 @@ TABLES: dict[str, Table] = {
     ),
     "factorial_k32_hardened": Table(
         # 001 Table 1: K = 32, n = 10 seeds (n = 20 for the two decay arms), rebinding-controlled.
-        every={
-            "task.K": 32,
-            "d_model": 32,
-            "n_layers": 1,
-            "lr": 1e-3,
-            "batch_size": 64,  # choice (factorial's)
-            "steps": 3000,  # choice
-            "eval_every": 200,  # choice
-            "rebinding": True,
-            "bidirectional": False,
-            "model.d_state": None,
-        },
+        every={"task.K": 32, **_HARDENED_RECIPE},
         rows=[
             Row({"arm": ["armed_gdn", "dg_rank", "dg_diag"]}, 10),  # Table 1, n = 10
             Row({"arm": ["mamba2_ref", "mamba2_ref_noconv"], "model.d_state": 16}, 10),  # Table 1, n = 10
@@ -124,18 +141,7 @@ TABLES: dict[str, Table] = {
     ),
     "transition_hardened": Table(
         # 001 Table 3 (App. B: dg_c9_harden.py --ks 16 32 --seeds 0..9) and the armed arms of sec. 4.3.
-        every={
-            "task.K": [16, 32],
-            "d_model": 32,
-            "n_layers": 1,
-            "lr": 1e-3,
-            "batch_size": 64,  # choice
-            "steps": 3000,  # choice
-            "eval_every": 200,  # choice
-            "rebinding": True,
-            "bidirectional": False,
-            "model.d_state": None,
-        },
+        every={"task.K": [16, 32], **_HARDENED_RECIPE},
         rows=[
             Row({"arm": ["deltanet", "dg_rank", "dg_diag"]}, 10),  # Table 3, the conv-free delta-rule arms
             Row({"arm": "mamba2_ref", "model.d_state": 16}, 10),  # Table 3, mamba2_ds16
@@ -167,14 +173,8 @@ TABLES: dict[str, Table] = {
             "task": "haystack",
             "task.L": [64, 128, 256, 512],
             "task.n_pairs": 4,
-            "d_model": 32,  # choice
-            "n_layers": 2,
-            "model.heads": 2,
+            **_TWO_LAYER_RECIPE,  # batch 256: Table 5's budget, "same budget as Table 4"
             "bidirectional": True,
-            "batch_size": 256,  # Table 5's budget, "same budget as Table 4"
-            "steps": 3000,
-            "lr": 1e-3,  # choice
-            "eval_every": 200,  # choice
             "model.d_state": None,
         },
         rows=[
@@ -187,13 +187,7 @@ TABLES: dict[str, Table] = {
         every={
             "task.L": 64,
             "task.n_pairs": 4,
-            "d_model": 32,  # choice
-            "n_layers": 2,
-            "model.heads": 2,
-            "batch_size": 256,
-            "steps": 3000,
-            "lr": 1e-3,  # choice
-            "eval_every": 200,  # choice
+            **_TWO_LAYER_RECIPE,
             "task.dense": 4,
             "task.curriculum": "uniform",
             "bidirectional": True,
@@ -215,13 +209,7 @@ TABLES: dict[str, Table] = {
             "task": "collision",
             "task.L": 64,
             "task.dense": 4,
-            "d_model": 32,  # choice
-            "n_layers": 2,
-            "model.heads": 2,
-            "batch_size": 256,
-            "steps": 3000,
-            "lr": 1e-3,  # choice
-            "eval_every": 200,  # choice
+            **_TWO_LAYER_RECIPE,
             "rebinding": True,
             "task.curriculum": ["uniform", "ramp"],
         },
@@ -241,15 +229,9 @@ TABLES: dict[str, Table] = {
         every={
             "task": "collision",
             "task.dense": 4,
-            "n_layers": 2,
-            "model.heads": 2,
-            "batch_size": 256,
+            **_TWO_LAYER_RECIPE,  # steps: a choice here, past the lengths the paper ran
             "arm": "armed_gdn",
             "bidirectional": True,
-            "d_model": 32,
-            "steps": 3000,  # choice
-            "lr": 1e-3,  # choice
-            "eval_every": 200,  # choice
         },
         rows=[
             Row({"task.L": 256, "task.curriculum": "ramp"}, 5),  # sec. 6 (ii): "the ramp locks in 4/5"
@@ -370,16 +352,7 @@ TABLES: dict[str, Table] = {
     ),
     "schedule_confound": Table(
         # 003 sec. 4 / Fig. 2: cosine T = 2,000 vs 4,000 vs constant LR stopped at 2,000, 16 seeds, v80/s512.
-        every={
-            "arm": "mlstm",
-            "d_model": 94,
-            "task.vocab_size": 80,
-            "task.seq_len": 512,
-            "batch_size": 16,
-            "lr": 1e-3,  # choice
-            "eval_every": 200,  # choice
-            "model.read": ["raw", "ns5"],
-        },
+        every={**_MLSTM_CELL, "model.read": ["raw", "ns5"]},
         rows=[
             Row({"tag.sched": "cos2000", "schedule": "cosine", "cosine_steps": 2000, "steps": 2000}, 16),  # 3/16, 9/16
             Row({"tag.sched": "cos4000", "schedule": "cosine", "cosine_steps": 4000, "steps": 4000}, 16),  # 11/16
@@ -389,16 +362,10 @@ TABLES: dict[str, Table] = {
     "elimination": Table(
         # 003 Table 1 at the original schedule (cosine, period = budget = 2,000), v80/s512, batch 16.
         every={
-            "arm": "mlstm",
-            "d_model": 94,
-            "task.vocab_size": 80,
-            "task.seq_len": 512,
-            "batch_size": 16,
-            "lr": 1e-3,  # choice
+            **_MLSTM_CELL,
             "schedule": "cosine",
             "cosine_steps": 2000,
             "steps": 2000,
-            "eval_every": 200,  # choice
             "model.read": "raw",
             "model.write": "add",
             "model.frozen_keys": False,
@@ -422,16 +389,10 @@ TABLES: dict[str, Table] = {
     "scaffold_anneal": Table(
         # 003 sec. 6: ns5 + constant LR at the 2,000-step budget, annealed over the last 30%, 16 seeds.
         every={
-            "arm": "mlstm",
+            **_MLSTM_CELL,
             "model.read": "ns5",
-            "d_model": 94,
-            "task.vocab_size": 80,
-            "task.seq_len": 512,
-            "batch_size": 16,
-            "lr": 1e-3,  # choice
             "schedule": "constant",
             "steps": 2000,
-            "eval_every": 200,  # choice
             "anneal_frac": 0.3,
         },
         rows=[

@@ -11,7 +11,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from orchestrator.cli import main
+from cli_support import run_cli
 from orchestrator.store.dialect import sqlite_path
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.import_jsonl import write_records
@@ -128,12 +128,6 @@ def _fingerprint(url: str) -> object:
         eng.dispose()
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.fixture
 def filled(db_url):
     _fill(db_url)
@@ -147,7 +141,7 @@ def test_every_write_is_refused_and_nothing_changes(filled, capsys):
     before = _fingerprint(filled)
     accepted = []
     for q in writes:
-        code, out, err = _run(capsys, "sql", "--db", filled, "--csv", "--", q)
+        code, out, err = run_cli(capsys, "sql", "--db", filled, "--csv", "--", q)
         lines = err.strip().splitlines()
         if code != 2 or len(lines) != 1 or "Traceback" in err:
             accepted.append((q, code, err))
@@ -171,26 +165,26 @@ def test_statement_runs_unchanged(filled, capsys):
     pg = not filled.startswith("sqlite")
     cases = QUOTED + ([("SELECT $$;$$ AS d", [";"]), ("SELECT $t$ -- ; $t$ AS d", [" -- ; "])] if pg else [])
     for q, want in cases:
-        code, out, err = _run(capsys, "sql", "--db", filled, "--csv", "--", q)
+        code, out, err = run_cli(capsys, "sql", "--db", filled, "--csv", "--", q)
         assert code == 0, (q, err)
         assert [ln for ln in out.splitlines()[1:]] == want, q
-    code, out, _ = _run(capsys, "sql", QUOTED[0][0], "--db", filled, "--csv")
+    code, out, _ = run_cli(capsys, "sql", QUOTED[0][0], "--db", filled, "--csv")
     assert out.splitlines()[0] == "a,n,z"
 
 
 def test_timeout_cancels_a_long_query(filled, capsys):
     # (pg_sleep is refused by the screen: an endless recursion runs on both backends)
     q = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-    code, _, err = _run(capsys, "sql", q, "--db", filled, "--timeout", "0.5")
+    code, _, err = run_cli(capsys, "sql", q, "--db", filled, "--timeout", "0.5")
     assert code == 2 and "timeout" in err and len(err.strip().splitlines()) == 1
-    code, _, err = _run(capsys, "sql", "SELECT 1", "--db", filled, "--timeout", "-1")
+    code, _, err = run_cli(capsys, "sql", "SELECT 1", "--db", filled, "--timeout", "-1")
     assert code == 2 and "--timeout" in err
 
 
 def test_reading_pragmas_still_work_on_sqlite(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'p.db'}"
     _fill(url)
-    code, out, err = _run(capsys, "sql", "PRAGMA table_info(evals)", "--db", url, "--csv")
+    code, out, err = run_cli(capsys, "sql", "PRAGMA table_info(evals)", "--db", url, "--csv")
     assert code == 0 and "acc" in out
 
 
@@ -204,12 +198,14 @@ def test_reader_role_cannot_use_admin_functions(capsys):
     try:
         _fill(url)
         os.environ["ORCH_TEST_READER_PW"] = "s3cret-reader"
-        code, out, err = _run(capsys, "db", "create-reader", role, "--db", url, "--password-env", "ORCH_TEST_READER_PW")
+        code, out, err = run_cli(
+            capsys, "db", "create-reader", role, "--db", url, "--password-env", "ORCH_TEST_READER_PW"
+        )
         assert code == 0, err
         assert "s3cret-reader" not in out
         u = sa.engine.make_url(url).set(username=role, password="s3cret-reader")
         rurl = u.render_as_string(hide_password=False)
-        code, out, err = _run(capsys, "sql", "SELECT count(*) AS n FROM evals", "--db", rurl, "--csv")
+        code, out, err = run_cli(capsys, "sql", "SELECT count(*) AS n FROM evals", "--db", rurl, "--csv")
         assert code == 0 and out.splitlines()[1] == "9", err
         with admin.connect() as c:
             admin_pid = c.execute(sa.text("SELECT pg_backend_pid()")).scalar()
@@ -223,7 +219,7 @@ def test_reader_role_cannot_use_admin_functions(capsys):
                 "DELETE FROM evals",
                 "SELECT pg_cancel_backend(" + str(admin_pid) + ")",
             ]:
-                code, out, err = _run(capsys, "sql", q, "--db", rurl)
+                code, out, err = run_cli(capsys, "sql", q, "--db", rurl)
                 assert code == 2 and len(err.strip().splitlines()) == 1, (q, code, out, err)
             # the admin's session survived, and nothing changed
             assert c.execute(sa.text("SELECT 1")).scalar() == 1
@@ -247,16 +243,16 @@ def test_reader_role_cannot_use_admin_functions(capsys):
 
 
 def test_output_is_capped_by_rows_and_bytes_with_a_note(filled, capsys):
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "sql", "SELECT step FROM evals ORDER BY trial_id, step", "--db", filled, "--csv", "--max-rows", "4"
     )
     assert code == 0, err
     assert out.splitlines() == ["step", "1", "2", "3", "1"]
     assert "note: output stopped after 4 row(s) at --max-rows 4" in err
     # 9 rows of 8 "bytes" each (numbers count 8): 40 bytes hold 5
-    code, out, err = _run(capsys, "sql", "SELECT step FROM evals", "--db", filled, "--csv", "--max-bytes", "40")
+    code, out, err = run_cli(capsys, "sql", "SELECT step FROM evals", "--db", filled, "--csv", "--max-bytes", "40")
     assert code == 0 and len(out.splitlines()) == 1 + 5 and "--max-bytes 40" in err
-    code, out, err = _run(capsys, "sql", "SELECT step FROM evals", "--db", filled, "--csv")
+    code, out, err = run_cli(capsys, "sql", "SELECT step FROM evals", "--db", filled, "--csv")
     assert code == 0 and len(out.splitlines()) == 1 + 9 and "note" not in err
 
 
@@ -266,7 +262,7 @@ def test_a_huge_value_is_refused_or_cut_within_the_timeout(filled, capsys):
     pg = not filled.startswith("sqlite")
     q = "SELECT repeat('x', 300000000) AS big" if pg else "SELECT randomblob(1000000000) AS big"
     t0 = time.monotonic()
-    code, out, err = _run(capsys, "sql", q, "--db", filled, "--timeout", "20", "--max-bytes", "1000000")
+    code, out, err = run_cli(capsys, "sql", q, "--db", filled, "--timeout", "20", "--max-bytes", "1000000")
     took = time.monotonic() - t0
     assert took < 20, took
     assert len(err.strip().splitlines()) <= 2

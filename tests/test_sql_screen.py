@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import sqlparse
 
 from conftest import POSTGRES_URL, make_pg_schema_url
-from orchestrator.cli import main
+from cli_support import run_cli
 from orchestrator.errors import UserError
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.import_jsonl import write_records
@@ -133,12 +133,6 @@ def _fill(url: str, n: int = 3) -> None:
     engine.dispose()
 
 
-def _run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    got = capsys.readouterr()
-    return code, got.out, got.err
-
-
 @pytest.fixture
 def filled(db_url):
     _fill(db_url)
@@ -149,7 +143,7 @@ def test_documented_queries_run_on_both_backends(filled, capsys):
     pg = not filled.startswith("sqlite")
     qs = [q for q in _doc_queries() if not (pg and "json_extract" in q)] + (PG_READS if pg else [])
     for q in qs:
-        code, _, err = _run(capsys, "sql", "--db", filled, "--csv", "--", q)
+        code, _, err = run_cli(capsys, "sql", "--db", filled, "--csv", "--", q)
         # (PostgreSQL has no round(double precision, int): the README's SQLite query
         # reaches the server, which says so; the screen lets every one through)
         assert code == 0 or (pg and err.startswith("error: query failed: function round(")), (q, err)
@@ -171,7 +165,7 @@ def test_the_bypasses_do_nothing_on_the_server(capsys):
                 f"SELECT '\\', pg_terminate_backend({pid}) -- '",
                 f'SELECT "pg_catalog"."pg_terminate_backend"({pid})',
             ]:
-                code, out, err = _run(capsys, "sql", "--db", url, "--", q)
+                code, out, err = run_cli(capsys, "sql", "--db", url, "--", q)
                 assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (q, err)
                 assert "read functions" in err, err
             held = c.execute(sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")).scalar()
@@ -190,12 +184,12 @@ def test_sqlite_refuses_load_extension_however_spelled(tmp_path, capsys):
         "SELECT \"load_extension\"('/tmp/x.so')",
         "SELECT LOAD_EXTENSION('x')",
     ]:
-        code, _, err = _run(capsys, "sql", "--db", filled, "--", q)
+        code, _, err = run_cli(capsys, "sql", "--db", filled, "--", q)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "not authorized" in err, (q, err)
     # SQLite has no backslash escapes either: the second statement is seen, and refused
-    code, _, err = _run(capsys, "sql", "--db", filled, "--", "SELECT '\\'; DELETE FROM evals; --'")
+    code, _, err = run_cli(capsys, "sql", "--db", filled, "--", "SELECT '\\'; DELETE FROM evals; --'")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    code, out, _ = _run(capsys, "sql", "--db", filled, "--csv", "--", "SELECT count(*) AS n FROM evals")
+    code, out, _ = run_cli(capsys, "sql", "--db", filled, "--csv", "--", "SELECT count(*) AS n FROM evals")
     assert out.splitlines() == ["n", "9"]
 
 
@@ -203,42 +197,42 @@ ROWS_200K = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHER
 
 
 def test_a_result_past_the_limits_is_cut_with_a_note_on_both_backends(filled, capsys):
-    code, out, err = _run(capsys, "sql", "--db", filled, "--csv", "--", ROWS_200K)
+    code, out, err = run_cli(capsys, "sql", "--db", filled, "--csv", "--", ROWS_200K)
     assert code == 0, err
     lines = out.splitlines()
     assert len(lines) == 1 + 100_000 and lines[1] == "1" and lines[-1] == "100000"
     assert "note: output stopped after 100000 row(s) at --max-rows 100000" in err
-    code, out, err = _run(capsys, "sql", "--db", filled, "--csv", "--max-bytes", "800", "--", ROWS_200K)
+    code, out, err = run_cli(capsys, "sql", "--db", filled, "--csv", "--max-bytes", "800", "--", ROWS_200K)
     assert code == 0 and len(out.splitlines()) == 1 + 100 and "--max-bytes 800" in err, err
     # and the database still answers (the cut query was cancelled and rolled back)
-    code, out, err = _run(capsys, "sql", "--db", filled, "--csv", "--", "SELECT count(*) AS n FROM evals")
+    code, out, err = run_cli(capsys, "sql", "--db", filled, "--csv", "--", "SELECT count(*) AS n FROM evals")
     assert code == 0 and out.splitlines() == ["n", "9"], err
 
 
 def test_the_timeout_covers_drawing_the_table(filled, capsys):
     q = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000) SELECT x, 'row ' || x AS t FROM c"
     t0 = time.monotonic()
-    code, out, err = _run(capsys, "sql", "--db", filled, "--timeout", "2", "--", q)
+    code, out, err = run_cli(capsys, "sql", "--db", filled, "--timeout", "2", "--", q)
     took = time.monotonic() - t0
     assert took < 6, took  # drawing all 100,000 rows takes rich tens of seconds
     assert code == 2 and len(err.strip().splitlines()) == 1 and "output cancelled after the 2 s timeout" in err, err
     shown = int(re.search(r"(\d+) row\(s\) printed", err).group(1))
     assert 0 < shown < 100_000 and f"row {shown}" in out and f"row {shown + 1} " not in out
     # a small result draws whole, as one table
-    code, out, err = _run(capsys, "sql", "--db", filled, "--", "SELECT key, seed FROM trials ORDER BY seed")
+    code, out, err = run_cli(capsys, "sql", "--db", filled, "--", "SELECT key, seed FROM trials ORDER BY seed")
     assert code == 0 and len([ln for ln in out.splitlines() if "│" in ln]) == 3 and "3 row(s)" in err
 
 
 def test_a_timeout_past_what_postgresql_can_set_is_one_line(filled, capsys):
-    code, out, err = _run(capsys, "sql", "SELECT 1", "--db", filled, "--timeout", "2147484")
+    code, out, err = run_cli(capsys, "sql", "SELECT 1", "--db", filled, "--timeout", "2147484")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "at most 2,147,483 seconds" in err
-    code, out, err = _run(capsys, "sql", "SELECT 1 AS one", "--db", filled, "--timeout", "2147483", "--csv")
+    code, out, err = run_cli(capsys, "sql", "SELECT 1 AS one", "--db", filled, "--timeout", "2147483", "--csv")
     assert code == 0 and out.splitlines() == ["one", "1"], err
 
 
 def test_text_that_is_not_utf8_is_one_line(filled, capsys):
     bad = "SELECT 'caf\udce9' AS x"  # the byte 0xe9 of a Latin-1 terminal, as Python holds it
-    code, out, err = _run(capsys, "sql", bad, "--db", filled)
+    code, out, err = run_cli(capsys, "sql", bad, "--db", filled)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not valid UTF-8" in err and "0xe9" in err, err
-    code, out, err = _run(capsys, "analyze", "w", "outcomes", "--where", "arm = 'caf\udce9'", "--db", filled)
+    code, out, err = run_cli(capsys, "analyze", "w", "outcomes", "--where", "arm = 'caf\udce9'", "--db", filled)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--where is not valid UTF-8" in err, err

@@ -17,7 +17,18 @@ from orchestrator.keys import trial_key
 from orchestrator.store import lease, repo
 from orchestrator.store.engine import open_store_engine, sqlite_path
 
-from ui_support import QUICK, QUICK_SPEC, asgi_get, get, get_json, make_quick_db, post_json, quick_final, ui_server
+from ui_support import (
+    QUICK,
+    QUICK_SPEC,
+    asgi_get,
+    get,
+    get_json,
+    make_quick_db,
+    post_json,
+    quick_final,
+    running_trials,
+    ui_server,
+)
 
 SPEC = "name: live\ndescription: two trials written by hand\nanalysis: {by: [arm]}\n"
 
@@ -29,12 +40,8 @@ def _params(arm: str, seed: int) -> dict:
 def _write_sweep(url: str) -> dict[str, int]:
     """Two trials with three eval points each, one finished and one still running."""
     engine, _ = open_store_engine(url)
-    keyed = [(trial_key(p), p) for p in (_params("a", 0), _params("b", 0))]
     with engine.begin() as conn:
-        sid = repo.upsert_sweep(conn, "live", SPEC, "h")
-        ids = repo.add_trials(conn, sid, keyed)
-        for k, _ in keyed:
-            repo.mark_running(conn, ids[k])
+        keyed, ids = running_trials(conn, "live", SPEC, [_params("a", 0), _params("b", 0)])
         repo.upsert_evals(
             conn,
             [{"trial_id": ids[k], "step": s, "acc": 0.1 * s / 10, "loss": 1.0} for k, _ in keyed for s in (1, 10, 20)],
@@ -335,12 +342,8 @@ def test_the_cursor_of_1500_running_trials_goes_in_a_post_body(tmp_path):
     url = f"sqlite:///{tmp_path / 'ui.db'}"
     engine, _ = open_store_engine(url)
     params = [{"arm": "a", "task": "mqar", "seed": i, "lr": 1e-3, "steps": 5000} for i in range(1500)]
-    keyed = [(trial_key(p), p) for p in params]
     with engine.begin() as conn:
-        sid = repo.upsert_sweep(conn, "wide", "name: wide", "h")
-        ids = repo.add_trials(conn, sid, keyed)
-        for k, _ in keyed:
-            repo.mark_running(conn, ids[k])
+        keyed, ids = running_trials(conn, "wide", "name: wide", params)
         repo.upsert_evals(conn, [{"trial_id": i, "step": 1000, "acc": 0.1, "loss": 1.0} for i in ids.values()])
     engine.dispose()
     with ui_server(url) as base:

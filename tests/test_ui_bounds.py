@@ -11,12 +11,8 @@ Traffic goes to 127.0.0.1 only, bounded in count and time.
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -35,7 +31,7 @@ from orchestrator.store.reader import open_reader_engine
 from orchestrator.ui.app import MAX_BODY, create_app
 from orchestrator.ui.guard import exposure_for
 
-from ui_support import ROOT, asgi_call, make_quick_db
+from ui_support import asgi_call, make_quick_db, ui_process
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -71,32 +67,6 @@ def thread_server(app):
         sock.close()
 
 
-@contextmanager
-def ui_process(db_url: str, *args: str):
-    """``orchestrator ui --db URL --port 0 ARGS`` in a subprocess: (base URL, process, banner)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "ui", "--db", db_url, "--port", "0", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        banner = proc.stdout.readline()
-        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", banner)
-        assert m, f"no URL in the banner: {banner!r} {proc.stdout.read() if proc.poll() is not None else ''}"
-        yield f"http://127.0.0.1:{m.group(1)}", proc, banner
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def fetch(url: str, timeout: float = 60) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -128,6 +98,14 @@ def _db(url: str, n_trials: int = 24, n_steps: int = 8) -> None:
         fill_sweep(engine, "s1", n_trials=n_trials, n_steps=n_steps)
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    """A SQLite file holding :func:`_db`'s sweep ``s1``: its URL."""
+    url = f"sqlite:///{tmp_path / 'ui.db'}"
+    _db(url)
+    return url
 
 
 # ---- 1. many readers at once ------------------------------------------------------------------
@@ -187,9 +165,7 @@ def test_an_alias_bomb_spec_text_is_shown_unparseable_in_bounded_time_and_size(d
 
 
 # ---- 3. the POST body is bounded as it streams -------------------------------------------------
-def test_a_chunked_body_past_the_limit_is_refused_at_the_limit(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ui.db'}"
-    _db(url)
+def test_a_chunked_body_past_the_limit_is_refused_at_the_limit(url):
     app, ro = _app(url)
     try:
         with thread_server(app) as port:
@@ -341,9 +317,7 @@ def test_views_grouped_by_a_many_valued_parameter_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_server_within_seconds(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ui.db'}"
-    _db(url)
+def test_sigterm_stops_the_server_within_seconds(url):
     with ui_process(url) as (base, proc, _):
         port = int(base.rsplit(":", 1)[1])
         # A browser keeps connections open: one idle keep-alive connection, one half-sent request.
@@ -363,9 +337,7 @@ def test_sigterm_stops_the_server_within_seconds(tmp_path):
 
 
 # ---- 5. exposure -------------------------------------------------------------------------------
-def test_a_foreign_host_header_is_refused(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ui.db'}"
-    _db(url)
+def test_a_foreign_host_header_is_refused(url):
     app, ro = _app(url, exposure=exposure_for("127.0.0.1", 8270, ["lab-box.example"], None))
     try:
         for host in ("attacker.example", "attacker.example:8270", "127.0.0.1.attacker.example", "10.0.0.7:8270"):
@@ -378,10 +350,8 @@ def test_a_foreign_host_header_is_refused(tmp_path):
         ro.dispose()
 
 
-def test_off_loopback_needs_a_token(tmp_path, capsys, monkeypatch):
+def test_off_loopback_needs_a_token(url, capsys, monkeypatch):
     monkeypatch.delenv("ORCH_UI_TOKEN", raising=False)
-    url = f"sqlite:///{tmp_path / 'ui.db'}"
-    _db(url)
     assert main(["ui", "--db", url, "--host", "0.0.0.0", "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "serving off loopback needs a token (--token TOKEN or $ORCH_UI_TOKEN)" in err[0]
@@ -390,9 +360,7 @@ def test_off_loopback_needs_a_token(tmp_path, capsys, monkeypatch):
     assert len(err) == 1 and "fewer than 16" in err[0]
 
 
-def test_with_a_token_requests_without_it_are_401(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ui.db'}"
-    _db(url)
+def test_with_a_token_requests_without_it_are_401(url):
     token = "t0k3n-" + "x" * 20
     exposure = exposure_for("0.0.0.0", 8270, [], token)
     app, ro = _app(url, exposure=exposure)
@@ -418,9 +386,7 @@ def test_with_a_token_requests_without_it_are_401(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_banner_names_the_bound_address_and_the_server_checks_host(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ui.db'}"
-    _db(url)
+def test_the_banner_names_the_bound_address_and_the_server_checks_host(url):
     with ui_process(url) as (base, proc, banner):
         port = base.rsplit(":", 1)[1]
         assert f"on 127.0.0.1:{port} at http://127.0.0.1:{port}/ " in banner and "token" not in banner

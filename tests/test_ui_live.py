@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.keys import trial_key
 from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
 from orchestrator.ui.live import TrialBoard, board_from_db, eta_seconds, fmt_eta
+
+from ui_support import running_trials
 
 
 def test_eta_is_steps_left_over_the_rate_so_far():
@@ -36,12 +37,8 @@ def test_board_counts_steps_of_running_and_finished_trials():
 def test_board_and_watch_from_the_database(db_url, capsys):
     engine, _ = open_store_engine(db_url)
     ps = [{"arm": a, "seed": 0, "lr": 1e-3, "steps": 100, "eval_every": 10} for a in "ab"]
-    keyed = [(trial_key(p), p) for p in ps]
     with engine.begin() as conn:
-        sid = repo.upsert_sweep(conn, "w", "name: w\n", "h")
-        ids = repo.add_trials(conn, sid, keyed)
-        for k, _ in keyed:
-            repo.mark_running(conn, ids[k])
+        keyed, ids = running_trials(conn, "w", "name: w\n", ps)
         repo.upsert_evals(
             conn,
             [{"trial_id": ids[keyed[0][0]], "step": s, "acc": 0.9} for s in (1, 50, 100)]

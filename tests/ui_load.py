@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,23 +33,13 @@ def rss_kb(pid: int) -> int:
 def run(url: str, requests: int, clients: int, trials: int, path: str) -> dict:
     from conftest import fill_sweep
     from orchestrator.store.engine import open_store_engine
+    from ui_support import ui_process
 
     engine, _ = open_store_engine(url)
     fill_sweep(engine, "s1", n_trials=trials, n_steps=10)
     engine.dispose()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "ui", "--db", url, "--port", "0"],
-        cwd=HERE.parent,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        banner = proc.stdout.readline()
-        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", banner)
-        assert m, banner
-        port = int(m.group(1))
+    with ui_process(url) as (base, proc, _banner):
+        port = int(base.rpartition(":")[2])
         start_rss = rss_kb(proc.pid)
         peak = [start_rss]
         done = threading.Event()
@@ -96,9 +84,6 @@ def run(url: str, requests: int, clients: int, trials: int, path: str) -> dict:
             "rss_start_mb": start_rss / 1024,
             "rss_peak_mb": peak[0] / 1024,
         }
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
 
 def main() -> None:

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -36,19 +31,36 @@ def get_json(url: str) -> tuple[int, dict]:
 
 
 @contextmanager
-def ui_server(db_url: str):
-    """``orchestrator ui --db URL --port N`` in a subprocess; yields its base URL."""
-    port = free_port()
+def ui_process(db_url: str, *args: str) -> Iterator[tuple[str, subprocess.Popen, str]]:
+    """``orchestrator ui --db URL --port 0 ARGS`` in a subprocess: (base URL, process, banner).
+    Port 0 and the banner's URL, so no other process can take the port in between."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "ui", "--db", db_url, "--port", str(port)],
+        [sys.executable, "-m", "orchestrator.cli", "ui", "--db", db_url, "--port", "0", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    base = f"http://127.0.0.1:{port}"
     try:
+        banner = proc.stdout.readline()
+        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", banner)
+        assert m, f"no URL in the banner: {banner!r} {proc.stdout.read() if proc.poll() is not None else ''}"
+        yield f"http://127.0.0.1:{m.group(1)}", proc, banner
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextmanager
+def ui_server(db_url: str) -> Iterator[str]:
+    """:func:`ui_process` once it answers ``/api/sweeps``; yields its base URL."""
+    with ui_process(db_url) as (base, proc, _banner):
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
@@ -62,12 +74,6 @@ def ui_server(db_url: str):
                 raise RuntimeError("orchestrator ui did not answer within 60 s")
             time.sleep(0.2)
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def asgi_call(
@@ -137,6 +143,20 @@ def asgi_call(
 def asgi_get(app, target: str) -> tuple[int, dict[str, str], bytes]:
     """One GET through the ASGI app in this process."""
     return asgi_call(app, target)
+
+
+def running_trials(conn, sweep: str, spec_text: str, params: list[dict]) -> tuple[list[tuple[str, dict]], dict]:
+    """A sweep ``sweep`` of one trial per ``params`` (keyed as the runner keys them), each
+    marked running: ``(keyed, {key: trial id})``, ``keyed`` in the order of ``params``."""
+    from orchestrator.keys import trial_key
+    from orchestrator.store import repo
+
+    keyed = [(trial_key(p), p) for p in params]
+    sid = repo.upsert_sweep(conn, sweep, spec_text, "h")
+    ids = repo.add_trials(conn, sid, keyed)
+    for k, _ in keyed:
+        repo.mark_running(conn, ids[k])
+    return keyed, ids
 
 
 # Stored strings that would run if a page parsed them as HTML. Each sets window.__pwned, so a

@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from orchestrator.bench.pack import TRIAL
 from orchestrator.runner.messages import EvalRow
 from orchestrator.store import dialect, repo
 from orchestrator.store.engine import open_store_engine
@@ -179,18 +180,7 @@ def streaming_slowdown(steps: int = 300, repeats: int = 3) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    params = {
-        "arm": "armed_gdn",
-        "task": "mqar",
-        "task.K": 16,
-        "task.eval_size": 256,
-        "d_model": 32,
-        "n_layers": 1,
-        "batch_size": 64,
-        "steps": steps,
-        "eval_every": 10,
-        "lr": 3e-3,
-    }
+    params = {**TRIAL, "steps": steps, "eval_every": 10}
     with tempfile.TemporaryDirectory() as d:
         engine, _ = open_store_engine(f"sqlite:///{Path(d) / 's.db'}")
         with engine.begin() as conn:

@@ -652,17 +652,11 @@ def attempt_stories(conn: Connection, trial_id: int) -> list[AttemptStory]:
     return [stories[k] for k in sorted(stories, key=lambda a: (a is not None, a or 0))]
 
 
+# What a worker's sample fills in system_metrics (runner/messages.py maps its wire form here;
+# repo.upsert_system_metrics writes them).
+SAMPLE_COLUMNS = ("elapsed_s", "cpu_pct", "rss_bytes", "gpu_util_pct", "gpu_mem_bytes", "steps_per_s")
 # The columns of system_metrics as :func:`system_metrics` gives them (trial_id left out).
-SYSTEM_COLUMNS = (
-    "step",
-    "attempt",
-    "elapsed_s",
-    "cpu_pct",
-    "rss_bytes",
-    "gpu_util_pct",
-    "gpu_mem_bytes",
-    "steps_per_s",
-)
+SYSTEM_COLUMNS = ("step", "attempt") + SAMPLE_COLUMNS
 
 
 def system_metrics(conn: Connection, trial_id: int) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from orchestrator.store.models import (
     TrialParam,
     TrialStop,
 )
-from orchestrator.store.reader import ORIGIN_IMPORT, ORIGIN_RUNNER, find_sweep, sweep_origin
+from orchestrator.store.reader import ORIGIN_IMPORT, ORIGIN_RUNNER, SAMPLE_COLUMNS, find_sweep, sweep_origin
 from orchestrator.store.sweep_store import SweepStore
 from sqlalchemy.engine import Connection, Engine
 
@@ -264,7 +264,7 @@ def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
             values["status"] = sa.case(
                 (Trial.status == Status.completed.value, Status.pending.value), else_=Trial.status
             )
-        conn.execute(sa.update(Trial).where(Trial.id == tid).values(params=params, updated_at=sa.func.now(), **values))
+        _update_trial(conn, tid, params=params, **values)
         conn.execute(sa.delete(TrialParam).where(TrialParam.trial_id == tid))
         rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
         if rows:
@@ -423,15 +423,13 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     return len(batch)
 
 
-# What a worker's sample fills in system_metrics (runner/messages.py maps its wire form here).
-SYSTEM_COLUMNS = ("elapsed_s", "cpu_pct", "rss_bytes", "gpu_util_pct", "gpu_mem_bytes", "steps_per_s")
-_SYSTEM_FIELDS = ("trial_id", "step", "attempt") + SYSTEM_COLUMNS
-_SYSTEM_SET = ", ".join(f"{c} = excluded.{c}" for c in ("attempt",) + SYSTEM_COLUMNS)
+_SYSTEM_FIELDS = ("trial_id", "step", "attempt") + SAMPLE_COLUMNS
+_SYSTEM_SET = ", ".join(f"{c} = excluded.{c}" for c in ("attempt",) + SAMPLE_COLUMNS)
 _SYSTEM_INTS = {"rss_bytes", "gpu_mem_bytes"}
 
 
 def upsert_system_metrics(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
-    """Write system_metrics rows (dicts with trial_id, step and SYSTEM_COLUMNS) as one
+    """Write system_metrics rows (dicts with trial_id, step and SAMPLE_COLUMNS) as one
     batched upsert on (trial_id, step) inside the caller's transaction, as
     :func:`upsert_evals`; each row is tagged with its trial's newest attempt (the one whose
     worker measured it: the writer stores a report after the attempt it belongs to). A
@@ -446,23 +444,26 @@ def upsert_system_metrics(conn: Connection, rows: Iterable[Mapping[str, Any]]) -
         x = _clean_float(x)
         return int(x) if x is not None and c in _SYSTEM_INTS else x
 
-    batch = [(t, s, newest.get(t), *(value(c, r.get(c)) for c in SYSTEM_COLUMNS)) for (t, s), r in dedup.items()]
+    batch = [(t, s, newest.get(t), *(value(c, r.get(c)) for c in SAMPLE_COLUMNS)) for (t, s), r in dedup.items()]
     dialect.for_connection(conn).upsert(conn, "system_metrics", _SYSTEM_FIELDS, _SYSTEM_SET, batch)
     return len(batch)
 
 
+def _update_trial(conn: Connection, trial_id: int, **values: Any) -> None:
+    """Change one trial's row; ``updated_at`` moves with every change, since the UI's change
+    stamp and the recent-trials reads (reader.py) poll on it."""
+    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(updated_at=sa.func.now(), **values))
+
+
 def mark_running(conn: Connection, trial_id: int) -> None:
-    conn.execute(
-        sa.update(Trial)
-        .where(Trial.id == trial_id)
-        .values(
-            status=Status.running.value,
-            attempts=Trial.attempts + 1,
-            error=None,
-            started_at=sa.func.coalesce(Trial.started_at, sa.func.now()),
-            updated_at=sa.func.now(),
-            heartbeat_at=sa.func.now(),
-        )
+    _update_trial(
+        conn,
+        trial_id,
+        status=Status.running.value,
+        attempts=Trial.attempts + 1,
+        error=None,
+        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()),
+        heartbeat_at=sa.func.now(),
     )
 
 
@@ -475,17 +476,8 @@ def set_placement(
     gpu_fraction: float | None = None,
     accelerator: str | None = None,
 ) -> None:
-    conn.execute(
-        sa.update(Trial)
-        .where(Trial.id == trial_id)
-        .values(
-            host=host,
-            node_id=node_id,
-            device=device,
-            gpu_fraction=gpu_fraction,
-            accelerator=accelerator,
-            updated_at=sa.func.now(),
-        )
+    _update_trial(
+        conn, trial_id, host=host, node_id=node_id, device=device, gpu_fraction=gpu_fraction, accelerator=accelerator
     )
 
 
@@ -497,25 +489,22 @@ def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None
     def at_last(column):
         return sa.select(column).where(Eval.trial_id == trial_id, Eval.step == last).scalar_subquery()
 
-    conn.execute(
-        sa.update(Trial)
-        .where(Trial.id == trial_id)
-        .values(
-            status=status,
-            error=error,
-            finished_at=sa.func.now(),
-            updated_at=sa.func.now(),
-            final_step=last,
-            final_acc=at_last(Eval.acc),
-            final_loss=at_last(Eval.loss),
-            best_acc=sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id).scalar_subquery(),
-        )
+    _update_trial(
+        conn,
+        trial_id,
+        status=status,
+        error=error,
+        finished_at=sa.func.now(),
+        final_step=last,
+        final_acc=at_last(Eval.acc),
+        final_loss=at_last(Eval.loss),
+        best_acc=sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id).scalar_subquery(),
     )
 
 
 def record_error(conn: Connection, trial_id: int, error: str) -> None:
     """A failed attempt that will be retried: keep the error text, stay running."""
-    conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(error=error, updated_at=sa.func.now()))
+    _update_trial(conn, trial_id, error=error)
 
 
 def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str, traceback: str | None) -> None:
