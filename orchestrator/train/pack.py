@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 import tasks
+from orchestrator.evals import MEASURES
 from orchestrator.status import Status
 from orchestrator.train import device as devices
 from orchestrator.train.loop import EvalPoint, Trainer, all_finite, is_eval_step, is_numeric_error
@@ -196,9 +197,17 @@ class PackTrainer:
             for j in range(len(self.members)):
                 extra[j].update(rebind_acc=racc[j], rebind_loss=rloss[j])
         # Each member's parameters are its slices of the stacked ones (the numbers evals.py
-        # measures from them; the member models are stale until sync_members).
+        # measures from them; the member models are stale until sync_members). No slicing
+        # when nothing is measured.
         return [
-            m.eval_point(step, lr, accs[j], losses[j], extra[j], params=[p[j] for p in self.params.values()])
+            m.eval_point(
+                step,
+                lr,
+                accs[j],
+                losses[j],
+                extra[j],
+                params=[p[j] for p in self.params.values()] if MEASURES else None,
+            )
             for j, m in enumerate(self.members)
         ]
 
