@@ -75,12 +75,32 @@ def make_pg_schema_url(*, reader: bool = True) -> tuple[str, callable]:
     def drop() -> None:  # idempotent: a test may drop mid-run and again in its cleanup
         with admin.connect() as c:
             c.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-            if reader and c.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
-                c.execute(sa.text(f'DROP OWNED BY "{role}"'))
-                c.execute(sa.text(f'DROP ROLE "{role}"'))
+            if reader:
+                drop_role(c, role)
         admin.dispose()
 
     return url, drop
+
+
+@contextmanager
+def role_ddl(conn: sa.Connection) -> Iterator[None]:
+    """Hold the advisory lock every reader-role change takes (``readonly.ROLE_DDL_LOCK``) on
+    an autocommit connection: tests on two xdist workers drop roles while others make them."""
+    from orchestrator.store.readonly import ROLE_DDL_LOCK
+
+    conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": ROLE_DDL_LOCK})
+    try:
+        yield
+    finally:
+        conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": ROLE_DDL_LOCK})
+
+
+def drop_role(conn: sa.Connection, role: str) -> None:
+    """Drop ``role`` and what it owns or was granted, if it exists (autocommit ``conn``)."""
+    with role_ddl(conn):
+        if conn.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
+            conn.execute(sa.text(f'DROP OWNED BY "{role}"'))
+            conn.execute(sa.text(f'DROP ROLE "{role}"'))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -386,6 +406,21 @@ def shared_ray() -> str:
     """The session's one local Ray, started on first use and kept until the session ends:
     in-process sweeps run on it (the product reuses a running Ray and does not stop it)."""
     return ensure_shared_ray()
+
+
+# Tests that change the machine itself (network namespaces and links, a SLURM of their own,
+# a PostgreSQL server they stop and restart) run one after another on one pytest-xdist worker
+# (`pytest -n 2 --dist loadgroup`, as CI runs the suite): each is safe beside ordinary tests,
+# but two of them at once would double the heaviest load on a 2-core machine, whose lease and
+# heartbeat timings they measure. Every other test is independent (own temp folder, own
+# SQLite file or PostgreSQL schema, its worker's own Ray).
+MACHINE_TESTS = ("test_multihost.py", "test_fault_schedule.py", "test_slurm.py", "test_faults.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.path.name in MACHINE_TESTS:
+            item.add_marker(pytest.mark.xdist_group("machine"))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -224,7 +224,7 @@ def pg_schema():
     """A fresh PostgreSQL schema and a role name of this run's own, both dropped after."""
     if not POSTGRES_URL:
         pytest.skip("db create-reader is PostgreSQL only: set ORCH_TEST_POSTGRES_URL")
-    from conftest import _pg_base
+    from conftest import _pg_base, drop_role
 
     url, drop = make_pg_schema_url(reader=False)
     role = f"orch_smoke_{uuid.uuid4().hex[:12]}"
@@ -233,9 +233,7 @@ def pg_schema():
     finally:
         admin = sa.create_engine(_pg_base(), isolation_level="AUTOCOMMIT")
         with admin.connect() as c:
-            if c.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
-                c.execute(sa.text(f'DROP OWNED BY "{role}"'))
-                c.execute(sa.text(f'DROP ROLE "{role}"'))
+            drop_role(c, role)
         admin.dispose()
         drop()
 

@@ -190,7 +190,7 @@ def test_reading_pragmas_still_work_on_sqlite(tmp_path, capsys):
 
 @pytest.mark.skipif(not os.environ.get("ORCH_TEST_POSTGRES_URL"), reason="needs PostgreSQL")
 def test_reader_role_cannot_use_admin_functions(capsys):
-    from conftest import make_pg_schema_url
+    from conftest import make_pg_schema_url, role_ddl
 
     url, drop = make_pg_schema_url()
     role = f"orch_reader_{uuid.uuid4().hex[:8]}"
@@ -226,7 +226,7 @@ def test_reader_role_cannot_use_admin_functions(capsys):
             assert _fingerprint(url) == before
     finally:
         os.environ.pop("ORCH_TEST_READER_PW", None)
-        with admin.connect() as c:
+        with admin.connect() as c, role_ddl(c):
             if c.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).scalar():
                 schema = c.execute(sa.text("SELECT current_schema()")).scalar()
                 db = c.execute(sa.text("SELECT current_database()")).scalar()

@@ -216,8 +216,14 @@ def test_the_timeout_covers_drawing_the_table(filled, capsys):
     took = time.monotonic() - t0
     assert took < 6, took  # drawing all 100,000 rows takes rich tens of seconds
     assert code == 2 and len(err.strip().splitlines()) == 1 and "output cancelled after the 2 s timeout" in err, err
+    # The count said is what was printed: some chunks on a quiet machine; none where the
+    # deadline passed while the rows' widths were still being measured (a loaded one).
     shown = int(re.search(r"(\d+) row\(s\) printed", err).group(1))
-    assert 0 < shown < 100_000 and f"row {shown}" in out and f"row {shown + 1} " not in out
+    assert shown < 100_000
+    if shown:
+        assert f"row {shown}" in out and f"row {shown + 1} " not in out
+    else:
+        assert "row " not in out, out[:200]
     # a small result draws whole, as one table
     code, out, err = run_cli(capsys, "sql", "--db", filled, "--", "SELECT key, seed FROM trials ORDER BY seed")
     assert code == 0 and len([ln for ln in out.splitlines() if "│" in ln]) == 3 and "3 row(s)" in err

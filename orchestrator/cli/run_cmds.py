@@ -647,7 +647,7 @@ def sql(
     elif as_json:
         print(json.dumps([dict(zip(cols, r)) for r in in_time(rows)], default=str))
     else:
-        _print_table(cols, rows, in_time, got.deadline, timeout)
+        _print_table(cols, rows, got.deadline, timeout)
         err.print(f"{len(rows)} row(s)")
     if got.cut:
         limit = f"--max-rows {max_rows}" if got.cut == "max_rows" else f"--max-bytes {max_bytes}"
@@ -658,7 +658,7 @@ def sql(
 TABLE_CHUNK = 500  # rows drawn at a time: the --timeout is checked between chunks
 
 
-def _print_table(cols, rows, in_time, deadline: float, timeout: float) -> None:
+def _print_table(cols, rows, deadline: float, timeout: float) -> None:
     """``rows`` as a table, drawn a chunk of rows at a time with the columns' widths fixed
     from all of them (so the chunks line up as one table), stopping at the deadline: drawing
     100,000 rows takes rich tens of seconds. Cells are shown with control characters escaped."""
@@ -670,7 +670,13 @@ def _print_table(cols, rows, in_time, deadline: float, timeout: float) -> None:
     from orchestrator.errors import UserError, printable
 
     names = [printable(str(c)) for c in cols]
-    texts = [["" if v is None else printable(_cell(v), keep="\n\t") for v in r] for r in in_time(rows)]
+    texts = []
+    for i, r in enumerate(rows):
+        # Nothing is printed until every row's width is known: a deadline passed here has
+        # printed no row (in_time would count the rows prepared as printed).
+        if i % 256 == 0 and time.monotonic() > deadline:
+            raise UserError(f"output cancelled after the {timeout:g} s timeout, 0 row(s) printed (--timeout to change)")
+        texts.append(["" if v is None else printable(_cell(v), keep="\n\t") for v in r])
     widths = [cell_len(n) for n in names]
     for r in texts:
         for i, t in enumerate(r):

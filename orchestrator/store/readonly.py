@@ -71,6 +71,11 @@ def readonly_query(
 
 _ROLE_NAME = r"^[a-z_][a-z0-9_]{0,62}$"
 
+# Role changes (CREATE ROLE, GRANT CONNECT ON DATABASE, DROP OWNED BY) update rows of shared
+# catalogs: two sessions making readers at once fail with "tuple concurrently updated". Each
+# takes this advisory lock first (anyone dropping such roles should too).
+ROLE_DDL_LOCK = 8_311_043_705
+
 
 def reader_sql(
     role: str, database: str, schema: str, *, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S, with_password: bool = False
@@ -121,6 +126,7 @@ def create_reader(
     engine = backend.make_engine(url)
     try:
         with engine.begin() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": ROLE_DDL_LOCK})
             database, schema = conn.execute(sa.text("SELECT current_database(), current_schema()")).one()
             stmts = reader_sql(role, database, schema, timeout_s=timeout_s, with_password=password is not None)
             raw = conn.connection.driver_connection
