@@ -82,27 +82,6 @@ def _spec(spec: str | Path | dict[str, Any], max_trials: int):
     return specs.load("<text>", text=spec, max_trials=max_trials)
 
 
-def _options(
-    db: str | None,
-    address: str | None,
-    max_concurrent: int | None,
-    checkpoint_dir: str | None,
-    takeover: bool,
-    allow_code_change: bool,
-):
-    """The driver's options, from the keywords that submit, resume and join share (in their order)."""
-    from orchestrator.runner.sweep import RunOptions
-
-    return RunOptions(
-        db=db,
-        address=address,
-        max_concurrent=max_concurrent,
-        checkpoint_dir=checkpoint_dir,
-        takeover=takeover,
-        allow_code_change=allow_code_change,
-    )
-
-
 def _run(summary, url: str) -> SweepRun:
     return SweepRun(name=summary.sweep, db=url, total=summary.total, ran=summary.ran, outcomes=dict(summary.outcomes))
 
@@ -135,12 +114,12 @@ def submit(
     Returns a :class:`SweepRun` (name, database URL, trial counts, outcomes) once every
     trial has ended. Raises :class:`~orchestrator.errors.UserError` for a bad spec or
     database, before anything runs."""
-    from orchestrator.runner.sweep import submit as run_submit
+    from orchestrator.runner.sweep import RunOptions, submit as run_submit
     from orchestrator.store.engine import resolve_url
 
     sweep = _spec(spec, max_trials)
     url = resolve_url(db, sweep.spec.storage)  # refused (empty, in memory) before Ray starts
-    options = _options(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
     return _run(run_submit(sweep, options, amend=amend), url)
 
 
@@ -161,11 +140,11 @@ def resume(
     ``address``, ``max_concurrent``, ``checkpoint_dir``, ``takeover``,
     ``allow_code_change``). Returns a
     :class:`SweepRun`; an unknown sweep is a :class:`~orchestrator.errors.UserError`."""
-    from orchestrator.runner.sweep import resume as run_resume
+    from orchestrator.runner.sweep import RunOptions, resume as run_resume
     from orchestrator.store.engine import resolve_url
 
     url = resolve_url(db)
-    options = _options(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, takeover, allow_code_change)
     return _run(run_resume(sweep, options), url)
 
 
@@ -188,12 +167,12 @@ def join(
     the trials this driver ran); an unknown sweep is a :class:`~orchestrator.errors.UserError`.
     A ``sequential:`` design is shared look by look: whichever driver first finds a look
     complete decides it, once."""
-    from orchestrator.runner.sweep import join as run_join
+    from orchestrator.runner.sweep import RunOptions, join as run_join
     from orchestrator.store.engine import resolve_url
 
     url = resolve_url(db)
     # No takeover: a joining driver runs beside the sweep's other drivers, never instead of them.
-    options = _options(db, address, max_concurrent, checkpoint_dir, False, allow_code_change)
+    options = RunOptions(db, address, max_concurrent, checkpoint_dir, False, allow_code_change)
     return _run(run_join(sweep, options), url)
 
 

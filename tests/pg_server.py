@@ -14,10 +14,11 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from proc_support import free_port
 
 
 def _bindir() -> Path | None:
@@ -38,12 +39,6 @@ def why_unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PrivateServer:
     """``with PrivateServer() as pg:`` a started server; ``pg.url`` its superuser URL."""
 
@@ -54,7 +49,7 @@ class PrivateServer:
         # Under /tmp directly: the postgres user cannot enter pytest's root-only tmp folders.
         self.root = Path(tempfile.mkdtemp(prefix="orch-pg-", dir="/tmp"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _as_postgres(self, *argv: str, timeout: float = 120) -> None:

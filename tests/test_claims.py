@@ -19,13 +19,21 @@ from orchestrator.store.engine import make_engine, open_store_engine
 from orchestrator.store.outage import write_with_retry
 
 
-def test_concurrent_claimers_never_get_the_same_trial(db_url):
+def _sweep_with_drivers(db_url: str, n_trials: int, drivers: dict[str, str]) -> tuple[sa.engine.Engine, int, dict]:
+    """A store holding a sweep of ``n_trials`` trials (:func:`fill_sweep`, one eval each) and
+    ``drivers`` ({owner: command}) registered on it, in that order: (engine, sweep id,
+    {key: trial id})."""
     engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=40, n_steps=1)
-    owners = [f"driver{i}" for i in range(6)]
+    sid, ids = fill_sweep(engine, n_trials=n_trials, n_steps=1)
     with engine.begin() as conn:
-        for o in owners:
-            claims.register(conn, sid, o, command="join")
+        for owner, command in drivers.items():
+            claims.register(conn, sid, owner, command=command)
+    return engine, sid, ids
+
+
+def test_concurrent_claimers_never_get_the_same_trial(db_url):
+    owners = [f"driver{i}" for i in range(6)]
+    engine, sid, ids = _sweep_with_drivers(db_url, 40, dict.fromkeys(owners, "join"))
     got: dict[str, list[int]] = {o: [] for o in owners}
     errors: list[str] = []
     barrier = threading.Barrier(len(owners))
@@ -61,11 +69,8 @@ def test_concurrent_claimers_never_get_the_same_trial(db_url):
 
 
 def test_a_dead_drivers_claims_lapse_and_are_taken_over(db_url):
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=4, n_steps=1)
+    engine, sid, ids = _sweep_with_drivers(db_url, 4, {"A": "submit", "B": "join"})
     with engine.begin() as conn:
-        claims.register(conn, sid, "A", command="submit")
-        claims.register(conn, sid, "B", command="join")
         mine = [tid for tid, _, _ in claims.claim_batch(conn, sid, "A", 2, ttl=2)]
     assert mine == sorted(ids.values())[:2]
     with engine.begin() as conn:
@@ -106,11 +111,8 @@ def test_a_driver_never_takes_its_own_lapsed_trial_as_an_orphan(db_url):
     """A renewal starved past the TTL (a loaded machine) lets this driver's own claims lapse:
     its next claim must not take the trial it is running as a dead driver's (back to pending,
     attempt lost: a stop then found nothing to mark interrupted). Another driver still may."""
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    engine, sid, ids = _sweep_with_drivers(db_url, 3, {"A": "submit", "B": "join"})
     with engine.begin() as conn:
-        claims.register(conn, sid, "A", command="submit")
-        claims.register(conn, sid, "B", command="join")
         mine = [tid for tid, _, _ in claims.claim_batch(conn, sid, "A", 1, ttl=2)]
         repo.mark_running(conn, mine[0])
         attempts.begin_attempt(conn, mine[0], None, {}, "A")
@@ -132,11 +134,8 @@ def test_a_driver_never_takes_its_own_lapsed_trial_as_an_orphan(db_url):
 
 
 def test_cancel_flags_live_drivers_and_takeover_ends_them(db_url):
-    engine, _ = open_store_engine(db_url)
-    sid, _ = fill_sweep(engine, n_trials=2, n_steps=1)
+    engine, sid, _ = _sweep_with_drivers(db_url, 2, {"A": "join", "B": "join", "gone": "join"})
     with engine.begin() as conn:
-        for o in ("A", "B", "gone"):
-            claims.register(conn, sid, o, command="join")
         claims.end(conn, "gone", "finished")
         claims.claim_batch(conn, sid, "A", 1, ttl=60)
     with engine.begin() as conn:
@@ -158,11 +157,8 @@ def test_cancel_flags_live_drivers_and_takeover_ends_them(db_url):
 
 def test_a_dead_driver_on_this_host_is_reaped_at_once(db_url):
     """A driver starting here frees a dead local driver's claims without waiting out the TTL."""
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    engine, sid, ids = _sweep_with_drivers(db_url, 3, {"dead": "submit", "alive": "join"})
     with engine.begin() as conn:
-        claims.register(conn, sid, "dead", command="submit")
-        claims.register(conn, sid, "alive", command="join")
         claims.claim_batch(conn, sid, "dead", 2, ttl=600)
         claims.claim_batch(conn, sid, "alive", 1, ttl=600)
         conn.execute(sa.text("UPDATE drivers SET pid = 999999999 WHERE owner = 'dead'"))
@@ -213,11 +209,9 @@ def test_a_cut_off_driver_keeps_nothing_alive_of_a_trial_taken_over(db_url):
     """The trials a cut-off driver still thinks it runs, once its link is back: one taken over
     and still running elsewhere, one taken over and already ended and let go (no claim). Its
     renewal heartbeats neither (only the one it holds), and its writes hold neither."""
-    engine, _ = open_store_engine(db_url)
-    sid, ids = fill_sweep(engine, n_trials=3, n_steps=1)
+    engine, sid, ids = _sweep_with_drivers(db_url, 3, {"A": "join"})
     mine, elsewhere, ended = sorted(ids.values())
     with engine.begin() as conn:
-        claims.register(conn, sid, "A", command="join")
         assert len(claims.claim_batch(conn, sid, "A", 3, ttl=600) or []) == 3
         conn.execute(sa.text("UPDATE trials SET status = 'running', heartbeat_at = NULL"))
         conn.execute(sa.text("UPDATE trials SET claimed_by = 'B' WHERE id = :t"), {"t": elsewhere})

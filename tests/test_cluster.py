@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import POSTGRES_URL, make_pg_schema_url
+from proc_support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")]
 
@@ -38,12 +39,6 @@ axes: {seed: [0, 1, 2, 3]}
 budget: {steps: 800, eval_every: 100}
 resources: {cpu: 1}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node(args: list[str], env: dict[str, str], log: Path, node_manager_port: int | None = None) -> subprocess.Popen:

@@ -13,15 +13,14 @@ from orchestrator.store.engine import current_revision
 
 
 def test_designs_migration_keeps_data_and_widens_the_status_check(db_url):
-    engine = old_database(db_url, "0002_step_lr")
+    engine = old_database(
+        db_url,
+        "0002_step_lr",
+        "INSERT INTO trials (sweep_id, key, params, status) VALUES "
+        "(1, 'a', '{}', 'completed'), (1, 'b', '{}', 'pending')",
+        "INSERT INTO evals (trial_id, step, acc) VALUES (1, 1, 0.5), (1, 2, 0.9)",
+    )
     with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO trials (sweep_id, key, params, status) VALUES "
-                "(1, 'a', '{}', 'completed'), (1, 'b', '{}', 'pending')"
-            )
-        )
-        conn.execute(sa.text("INSERT INTO evals (trial_id, step, acc) VALUES (1, 1, 0.5), (1, 2, 0.9)"))
         with pytest.raises(sa.exc.IntegrityError):
             with conn.begin_nested():
                 conn.execute(sa.text("UPDATE trials SET status = 'skipped' WHERE key = 'b'"))

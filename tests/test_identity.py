@@ -22,7 +22,7 @@ from orchestrator.spec import SpecError, load
 from orchestrator.store.engine import make_engine
 from orchestrator.store.import_jsonl import IMPORTED_PREFIX
 
-from conftest import old_database, query, two_arm_spec
+from conftest import old_database, query, rows_of, two_arm_spec
 
 BASE = resolve({"arm": "gated_deltanet", "task": "mqar", "task.K": 8, "seed": 0, "steps": 200, "eval_every": 20})
 
@@ -296,12 +296,12 @@ def test_identity_migration_rekeys_old_trials_and_keeps_data(db_url):
         )
 
     def data():
-        with eng.connect() as conn:
-            return (
-                conn.execute(sa.text("SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step")).all(),
-                conn.execute(sa.text("SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id")).all(),
-                conn.execute(sa.text("SELECT id, params, steps, spec_version FROM trials ORDER BY id")).all(),
-            )
+        return rows_of(
+            eng,
+            "SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step",
+            "SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id",
+            "SELECT id, params, steps, spec_version FROM trials ORDER BY id",
+        )
 
     before = data()
     assert main(["db", "upgrade", "--db", db_url]) == 0

@@ -26,26 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_FIXED, backend_url, query, sweep_evals, two_arm_spec
-from orchestrator.spec import load
-from orchestrator.store import repo
-from orchestrator.store.engine import open_store_engine
+from conftest import TINY_FIXED, backend_url, query, record_sweep, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 TTL = 6
-
-
-def _record(url: str, text: str) -> None:
-    """A submitted sweep nobody runs yet: the rows `submit` writes before it runs."""
-    sweep = load("<test>", text=text)
-    engine, _ = open_store_engine(url)
-    sid = repo.ensure_sweep(engine, sweep.name, sweep.text, sweep.hash)
-    with engine.begin() as conn:
-        version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash)
-        repo.add_trials(conn, sid, sweep.trials, spec_version=version)
-    engine.dispose()
 
 
 def _driver(args: list[str], url: str, cwd: Path) -> subprocess.Popen:
@@ -98,7 +84,7 @@ def test_two_joined_drivers_run_every_trial_exactly_once(tmp_path):
             "axes:\n  arm: [gated_deltanet, armed_gdn]\n  seed: 0..7\n"
             "budget: {steps: 30, eval_every: 10}\nresources: {cpu: 1}\nmax_concurrent: 2\n"
         )
-        _record(url, text)
+        record_sweep(url, text)
         a = _driver(["join", "many"], url, tmp_path / "a")
         b = _driver(["join", "many"], url, tmp_path / "b")
         out_a, err_a = a.communicate(timeout=600)
@@ -125,7 +111,7 @@ def test_two_joined_drivers_run_every_trial_exactly_once(tmp_path):
 def test_a_killed_drivers_trials_are_taken_over_and_equal_an_uninterrupted_run(tmp_path, two_arm_reference_db):
     url, drop = backend_url(tmp_path, "postgresql")
     try:
-        _record(url, two_arm_spec("takeover", retries=2))
+        record_sweep(url, two_arm_spec("takeover", retries=2))
         a = _driver(["join", "takeover", "--max-concurrent", "1"], url, tmp_path / "a")
         b = _driver(["join", "takeover"], url, tmp_path / "b")
         # B is up, and A runs a trial with a checkpoint past step 0.
@@ -169,7 +155,7 @@ def test_cancel_stops_every_driver_and_status_lists_them(tmp_path):
     url, drop = backend_url(tmp_path, "postgresql")
     try:
         # Trials far too long to end before the cancel lands, however loaded the machine.
-        _record(url, two_arm_spec("halt").replace("steps: 240, eval_every: 20", "steps: 4000, eval_every: 100"))
+        record_sweep(url, two_arm_spec("halt").replace("steps: 240, eval_every: 20", "steps: 4000, eval_every: 100"))
         a = _driver(["join", "halt", "--max-concurrent", "1"], url, tmp_path / "a")
         b = _driver(["join", "halt", "--max-concurrent", "1"], url, tmp_path / "b")
         _until(
@@ -222,10 +208,10 @@ def test_two_drivers_share_a_sequential_design_each_look_decided_once(tmp_path):
     url, drop = backend_url(tmp_path, "postgresql")
     ref = f"sqlite:///{tmp_path / 'ref.db'}"
     try:
-        _record(url, SEQUENTIAL)
+        record_sweep(url, SEQUENTIAL)
         a = _driver(["join", "seqmany"], url, tmp_path / "a")
         b = _driver(["join", "seqmany"], url, tmp_path / "b")
-        _record(ref, SEQUENTIAL)
+        record_sweep(ref, SEQUENTIAL)
         alone = _driver(["join", "seqmany"], ref, tmp_path / "alone")
         for p in (a, b, alone):
             _, err = p.communicate(timeout=600)

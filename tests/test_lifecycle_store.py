@@ -12,7 +12,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from conftest import fill_sweep, migrate, old_database, pass_time
+from conftest import fill_sweep, migrate, old_database, pass_time, rows_of
 from orchestrator.cli import main
 from orchestrator.store import lease, repo
 from orchestrator.store.engine import current_revision, head_revision, make_engine, open_store_engine
@@ -21,32 +21,24 @@ from orchestrator.store.engine import current_revision, head_revision, make_engi
 def test_lifecycle_migration_keeps_data(db_url):
     """A database written at 0002 upgrades through 0003 to head with every row intact; the new statuses
     are accepted after, and a downgrade back to 0002 keeps the rows too."""
-    engine = old_database(db_url, "0002_step_lr")
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO trials (sweep_id, key, params, status, steps) VALUES "
-                "(1, 'a', '{}', 'running', 20), (1, 'b', '{}', 'completed', 20)"
-            )
-        )
-        conn.execute(
-            sa.text("INSERT INTO trial_params (trial_id, name, value_num) VALUES (1, 'seed', 0), (2, 'seed', 1)")
-        )
-        conn.execute(
-            sa.text(
-                "INSERT INTO evals (trial_id, step, acc, step_lr) VALUES "
-                "(1, 10, 0.5, 0.001), (2, 10, 0.25, 0.001), (2, 20, 0.75, 0.0005)"
-            )
-        )
+    engine = old_database(
+        db_url,
+        "0002_step_lr",
+        "INSERT INTO trials (sweep_id, key, params, status, steps) VALUES "
+        "(1, 'a', '{}', 'running', 20), (1, 'b', '{}', 'completed', 20)",
+        "INSERT INTO trial_params (trial_id, name, value_num) VALUES (1, 'seed', 0), (2, 'seed', 1)",
+        "INSERT INTO evals (trial_id, step, acc, step_lr) VALUES "
+        "(1, 10, 0.5, 0.001), (2, 10, 0.25, 0.001), (2, 20, 0.75, 0.0005)",
+    )
 
     def snapshot():
-        with engine.connect() as conn:
-            return (
-                conn.execute(sa.text("SELECT id, key, status, steps FROM trials ORDER BY id")).all(),
-                conn.execute(sa.text("SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step")).all(),
-                conn.execute(sa.text("SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id")).all(),
-                conn.execute(sa.text("SELECT trial_id, step, acc FROM trial_trace ORDER BY trial_id, step")).all(),
-            )
+        return rows_of(
+            engine,
+            "SELECT id, key, status, steps FROM trials ORDER BY id",
+            "SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step",
+            "SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id",
+            "SELECT trial_id, step, acc FROM trial_trace ORDER BY trial_id, step",
+        )
 
     before = snapshot()
     assert main(["db", "upgrade", "--db", db_url]) == 0
@@ -288,27 +280,23 @@ def test_one_protocol_migration_from_0009_drops_the_dead_columns_and_keeps_every
     """A database at 0009 (the first with drivers) upgrades to head: the sweep-level cancel
     flag and ``drivers.exclusive`` are gone, the driver's own cancel flag and every row stay;
     a downgrade to 0012 brings the columns back empty and an upgrade drops them again."""
-    engine = old_database(db_url, "0009_drivers")
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE sweeps SET cancel_requested_at = CURRENT_TIMESTAMP"))
-        conn.execute(
-            sa.text("INSERT INTO trials (sweep_id, key, params, status, steps) VALUES (1, 'a', '{}', 'running', 20)")
-        )
-        conn.execute(
-            sa.text(
-                "INSERT INTO drivers (sweep_id, owner, command, exclusive, cancel_requested_at) "
-                "VALUES (1, 'd1', 'join', true, CURRENT_TIMESTAMP)"
-            )
-        )
+    engine = old_database(
+        db_url,
+        "0009_drivers",
+        "UPDATE sweeps SET cancel_requested_at = CURRENT_TIMESTAMP",
+        "INSERT INTO trials (sweep_id, key, params, status, steps) VALUES (1, 'a', '{}', 'running', 20)",
+        "INSERT INTO drivers (sweep_id, owner, command, exclusive, cancel_requested_at) "
+        "VALUES (1, 'd1', 'join', true, CURRENT_TIMESTAMP)",
+    )
     assert {"cancel_requested_at"} <= _columns(engine, "sweeps") and "exclusive" in _columns(engine, "drivers")
 
     def rows():
-        with engine.connect() as conn:
-            return (
-                conn.execute(sa.text("SELECT id, name, spec_hash FROM sweeps")).all(),
-                conn.execute(sa.text("SELECT id, key, status FROM trials")).all(),
-                conn.execute(sa.text("SELECT owner, command, cancel_requested_at IS NOT NULL FROM drivers")).all(),
-            )
+        return rows_of(
+            engine,
+            "SELECT id, name, spec_hash FROM sweeps",
+            "SELECT id, key, status FROM trials",
+            "SELECT owner, command, cancel_requested_at IS NOT NULL FROM drivers",
+        )
 
     before = rows()
     assert main(["db", "upgrade", "--db", db_url]) == 0

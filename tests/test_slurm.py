@@ -17,7 +17,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +26,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from conftest import POSTGRES_URL, fill_sweep, make_pg_schema_url, query, sweep_evals, two_arm_spec
+from conftest import POSTGRES_URL, fill_sweep, make_pg_schema_url, query, record_sweep, sweep_evals, two_arm_spec
 from orchestrator.cli import main
 from orchestrator.runner import slurm
 from orchestrator.store import attempts, claims
-from orchestrator.store.engine import make_engine, open_store_engine
+from orchestrator.store.engine import make_engine
 from orchestrator.store.sweep_store import SweepStore
+from proc_support import free_port, stop
 
 BIN = ["/venv/bin/orchestrator"]
 
@@ -238,12 +238,6 @@ def _slurm_missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 SLURM_CONF = """ClusterName=orchtest
 SlurmctldHost=localhost
 SlurmUser=root
@@ -315,7 +309,7 @@ def slurm_cluster():
         while not (root / "munge.sock").exists():
             assert time.time() < deadline and daemons[0].poll() is None, "munged did not start"
             time.sleep(0.1)
-        (root / "slurm.conf").write_text(SLURM_CONF.format(root=root, ctld_port=_free_port(), d_port=_free_port()))
+        (root / "slurm.conf").write_text(SLURM_CONF.format(root=root, ctld_port=free_port(), d_port=free_port()))
         conf = str(root / "slurm.conf")
         for argv in (["slurmctld", "-D", "-f", conf], ["slurmd", "-D", "-N", "localhost", "-f", conf]):
             daemons.append(
@@ -337,28 +331,8 @@ def slurm_cluster():
             while _sh(env, "squeue", "-h", check=False).strip() and time.time() < deadline:
                 time.sleep(0.5)
         for d in reversed(daemons):
-            if d.poll() is None:
-                d.terminate()
-                try:
-                    d.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    d.kill()
-                    d.wait()
+            stop(d, timeout=15)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _record(url: str, text: str) -> None:
-    """A submitted sweep nobody runs yet: the rows `submit` writes before it runs."""
-    from orchestrator.spec import load
-    from orchestrator.store import repo
-
-    sweep = load("<test>", text=text)
-    engine, _ = open_store_engine(url)
-    sid = repo.ensure_sweep(engine, sweep.name, sweep.text, sweep.hash)
-    with engine.begin() as conn:
-        version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash)
-        repo.add_trials(conn, sid, sweep.trials, spec_version=version)
-    engine.dispose()
 
 
 def _until(ready, what: str, timeout: float) -> None:
@@ -396,7 +370,7 @@ def test_a_slurm_array_runs_a_sweep_through_a_requeue_and_a_cancel(slurm_cluster
     url, drop = make_pg_schema_url()
     job = None
     try:
-        _record(url, two_arm_spec("slurmy", retries=2))
+        record_sweep(url, two_arm_spec("slurmy", retries=2))
         logs = tmp_path / "logs"
         run_env = {
             **env,
@@ -519,7 +493,7 @@ def test_submitting_hands_sbatch_the_password_but_never_writes_it(tmp_path, monk
     try:
         # The test server trusts local connections: any password reaches it.
         with_pw = url.replace("://", "://root:hunter2@", 1)
-        _record(url, two_arm_spec("pw"))
+        record_sweep(url, two_arm_spec("pw"))
         bindir = tmp_path / "bin"
         bindir.mkdir()
         (bindir / "sbatch").write_text(FAKE_SBATCH)

@@ -13,8 +13,7 @@ import sqlalchemy as sa
 
 from cli_support import run_cli
 from orchestrator.store.dialect import sqlite_path
-from orchestrator.store.engine import open_store_engine
-from orchestrator.store.import_jsonl import write_records
+from sql_support import filled_fixture, write_runs
 
 COMMON_WRITES = [
     "DELETE FROM evals",
@@ -90,16 +89,7 @@ PG_WRITES = [
 
 
 def _fill(url: str) -> None:
-    recs = [
-        {
-            "params": {"arm": "mlstm", "seed": s, "task": "mad_recall"},
-            "trace": [{"step": t, "acc": 0.1 * s, "loss": 1.0} for t in (1, 2, 3)],
-        }
-        for s in range(3)
-    ]
-    engine, _ = open_store_engine(url)
-    write_records(engine, "w", recs, source="t")
-    engine.dispose()  # closes the writer (a late close would checkpoint the WAL mid-test)
+    write_runs(url, lambda s: {"acc": 0.1 * s, "loss": 1.0})
 
 
 def _fingerprint(url: str) -> object:
@@ -128,10 +118,7 @@ def _fingerprint(url: str) -> object:
         eng.dispose()
 
 
-@pytest.fixture
-def filled(db_url):
-    _fill(db_url)
-    return db_url
+filled = filled_fixture(_fill)
 
 
 def test_every_write_is_refused_and_nothing_changes(filled, capsys):

@@ -17,9 +17,8 @@ import sqlparse
 from conftest import POSTGRES_URL, make_pg_schema_url
 from cli_support import run_cli
 from orchestrator.errors import UserError
-from orchestrator.store.engine import open_store_engine
-from orchestrator.store.import_jsonl import write_records
 from orchestrator.store.sql_screen import screen_postgresql, screen_sqlite
+from sql_support import filled_fixture, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,23 +119,11 @@ def test_the_documented_queries_pass_both_screens():
         screen_postgresql(q)
 
 
-def _fill(url: str, n: int = 3) -> None:
-    recs = [
-        {
-            "params": {"arm": "mlstm", "seed": s, "task": "mad_recall"},
-            "trace": [{"step": t, "acc": 0.1, "loss": 1.0, "rebind_acc": 0.05} for t in (1, 2, 3)],
-        }
-        for s in range(n)
-    ]
-    engine, _ = open_store_engine(url)
-    write_records(engine, "w", recs, source="t")
-    engine.dispose()
+def _fill(url: str) -> None:
+    write_runs(url, lambda s: {"acc": 0.1, "loss": 1.0, "rebind_acc": 0.05})
 
 
-@pytest.fixture
-def filled(db_url):
-    _fill(db_url)
-    return db_url
+filled = filled_fixture(_fill)
 
 
 def test_documented_queries_run_on_both_backends(filled, capsys):

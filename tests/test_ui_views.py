@@ -25,7 +25,18 @@ from orchestrator.store import repo
 from orchestrator.store.engine import open_store_engine
 from orchestrator.store.reader import open_reader_engine
 from orchestrator.ui.app import create_app
-from ui_support import IMG, QUICK, QUICK_SPEC, asgi_call, chromium, make_quick_db, quick_final, ui_server, wait_for
+from ui_support import (
+    IMG,
+    QUICK,
+    QUICK_SPEC,
+    asgi_call,
+    chromium,
+    make_quick_db,
+    open_page,
+    quick_final,
+    ui_server,
+    wait_for,
+)
 
 browser = pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
 
@@ -181,8 +192,7 @@ def driver():
 @pytest.mark.slow
 @browser
 def test_overlay_selection_survives_a_reload(server, driver):
-    driver.get(f"{server}/sweeps/{QUICK}")
-    boxes = wait_for(lambda: driver.find_elements("css selector", "#trials input.overlay-pick"), 60, "the table")
+    boxes = open_page(driver, f"{server}/sweeps/{QUICK}", "#trials input.overlay-pick", "the table")
     order = [b.get_attribute("data-key") for b in boxes]
     picked = [order[1], order[4]]
     for k in picked:  # found afresh: the table may have been redrawn since
@@ -213,8 +223,8 @@ def test_overlay_is_bounded_and_hostile_keys_are_text(server, driver):
     assert IMG in st["note"] and st["pwned"] is None and st["traces"] == []
     assert not driver.find_elements("css selector", "#overlay-note img")
     # Ticking one more than 50 is refused with a visible line.
-    driver.get(f"{server}/sweeps/{QUICK}?overlay=" + ",".join(f"k{i:03d}" for i in range(50)))
-    box = wait_for(lambda: driver.find_elements("css selector", "#trials input.overlay-pick"), 60, "the table")[0]
+    fifty = f"{server}/sweeps/{QUICK}?overlay=" + ",".join(f"k{i:03d}" for i in range(50))
+    box = open_page(driver, fifty, "#trials input.overlay-pick", "the table")[0]
     box.click()
     st = driver.execute_script(OVERLAY_JS)
     assert st["error"] == "the overlay holds at most 50 trials: untick one first" and st["checked"] == []
@@ -224,8 +234,9 @@ def test_overlay_is_bounded_and_hostile_keys_are_text(server, driver):
 @browser
 def test_parallel_coordinates_drawn_in_the_urls_outcome(server, driver):
     sel = urllib.parse.quote(json.dumps({"arm": ["armed_gdn"]}))
-    driver.get(f"{server}/sweeps/{QUICK}?pc=lockin&pcsel={sel}")
-    wait_for(lambda: driver.find_elements("css selector", "#parcoords svg .scatterlayer .trace"), 60, "parcoords SVG")
+    open_page(
+        driver, f"{server}/sweeps/{QUICK}?pc=lockin&pcsel={sel}", "#parcoords svg .scatterlayer .trace", "parcoords SVG"
+    )
     st = driver.execute_script(
         "const d = document.getElementById('parcoords');"
         "return {outcome: d.dataset.outcome, select: document.getElementById('pc-outcome').value,"
@@ -246,8 +257,9 @@ def test_parallel_coordinates_drawn_in_the_urls_outcome(server, driver):
 @pytest.mark.slow
 @browser
 def test_compare_points_whiskers_and_captions(server, driver):
-    driver.get(f"{server}/compare?a={QUICK}&b=quick3&by=arm")
-    wait_for(lambda: driver.find_elements("css selector", "#compare .scatterlayer .trace"), 60, "the compare plot")
+    open_page(
+        driver, f"{server}/compare?a={QUICK}&b=quick3&by=arm", "#compare .scatterlayer .trace", "the compare plot"
+    )
     st = driver.execute_script(
         "const d = document.getElementById('compare');"
         "return {modes: d.data.map(t => t.mode), xs: d.data.map(t => t.x), whiskers: d.data.map(t => Boolean(t.error_y)),"

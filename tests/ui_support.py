@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from proc_support import stop
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,13 +50,7 @@ def ui_process(db_url: str, *args: str) -> Iterator[tuple[str, subprocess.Popen,
         assert m, f"no URL in the banner: {banner!r} {proc.stdout.read() if proc.poll() is not None else ''}"
         yield f"http://127.0.0.1:{m.group(1)}", proc, banner
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, timeout=10)
 
 
 @contextmanager
@@ -265,6 +261,13 @@ def wait_for(fn, timeout: float, what: str, every: float = 0.25):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(every)
+
+
+def open_page(driver, url: str, selector: str, what: str, timeout: float = 60) -> list:
+    """Load ``url`` in ``driver`` and :func:`wait_for` the elements that the CSS ``selector``
+    matches there: the elements."""
+    driver.get(url)
+    return wait_for(lambda: driver.find_elements("css selector", selector), timeout, what)
 
 
 # The quickstart's design (armed vs unarmed Gated DeltaNet x lr) with five seeds, its traces

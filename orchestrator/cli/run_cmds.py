@@ -262,6 +262,14 @@ CHECKPOINT_DIR_HELP = "keep checkpoints as files in this folder instead of in th
 ALLOW_CODE_CHANGE_HELP = (
     "continue a sweep whose attempts ran other code or another torch minor version (recorded with the spec versions)"
 )
+# The options submit, resume and join share, declared once so the three cannot drift apart.
+# Sharing one is safe: help.py's polish writes the same help and metavar into it whichever
+# command it reaches it through.
+MAX_CONCURRENT = typer.Option(None, "--max-concurrent", min=1)
+CHECKPOINT_DIR = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP)
+QUIET = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line")
+TAKEOVER = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease")
+ALLOW_CODE_CHANGE = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP)
 
 
 @app.command()
@@ -269,14 +277,14 @@ def submit(
     spec: str = typer.Argument(..., help="sweep spec YAML (sweeps/*.yaml)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     address: Optional[str] = typer.Option(None, "--address", help="join a running Ray cluster: auto or HOST:PORT"),
-    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
+    max_concurrent: Optional[int] = MAX_CONCURRENT,
+    checkpoint_dir: Optional[str] = CHECKPOINT_DIR,
     dry_run: bool = typer.Option(False, "--dry-run", help="print the expanded design and exit"),
     as_json: bool = typer.Option(False, "--json", help="with --dry-run: JSON output"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
+    quiet: bool = QUIET,
     max_trials: int = typer.Option(100_000, "--max-trials", min=1, help="refuse a design with more trials than this"),
-    takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
-    allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
+    takeover: bool = TAKEOVER,
+    allow_code_change: bool = ALLOW_CODE_CHANGE,
     amend: bool = typer.Option(
         False,
         "--amend",
@@ -372,11 +380,11 @@ def resume(
     sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     address: Optional[str] = typer.Option(None, "--address"),
-    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
-    takeover: bool = typer.Option(False, "--takeover", help="run even if another driver holds the sweep's lease"),
-    allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
+    max_concurrent: Optional[int] = MAX_CONCURRENT,
+    checkpoint_dir: Optional[str] = CHECKPOINT_DIR,
+    quiet: bool = QUIET,
+    takeover: bool = TAKEOVER,
+    allow_code_change: bool = ALLOW_CODE_CHANGE,
 ) -> int:
     """Run what a sweep has not finished; running, stale and interrupted trials continue
     from their checkpoints (on any machine that reaches the database)."""
@@ -391,10 +399,10 @@ def join(
     sweep: str = typer.Argument(..., help="sweep name (see `orchestrator ls`)"),
     db: Optional[str] = typer.Option(None, "--db", help=DB_HELP),
     address: Optional[str] = typer.Option(None, "--address", help="a Ray cluster of this driver's: auto or HOST:PORT"),
-    max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", min=1),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help=CHECKPOINT_DIR_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar: only failures and the outcome line"),
-    allow_code_change: bool = typer.Option(False, "--allow-code-change", help=ALLOW_CODE_CHANGE_HELP),
+    max_concurrent: Optional[int] = MAX_CONCURRENT,
+    checkpoint_dir: Optional[str] = CHECKPOINT_DIR,
+    quiet: bool = QUIET,
+    allow_code_change: bool = ALLOW_CODE_CHANGE,
 ) -> int:
     """Add a driver to a submitted sweep: from any machine that reaches its database, with
     its own local Ray (or --address, its own cluster), it claims unfinished trials in

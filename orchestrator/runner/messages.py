@@ -9,15 +9,35 @@ is a short list, and per-trial entries carry their trial id inside. ``to_wire`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
 from orchestrator.status import Status
 from orchestrator.evals import FIELDS, EvalPoint
 from orchestrator.train.sysmetrics import SAMPLE_FIELDS, SystemSample
 
 Wire = list[Any]
+_F = TypeVar("_F", bound="_Flat")
+
+
+def _as_sent(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """A message whose wire form is its fields in declaration order, each field passed
+    through its ``_read`` on the way back (JSON on the way may have turned a value's type)."""
+
+    _read: ClassVar[tuple[Callable[[Any], Any], ...]] = ()
+
+    def to_wire(self) -> Wire:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def from_wire(cls: type[_F], w: Sequence[Any]) -> _F:
+        return cls(*(read(v) for read, v in zip(cls._read, w, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -45,55 +65,37 @@ class EvalRow:
 
 
 @dataclass(frozen=True)
-class Placement:
+class Placement(_Flat):
     """Where a unit runs (every member of a pack runs there)."""
+
+    _read = (_as_sent, _as_sent, _as_sent)  # each may be None
 
     host: str | None
     node_id: str | None
     device: str | None
 
-    def to_wire(self) -> Wire:
-        return [self.host, self.node_id, self.device]
-
-    @classmethod
-    def from_wire(cls, w: Sequence[Any]) -> Placement:
-        host, node_id, device = w
-        return cls(host, node_id, device)
-
 
 @dataclass(frozen=True)
-class StopRecord:
+class StopRecord(_Flat):
     """The spec's stop rule ended a trial at ``step`` of its ``budget`` (``trial_stops``)."""
+
+    _read = (int, int, str)
 
     step: int
     budget: int
     reason: str
 
-    def to_wire(self) -> Wire:
-        return [self.step, self.budget, self.reason]
-
-    @classmethod
-    def from_wire(cls, w: Sequence[Any]) -> StopRecord:
-        step, budget, reason = w
-        return cls(int(step), int(budget), str(reason))
-
 
 @dataclass(frozen=True)
-class StepFailure:
+class StepFailure(_Flat):
     """The traceback of an exception that ended a trial without a retry: a configuration
     error (``kind`` "config", before the first step) or one raised in a step ("runtime",
     Trainer.step_raised). It goes to ``trial_errors``; the console shows the one-line error."""
 
+    _read = (str, str)
+
     kind: str
     traceback: str
-
-    def to_wire(self) -> Wire:
-        return [self.kind, self.traceback]
-
-    @classmethod
-    def from_wire(cls, w: Sequence[Any]) -> StepFailure:
-        kind, tb = w
-        return cls(str(kind), str(tb))
 
 
 @dataclass(frozen=True)
@@ -146,21 +148,15 @@ class AttemptStart:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(_Flat):
     """A member's checkpoint at eval ``step`` (``torch.save`` bytes of its state), reported
     after the eval rows it covers; the writer stores it with them."""
+
+    _read = (int, int, bytes)
 
     trial_id: int
     step: int
     state: bytes
-
-    def to_wire(self) -> Wire:
-        return [self.trial_id, self.step, self.state]
-
-    @classmethod
-    def from_wire(cls, w: Sequence[Any]) -> Checkpoint:
-        tid, step, state = w
-        return cls(int(tid), int(step), bytes(state))
 
 
 @dataclass(frozen=True)

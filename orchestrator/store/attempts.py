@@ -18,23 +18,10 @@ from sqlalchemy.engine import Connection
 
 from orchestrator.evals import NUMBERS, STORED
 
-from orchestrator.store.models import Attempt, Eval, SystemMetric, TrialCheckpoint
+from orchestrator.store.models import ATTEMPT_ENV, Attempt, Eval, SystemMetric, TrialCheckpoint
 
 # What an attempt row records about its environment (the keys of ``begin_attempt``'s ``env``).
-ENV_FIELDS = (
-    "host",
-    "node_id",
-    "device",
-    "compute_capability",
-    "precision",
-    "code_version",
-    "code_hash",
-    "torch_version",
-    "triton_version",
-    "ray_version",
-    "python_version",
-    "orchestrator_version",
-)
+ENV_FIELDS = ATTEMPT_ENV
 LOST = "lost"  # an attempt whose driver died before it ended
 
 

@@ -283,6 +283,24 @@ class Attempt(Base):
     slurm_job: Mapped[str | None] = mapped_column(sa.String(64))
 
 
+# The attempt columns that say where and with what it ran, in the table's order: named once
+# for the writer that fills them (``store.attempts.ENV_FIELDS``) and the reader that shows them.
+ATTEMPT_ENV = (
+    "host",
+    "node_id",
+    "device",
+    "compute_capability",
+    "precision",
+    "code_version",
+    "code_hash",
+    "torch_version",
+    "triton_version",
+    "ray_version",
+    "python_version",
+    "orchestrator_version",
+)
+
+
 class Driver(Base):
     """One driver of a sweep (``submit``, ``resume`` or ``join``): it claims trials in
     batches, heartbeats them and ends (``ended_at``) when it exits (migration 0009)."""

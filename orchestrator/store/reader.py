@@ -29,6 +29,7 @@ from orchestrator.status import Status
 from orchestrator.store import dialect
 from orchestrator.store.lease import stale_condition
 from orchestrator.store.models import (
+    ATTEMPT_ENV,
     Attempt,
     Eval,
     SequentialLook,
@@ -591,17 +592,9 @@ ATTEMPT_COLUMNS = (
     "started_at",
     "ended_at",
     "driver",
-    "host",
-    "node_id",
-    "device",
-    "compute_capability",
-    "precision",
-    "code_version",
-    "torch_version",
-    "triton_version",
-    "ray_version",
-    "python_version",
-    "orchestrator_version",
+    # code_hash is the code-change guard's fingerprint (runner/provenance.py); code_version
+    # is what names the code to a reader.
+    *(c for c in ATTEMPT_ENV if c != "code_hash"),
 )
 
 

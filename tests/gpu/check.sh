@@ -73,6 +73,22 @@ run_step() {
     return 0
 }
 
+# summarize JSON_FILE: runs the Python read from stdin with d, JSON_FILE's contents (one line
+# instead when the file does not parse); what it prints goes to the summary, its errors to
+# steps.log.
+summarize() {
+    local body
+    body=$(cat)
+    "$PY" - "$1" <<EOF 2>>"$OUT/steps.log" | tee -a "$SUMMARY"
+import json, os, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as exc:
+    print(f"{os.path.basename(sys.argv[1])} unreadable: {exc}"); sys.exit(0)
+$body
+EOF
+}
+
 # Budget: 120 + 100 + 100 + 100 s of step limits, under 8 minutes with start-up.
 # 1. Triton tests on the GPU: same cases as CI plus GPU-sized ones, and the sm_61 build check.
 run_step pytest 120 "$OUT/pytest.log" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" -k triton \
@@ -95,12 +111,7 @@ else
     run_step bench_kernels 100 "$OUT/bench_kernels.json" \
         "$PY" -m orchestrator.bench.kernels --device "$DEV" "${BENCH_ARGS[@]}"
 fi
-"$PY" - "$OUT/bench_kernels.json" <<'EOF' 2>>"$OUT/steps.log" | tee -a "$SUMMARY"
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print(f"bench_kernels.json unreadable: {exc}"); sys.exit(0)
+summarize "$OUT/bench_kernels.json" <<'EOF'
 print("bench kernels on", d["device"])
 for r in d["rows"]:
     tok = "n/a" if r["tok_s"] is None else f"{r['tok_s']:,.0f}"
@@ -124,12 +135,7 @@ fi
 # 4. short training runs, fp32 and bf16, triton vs chunk traces
 run_step train_smoke 100 /dev/null \
     "$PY" tests/gpu/train_smoke.py --device "$DEV" --impl triton "${TRAIN_ARGS[@]}" --out "$OUT/train_smoke.json"
-"$PY" - "$OUT/train_smoke.json" <<'EOF' 2>>"$OUT/steps.log" | tee -a "$SUMMARY"
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print(f"train_smoke.json unreadable: {exc}"); sys.exit(0)
+summarize "$OUT/train_smoke.json" <<'EOF'
 print("train smoke ok:", d["ok"])
 for arm, c in d["checks"].items():
     print(" ", arm, c)
