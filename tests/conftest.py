@@ -6,7 +6,14 @@ float reductions are the same in every test process.
 ``db_url`` runs a test once on a fresh SQLite file and, when ``ORCH_TEST_POSTGRES_URL`` is set
 (``.ci/run`` sets it), once on PostgreSQL in a schema of its own that is dropped afterwards.
 
-``shared_ray`` is the session's one local Ray: a test that runs sweeps but is not about Ray's
+The suite runs on two pytest-xdist workers (``pytest -n 2``, as CI runs it), so every test is
+independent of every other: each has its own temp folder, SQLite file or PostgreSQL schema (and
+reader role: role changes take ``readonly.ROLE_DDL_LOCK``); the tests that change the machine
+make what they change under names and ports of their own (network namespaces and a /24 tagged
+per harness in ``hosts.py``, a SLURM with its own state folder, munge socket and free ports, a
+PostgreSQL server of its own in ``pg_server.py``); a session fixture is made once per worker.
+
+``shared_ray`` is the session's one local Ray (one per worker): a test that runs sweeps but is not about Ray's
 own start-up asks for it, and the product, finding Ray initialised, runs on it and leaves it
 running (a start and stop costs ~10 s). The tests of start-up, kills and clusters run their
 drivers in subprocesses with a Ray of their own.
@@ -160,6 +167,21 @@ def fill_sweep(engine: sa.engine.Engine, name: str = "s1", n_trials: int = 3, n_
     return sid, ids
 
 
+def record_sweep(url: str, text: str) -> None:
+    """A submitted sweep nobody runs yet: the rows `submit` writes before it runs."""
+    from orchestrator.spec import load
+    from orchestrator.store import repo
+    from orchestrator.store.engine import open_store_engine
+
+    sweep = load("<test>", text=text)
+    engine, _ = open_store_engine(url)
+    sid = repo.ensure_sweep(engine, sweep.name, sweep.text, sweep.hash)
+    with engine.begin() as conn:
+        version = repo.record_spec_version(conn, sid, sweep.text, sweep.hash)
+        repo.add_trials(conn, sid, sweep.trials, spec_version=version)
+    engine.dispose()
+
+
 @contextmanager
 def claimed_writer(db_url: str, n_trials: int, n_steps: int = 0) -> Iterator[tuple]:
     """A sweep of ``n_trials`` (:func:`fill_sweep`) that a live driver session has claimed,
@@ -217,6 +239,13 @@ def query(url: str, sql: str, **params: object) -> list[sa.Row]:
         engine.dispose()
 
 
+def rows_of(engine: sa.engine.Engine, *sqls: str) -> tuple[list[sa.Row], ...]:
+    """The rows of each statement, read in one connection: a snapshot that a migration test
+    takes before an upgrade or downgrade and compares with one taken after."""
+    with engine.connect() as conn:
+        return tuple(conn.execute(sa.text(sql)).all() for sql in sqls)
+
+
 def sweep_evals(url: str) -> list[tuple]:
     """Every stored eval value but ``elapsed_s``, by trial key and step, metrics parsed
     (SQLite returns JSON as text): what an interrupted and resumed run must reproduce."""
@@ -248,15 +277,18 @@ def migrate(engine: sa.engine.Engine, revision: str, *, down: bool = False) -> N
         (command.downgrade if down else command.upgrade)(_alembic_config(conn), revision)
 
 
-def old_database(db_url: str, revision: str) -> sa.engine.Engine:
+def old_database(db_url: str, revision: str, *statements: str) -> sa.engine.Engine:
     """An engine on a database migrated only to ``revision`` and holding one sweep, ``s``
-    (id 1): the migration tests write old rows into it, then upgrade."""
+    (id 1), and whatever the SQL ``statements`` then write (in the same transaction): the
+    migration tests write old rows into it, then upgrade."""
     from orchestrator.store.engine import make_engine
 
     engine = make_engine(db_url)
     migrate(engine, revision)
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO sweeps (name, spec_text, spec_hash) VALUES ('s', 't', 'h')"))
+        for sql in statements:
+            conn.execute(sa.text(sql))
     return engine
 
 
@@ -406,21 +438,6 @@ def shared_ray() -> str:
     """The session's one local Ray, started on first use and kept until the session ends:
     in-process sweeps run on it (the product reuses a running Ray and does not stop it)."""
     return ensure_shared_ray()
-
-
-# Tests that change the machine itself (network namespaces and links, a SLURM of their own,
-# a PostgreSQL server they stop and restart) run one after another on one pytest-xdist worker
-# (`pytest -n 2 --dist loadgroup`, as CI runs the suite): each is safe beside ordinary tests,
-# but two of them at once would double the heaviest load on a 2-core machine, whose lease and
-# heartbeat timings they measure. Every other test is independent (own temp folder, own
-# SQLite file or PostgreSQL schema, its worker's own Ray).
-MACHINE_TESTS = ("test_multihost.py", "test_fault_schedule.py", "test_slurm.py", "test_faults.py")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        if item.path.name in MACHINE_TESTS:
-            item.add_marker(pytest.mark.xdist_group("machine"))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
