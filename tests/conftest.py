@@ -11,11 +11,12 @@ independent of every other: each has its own temp folder, SQLite file or Postgre
 reader role: role changes take ``readonly.ROLE_DDL_LOCK``); the tests that change the machine
 make what they change under names and ports of their own (network namespaces and a /24 tagged
 per harness in ``hosts.py``, a SLURM with its own state folder, munge socket and free ports, a
-PostgreSQL server of its own in ``pg_server.py``); a session fixture is made once per worker.
+PostgreSQL server of its own in ``pg_server.py``). A session fixture is made once per worker,
+but for the two-arm reference run, made once and shared under a file lock.
 
-``shared_ray`` is the session's one local Ray (one per worker): a test that runs sweeps but is not about Ray's
-own start-up asks for it, and the product, finding Ray initialised, runs on it and leaves it
-running (a start and stop costs ~10 s). The tests of start-up, kills and clusters run their
+``shared_ray`` is the session's one local Ray (one per worker): a test that runs sweeps but is
+not about Ray's own start-up asks for it, and the product, finding Ray initialised, runs on it
+and leaves it running (a start and stop costs ~10 s). The tests of start-up, kills and clusters run their
 drivers in subprocesses with a Ray of their own.
 """
 
@@ -294,25 +295,34 @@ def old_database(db_url: str, revision: str, *statements: str) -> sa.engine.Engi
 
 @pytest.fixture(scope="session")
 def two_arm_reference_db(tmp_path_factory) -> str:
-    """A SQLite URL holding one uninterrupted run of :func:`two_arm_spec`, made once per
-    session: the lifecycle and fault tests compare their interrupted runs against it (trial
-    keys do not depend on the sweep's name, so one run serves every name)."""
+    """A SQLite URL holding one uninterrupted run of :func:`two_arm_spec`, made once per test
+    run: the lifecycle and fault tests compare their interrupted runs against it (trial keys
+    do not depend on the sweep's name, so one run serves every name). Under pytest-xdist the
+    first worker to need it makes it, holding a file lock in the run's shared temp folder;
+    the others wait and read it (it is only read), instead of each spending a 50-s sweep."""
     import subprocess
     import sys
 
-    tmp = tmp_path_factory.mktemp("two_arm_reference")
-    spec = tmp / "spec.yaml"
-    spec.write_text(two_arm_spec("reference", retries=2))
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    tmp = root / "two_arm_reference"
     url = f"sqlite:///{tmp / 'ref.db'}"
-    # A driver process of its own, as the runs it is compared with; on the session's Ray.
-    address = ensure_shared_ray()
-    env = shared_env({**os.environ, "PYTHONUNBUFFERED": "1"})
-    cmd = [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", url, "--quiet"]
-    cmd += ["--address", address]
-    res = subprocess.run(
-        cmd + ["--checkpoint-dir", str(tmp / "ck")], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert res.returncode == 0, res.stderr
+    with FileLock(str(root / "two_arm_reference.lock")):
+        if not (tmp / "made").exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # what a worker that failed here left
+            tmp.mkdir()
+            spec = tmp / "spec.yaml"
+            spec.write_text(two_arm_spec("reference", retries=2))
+            # A driver process of its own, as the runs it is compared with; on this worker's Ray.
+            address = ensure_shared_ray()
+            env = shared_env({**os.environ, "PYTHONUNBUFFERED": "1"})
+            cmd = [sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--db", url, "--quiet"]
+            cmd += ["--address", address, "--checkpoint-dir", str(tmp / "ck")]
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            assert res.returncode == 0, res.stderr
+            (tmp / "made").touch()
     assert len(sweep_evals(url)) == 6 * 13
     return url
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import POSTGRES_URL, TINY_FIXED, make_pg_schema_url, query, sweep_evals
+from conftest import POSTGRES_URL, TINY_FIXED, make_pg_schema_url, query, record_sweep, sweep_evals
 from hosts import Host, hosts, kill_group, leftovers, why_unavailable
-from test_join import _driver, _record
+from test_join import _driver
 from test_multihost import ORCH, TTL, _install_audit
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")]
@@ -153,11 +153,11 @@ def test_a_seeded_fault_schedule_over_three_driver_hosts(tmp_path):
 
     # The uninterrupted run to compare with: one driver of its own, on a SQLite file.
     ref = f"sqlite:///{tmp_path / 'ref.db'}"
-    _record(ref, _spec("schedule"))
+    record_sweep(ref, _spec("schedule"))
     alone = _driver(["join", "schedule"], ref, tmp_path / "alone")
     url, drop = make_pg_schema_url(reader=False)
     try:
-        _record(url, _spec("schedule"))
+        record_sweep(url, _spec("schedule"))
         _install_audit(url)
         _, err = alone.communicate(timeout=600)
         assert alone.returncode == 0, err[-3000:]

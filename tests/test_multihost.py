@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from conftest import POSTGRES_URL, make_pg_schema_url, query, sweep_evals, two_arm_spec
+from conftest import POSTGRES_URL, make_pg_schema_url, query, record_sweep, sweep_evals, two_arm_spec
 from test_cluster import RAY
 from test_cluster import SPEC as CLUSTER_SPEC
 from hosts import Hosts, Unavailable, hosts, leftovers, why_unavailable
-from test_join import _owners, _record
+from test_join import _owners
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not POSTGRES_URL, reason="needs ORCH_TEST_POSTGRES_URL")]
 
@@ -236,7 +236,7 @@ def test_a_partitioned_driver_writes_nothing_for_the_trials_it_lost(tmp_path, tw
     try:
         with hosts(2, tmp_path / "hosts") as hs:
             ha, hb = hs.hosts
-            _record(url, two_arm_spec("partition", retries=2))
+            record_sweep(url, two_arm_spec("partition", retries=2))
             _install_audit(url)
             a = _join(ha, url, "partition", "--max-concurrent", "1")
             b = _join(hb, url, "partition", "--max-concurrent", "1")
