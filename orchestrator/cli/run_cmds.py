@@ -631,7 +631,6 @@ def sql(
     Fetching and printing both stop at --timeout."""
     import time
 
-    from orchestrator.errors import UserError
     from orchestrator.store.engine import resolve_url
     from orchestrator.store.readonly import readonly_query
 
@@ -642,9 +641,7 @@ def sql(
         # The rows are fetched; showing them must still end by the deadline.
         for i, r in enumerate(seq):
             if i % 256 == 0 and time.monotonic() > got.deadline:
-                raise UserError(
-                    f"output cancelled after the {timeout:g} s timeout, {i} row(s) printed (--timeout to change)"
-                )
+                raise _output_cancelled(timeout, printed=i)
             yield r
 
     if as_csv:
@@ -666,6 +663,15 @@ def sql(
 TABLE_CHUNK = 500  # rows drawn at a time: the --timeout is checked between chunks
 
 
+def _output_cancelled(timeout: float, printed: int) -> Exception:
+    """The one-line error of output stopped at ``--timeout``, with the rows really printed."""
+    from orchestrator.errors import UserError
+
+    return UserError(
+        f"output cancelled after the {timeout:g} s timeout, {printed} row(s) printed (--timeout to change)"
+    )
+
+
 def _print_table(cols, rows, deadline: float, timeout: float) -> None:
     """``rows`` as a table, drawn a chunk of rows at a time with the columns' widths fixed
     from all of them (so the chunks line up as one table), stopping at the deadline: drawing
@@ -675,7 +681,7 @@ def _print_table(cols, rows, deadline: float, timeout: float) -> None:
     from rich.cells import cell_len
     from rich.table import Column, Table
 
-    from orchestrator.errors import UserError, printable
+    from orchestrator.errors import printable
 
     names = [printable(str(c)) for c in cols]
     texts = []
@@ -683,7 +689,7 @@ def _print_table(cols, rows, deadline: float, timeout: float) -> None:
         # Nothing is printed until every row's width is known: a deadline passed here has
         # printed no row (in_time would count the rows prepared as printed).
         if i % 256 == 0 and time.monotonic() > deadline:
-            raise UserError(f"output cancelled after the {timeout:g} s timeout, 0 row(s) printed (--timeout to change)")
+            raise _output_cancelled(timeout, printed=0)
         texts.append(["" if v is None else printable(_cell(v), keep="\n\t") for v in r])
     widths = [cell_len(n) for n in names]
     for r in texts:
@@ -693,9 +699,7 @@ def _print_table(cols, rows, deadline: float, timeout: float) -> None:
                 widths[i] = w
     for start in range(0, max(len(texts), 1), TABLE_CHUNK):
         if time.monotonic() > deadline:
-            raise UserError(
-                f"output cancelled after the {timeout:g} s timeout, {start} row(s) printed (--timeout to change)"
-            )
+            raise _output_cancelled(timeout, printed=start)
         table = Table(
             *(Column(escape(n), min_width=w, max_width=w) for n, w in zip(names, widths)),
             show_header=start == 0,
