@@ -1,8 +1,8 @@
 """The delta-rule operator (naive reference and chunk form) and the ``impl`` dispatcher.
 
-Fast forms are compared with the naive reference in fp64 on odd shapes (T = 37, Dk = 6,
-Dv = 5, chunk sizes that do not divide T): output, final state and every input gradient.
-The naive reference itself is checked against the equation written with explicit matrices.
+The naive reference is checked against the equation written with explicit matrices; alpha =
+None against alpha = 1, autocast, determinism, an empty sequence, bad shapes, vmap. The chunk
+form against the reference (the checks every operator shares) is ``test_kernels_chunk_form.py``.
 """
 
 from __future__ import annotations
@@ -14,15 +14,8 @@ import torch
 
 import kernels
 from kernels import dispatch
-from kernels.delta_rule import delta_rule_chunk, delta_rule_naive
+from kernels.delta_rule import delta_rule_naive
 from kernels.testing import make_inputs, max_abs_differences, run_with_grads
-from kernel_checks import (
-    assert_chunk_matches_naive,
-    assert_bf16_close_to_fp32,
-    assert_exact_on_unfactorable_decays,
-    assert_fp32_chunk_close_to_fp64,
-    assert_state_carry_equals_one_pass,
-)
 
 B, H, T, DK, DV = 2, 3, 37, 6, 5
 
@@ -54,26 +47,6 @@ def test_naive_matches_the_equation_with_explicit_matrices(gated):
     torch.testing.assert_close(got_s, want_s, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("chunk_size", [1, 5, 8, 16, 64])
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("with_state", [False, True])
-def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, gated, with_state):
-    x = make_inputs("delta_rule", B, H, T, DK, DV, gated=gated, with_state=with_state, seed=chunk_size)
-    grads = ("q", "k", "v", "beta", "alpha") if gated else ("q", "k", "v", "beta")
-    assert_chunk_matches_naive("delta_rule", delta_rule_naive, delta_rule_chunk, x, grads, chunk_size)
-
-
-@pytest.mark.parametrize("chunk_size", [4, 16])
-def test_chunk_exact_when_decays_are_zero_or_tiny(chunk_size):
-    # alpha = 0 (a full reset) and 1e-200 defeat the g_t / g_s factorisation: the segment-product
-    # path must take over and stay exact.
-    x = make_inputs("delta_rule", B, H, T, DK, DV, with_state=True, seed=3)
-    zero, tiny = (0, 1, 10), (1, 2, slice(3, 6))
-    assert_exact_on_unfactorable_decays(
-        "delta_rule", delta_rule_naive, delta_rule_chunk, x, "alpha", zero, tiny, chunk_size
-    )
-
-
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
 def test_alpha_none_equals_alpha_ones(impl):
     x = make_inputs("delta_rule", B, H, T, DK, DV, gated=False, with_state=True, seed=4)
@@ -83,27 +56,6 @@ def test_alpha_none_equals_alpha_ones(impl):
     gated.pop("grad_alpha")
     diffs = max_abs_differences(plain, gated)
     assert max(diffs.values()) <= 1e-12, diffs
-
-
-@pytest.mark.parametrize("split", [16, 19])
-@pytest.mark.parametrize("gated", [False, True])
-def test_chunk_state_carry_equals_one_pass(split, gated):
-    x = make_inputs("delta_rule", B, H, T, DK, DV, gated=gated, with_state=True, seed=5, requires_grad=False)
-    args = [x[n] for n in ("q", "k", "v", "beta", "alpha")]
-    assert_state_carry_equals_one_pass(kernels.delta_rule, args, x["initial_state"], split)
-
-
-def test_fp32_chunk_close_to_fp64_naive():
-    x64 = make_inputs("delta_rule", B, H, 64, 16, 16, with_state=True, seed=6)
-    x32 = make_inputs("delta_rule", B, H, 64, 16, 16, with_state=True, seed=6, dtype=torch.float32)
-    assert_fp32_chunk_close_to_fp64("delta_rule", delta_rule_naive, kernels.delta_rule, x64, x32)
-
-
-@pytest.mark.parametrize("impl", ["naive", "chunk"])
-def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
-    x16 = make_inputs("delta_rule", 2, 2, 40, 16, 16, with_state=True, seed=7, dtype=torch.bfloat16)
-    got = assert_bf16_close_to_fp32("delta_rule", kernels.delta_rule, x16, impl)
-    assert got["grad_q"].dtype == torch.bfloat16
 
 
 def test_autocast_does_not_lower_the_recurrence_precision():

@@ -1,9 +1,9 @@
 """The DPLR scan (RWKV-7 style): naive reference, chunk form, and properties.
 
-Checks: the reference against the equation with explicit transition matrices; the chunk
-form against the reference (output, state, every gradient, fp64, odd shapes) on both of
-its paths (factorised decays and explicit segment products); a = 0 against an independently
-computed diagonal scan; equivalence with the delta rule; state carry; bf16.
+Checks: the reference against the equation with explicit transition matrices; a = 0 against
+an independently computed diagonal scan; equivalence with the delta rule; bad shapes. The
+chunk form against the reference (the checks every operator shares: output, state, every
+gradient, both paths, state carry, fp32, bf16) is ``test_kernels_chunk_form.py``.
 """
 
 from __future__ import annotations
@@ -12,15 +12,8 @@ import pytest
 import torch
 
 import kernels
-from kernels.dplr import dplr_scan_chunk, dplr_scan_naive
+from kernels.dplr import dplr_scan_naive
 from kernels.testing import make_inputs
-from kernel_checks import (
-    assert_chunk_matches_naive,
-    assert_bf16_close_to_fp32,
-    assert_exact_on_unfactorable_decays,
-    assert_fp32_chunk_close_to_fp64,
-    assert_state_carry_equals_one_pass,
-)
 
 B, H, T, DK, DV = 2, 3, 37, 6, 5
 NAMES = ("r", "k", "v", "w", "kappa", "a")
@@ -46,22 +39,6 @@ def test_naive_matches_the_equation_with_explicit_matrices():
     got_o, got_s = dplr_scan_naive(r, k, v, w, kap, a, initial_state=x["initial_state"])
     torch.testing.assert_close(got_o, want_o, rtol=0, atol=1e-12)
     torch.testing.assert_close(got_s, want_s, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("chunk_size", [1, 5, 8, 16, 64])
-@pytest.mark.parametrize("with_state", [False, True])
-def test_chunk_matches_naive_outputs_state_and_all_gradients(chunk_size, with_state):
-    x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=with_state, seed=chunk_size)
-    assert_chunk_matches_naive("dplr_scan", dplr_scan_naive, dplr_scan_chunk, x, NAMES, chunk_size)
-
-
-@pytest.mark.parametrize("chunk_size", [4, 16])
-def test_chunk_exact_when_decays_are_zero_or_tiny(chunk_size):
-    # w = 0 in one channel and 1e-200 in a whole step defeat the D0[t] / D0[s]
-    # factorisation: the segment-product path must take over and stay exact.
-    x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=True, seed=11)
-    zero, tiny = (0, 1, 10, 2), (1, 2, 3)
-    assert_exact_on_unfactorable_decays("dplr_scan", dplr_scan_naive, dplr_scan_chunk, x, "w", zero, tiny, chunk_size)
 
 
 @pytest.mark.parametrize("impl", ["naive", "chunk"])
@@ -106,24 +83,6 @@ def test_delta_rule_is_the_special_case_w_alpha_kappa_k(impl):
     )
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("split", [16, 21])
-def test_chunk_state_carry_equals_one_pass(split):
-    x = make_inputs("dplr_scan", B, H, T, DK, DV, with_state=True, seed=14, requires_grad=False)
-    assert_state_carry_equals_one_pass(kernels.dplr_scan, _args(x), x["initial_state"], split)
-
-
-def test_fp32_chunk_close_to_fp64_naive():
-    x64 = make_inputs("dplr_scan", B, H, 64, 16, 16, with_state=True, seed=15)
-    x32 = make_inputs("dplr_scan", B, H, 64, 16, 16, with_state=True, seed=15, dtype=torch.float32)
-    assert_fp32_chunk_close_to_fp64("dplr_scan", dplr_scan_naive, kernels.dplr_scan, x64, x32)
-
-
-@pytest.mark.parametrize("impl", ["naive", "chunk"])
-def test_bf16_inputs_run_forward_backward_close_to_fp32(impl):
-    x16 = make_inputs("dplr_scan", 2, 2, 40, 16, 16, with_state=True, seed=16, dtype=torch.bfloat16)
-    assert_bf16_close_to_fp32("dplr_scan", kernels.dplr_scan, x16, impl)
 
 
 def test_bad_shapes_are_rejected():
