@@ -247,6 +247,20 @@ def rows_of(engine: sa.engine.Engine, *sqls: str) -> tuple[list[sa.Row], ...]:
         return tuple(conn.execute(sa.text(sql)).all() for sql in sqls)
 
 
+def upgrade_keeps_rows(engine: sa.engine.Engine, db_url: str, *sqls: str) -> tuple[list[sa.Row], ...]:
+    """Upgrade the database at ``db_url`` to head as a user does (``orchestrator db upgrade``)
+    and check that it got there with each statement's rows unchanged; returns those rows, for
+    the test to compare with after its own later migrations."""
+    from orchestrator.cli import main
+    from orchestrator.store.engine import current_revision, head_revision
+
+    before = rows_of(engine, *sqls)
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert current_revision(engine) == head_revision()
+    assert rows_of(engine, *sqls) == before
+    return before
+
+
 def sweep_evals(url: str) -> list[tuple]:
     """Every stored eval value but ``elapsed_s``, by trial key and step, metrics parsed
     (SQLite returns JSON as text): what an interrupted and resumed run must reproduce."""

@@ -73,17 +73,19 @@ assert TRIAL_TRACE != TRIAL_TRACE_BEFORE
 
 
 def upgrade() -> None:
-    op.execute("DROP VIEW IF EXISTS trial_trace")
-    with op.batch_alter_table("evals", recreate="never") as b:
-        b.add_column(sa.Column("{name}", sa.Double))
-    op.execute(f"CREATE VIEW trial_trace AS {{TRIAL_TRACE}}")
+    _change_evals(lambda b: b.add_column(sa.Column("{name}", sa.Double)), TRIAL_TRACE)
 
 
 def downgrade() -> None:
+    _change_evals(lambda b: b.drop_column("{name}"), TRIAL_TRACE_BEFORE)
+
+
+def _change_evals(change, view: str) -> None:
+    # The view reads evals: dropped while its columns change, recreated after.
     op.execute("DROP VIEW IF EXISTS trial_trace")
     with op.batch_alter_table("evals", recreate="never") as b:
-        b.drop_column("{name}")
-    op.execute(f"CREATE VIEW trial_trace AS {{TRIAL_TRACE_BEFORE}}")
+        change(b)
+    op.execute(f"CREATE VIEW trial_trace AS {{view}}")
 '''
 
 # Three seeds in packs of two: a pack (its members measured from their slices of the stacked

@@ -22,7 +22,7 @@ from orchestrator.spec import SpecError, load
 from orchestrator.store.engine import make_engine
 from orchestrator.store.import_jsonl import IMPORTED_PREFIX
 
-from conftest import old_database, query, rows_of, two_arm_spec
+from conftest import old_database, query, rows_of, two_arm_spec, upgrade_keeps_rows
 
 BASE = resolve({"arm": "gated_deltanet", "task": "mqar", "task.K": 8, "seed": 0, "steps": 200, "eval_every": 20})
 
@@ -295,17 +295,12 @@ def test_identity_migration_rekeys_old_trials_and_keeps_data(db_url):
             {"k": _old_key(p40), "p": json.dumps(p40)},
         )
 
-    def data():
-        return rows_of(
-            eng,
-            "SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step",
-            "SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id",
-            "SELECT id, params, steps, spec_version FROM trials ORDER BY id",
-        )
-
-    before = data()
-    assert main(["db", "upgrade", "--db", db_url]) == 0
-    assert data() == before
+    queries = (
+        "SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step",
+        "SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id",
+        "SELECT id, params, steps, spec_version FROM trials ORDER BY id",
+    )
+    before = upgrade_keeps_rows(eng, db_url, *queries)
     with eng.connect() as conn:
         got = conn.execute(sa.text("SELECT id, key, status FROM trials ORDER BY id")).all()
         renames = conn.execute(sa.text("SELECT old_key, new_key FROM key_renames ORDER BY old_key")).all()
@@ -321,7 +316,7 @@ def test_identity_migration_rekeys_old_trials_and_keeps_data(db_url):
     with eng.connect() as conn:
         keys = conn.execute(sa.text("SELECT key FROM trials ORDER BY id")).scalars().all()
     assert keys == [r[0] for r in rows] + [_old_key(p40)]
-    assert data() == before
+    assert rows_of(eng, *queries) == before
     eng.dispose()
 
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from conftest import fill_sweep, migrate, old_database, pass_time, rows_of
+from conftest import fill_sweep, migrate, old_database, pass_time, rows_of, upgrade_keeps_rows
 from orchestrator.cli import main
 from orchestrator.store import lease, repo
 from orchestrator.store.engine import current_revision, head_revision, make_engine, open_store_engine
@@ -31,19 +31,13 @@ def test_lifecycle_migration_keeps_data(db_url):
         "(1, 10, 0.5, 0.001), (2, 10, 0.25, 0.001), (2, 20, 0.75, 0.0005)",
     )
 
-    def snapshot():
-        return rows_of(
-            engine,
-            "SELECT id, key, status, steps FROM trials ORDER BY id",
-            "SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step",
-            "SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id",
-            "SELECT trial_id, step, acc FROM trial_trace ORDER BY trial_id, step",
-        )
-
-    before = snapshot()
-    assert main(["db", "upgrade", "--db", db_url]) == 0
-    assert current_revision(engine) == head_revision()  # through 0003_lifecycle (and later)
-    assert snapshot() == before
+    queries = (
+        "SELECT id, key, status, steps FROM trials ORDER BY id",
+        "SELECT trial_id, step, acc, step_lr FROM evals ORDER BY trial_id, step",
+        "SELECT trial_id, name, value_num FROM trial_params ORDER BY trial_id",
+        "SELECT trial_id, step, acc FROM trial_trace ORDER BY trial_id, step",
+    )
+    before = upgrade_keeps_rows(engine, db_url, *queries)  # through 0003_lifecycle (and later)
     with engine.connect() as conn:
         # The stored spec became version 1, the creator of the existing trials.
         assert conn.execute(sa.text("SELECT sweep_id, version, spec_text, spec_hash FROM sweep_specs")).all() == [
@@ -57,7 +51,7 @@ def test_lifecycle_migration_keeps_data(db_url):
             with conn.begin_nested():
                 conn.execute(sa.text("UPDATE trials SET status = 'bogus' WHERE key = 'b'"))
     migrate(engine, "0002_step_lr", down=True)
-    after = snapshot()
+    after = rows_of(engine, *queries)
     assert after[1:] == before[1:]
     assert [tuple(r) for r in after[0]] == [(1, "a", "pending", 20), (2, "b", "completed", 20)]
     engine.dispose()
@@ -290,25 +284,22 @@ def test_one_protocol_migration_from_0009_drops_the_dead_columns_and_keeps_every
     )
     assert {"cancel_requested_at"} <= _columns(engine, "sweeps") and "exclusive" in _columns(engine, "drivers")
 
-    def rows():
-        return rows_of(
-            engine,
-            "SELECT id, name, spec_hash FROM sweeps",
-            "SELECT id, key, status FROM trials",
-            "SELECT owner, command, cancel_requested_at IS NOT NULL FROM drivers",
-        )
-
-    before = rows()
-    assert main(["db", "upgrade", "--db", db_url]) == 0
+    queries = (
+        "SELECT id, name, spec_hash FROM sweeps",
+        "SELECT id, key, status FROM trials",
+        # The driver's own cancel flag survives: it is the one that is read.
+        "SELECT owner, command, cancel_requested_at IS NOT NULL FROM drivers",
+    )
+    before = upgrade_keeps_rows(engine, db_url, *queries)
     engine.dispose()
     assert current_revision(engine) == head_revision()
     assert "cancel_requested_at" not in _columns(engine, "sweeps")
     assert "exclusive" not in _columns(engine, "drivers")
-    assert rows() == before  # the driver's own cancel flag survives: it is the one that is read
+    assert rows_of(engine, *queries) == before
     migrate(engine, "0012_system_slurm", down=True)
     engine.dispose()
     assert "cancel_requested_at" in _columns(engine, "sweeps") and "exclusive" in _columns(engine, "drivers")
-    assert rows() == before
+    assert rows_of(engine, *queries) == before
     migrate(engine, "head")
     engine.dispose()
     assert "exclusive" not in _columns(engine, "drivers")

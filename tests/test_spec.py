@@ -89,45 +89,51 @@ def test_quickstart_is_valid_and_large_enough():
     assert len(arms) >= 2 and len(lrs) >= 2 and len(seeds) >= 2
 
 
-BAD = {
-    "malformed_yaml": ("name: x\naxes: [1, 2\n", "malformed YAML at line"),
-    "duplicate_yaml_key": (GOOD + "\nname: again\n", "duplicate key 'name'"),
-    "not_a_mapping": ("- 1\n- 2\n", "expected a mapping"),
-    "unknown_top_key": (GOOD + "\naxis: {}\n", "axis: unknown key"),
-    "missing_name": (GOOD.replace("name: t", ""), "name: required key is missing"),
-    "bad_name": (GOOD.replace("name: t", "name: 'a b'"), "name: String should match"),
-    "unknown_param": (GOOD.replace("  d_model: 16", "  d_modle: 16"), "fixed.d_modle: unknown parameter 'd_modle'"),
-    "bad_namespace": (GOOD.replace("  d_model: 16", "  mdl.conv: 4"), "fixed.mdl.conv: unknown parameter"),
-    "unknown_arm": (GOOD.replace("armed_gdn]", "armd_gdn]"), "armd_gdn"),
-    "unknown_task": (GOOD.replace("task: mqar", "task: mqr"), "mqr"),
-    "unknown_knob": (GOOD.replace("  d_model: 16", "  d_model: 16\n  model.convv: 4"), "convv"),
-    "unknown_task_param": (GOOD.replace("task.K: 8", "task.KK: 8"), "KK"),
-    "wrong_type": (
-        GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: [1e-3, fast]"),
-        "axes.lr[1]: Input should be a valid number",
-    ),
-    "non_positive": (GOOD.replace("steps: 20", "steps: 0"), "budget.steps"),
-    "negative_lr": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: [-1e-3]"), "axes.lr[0]: Input should be greater than 0"),
-    "empty_axis": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: []"), "axes.lr: empty axis"),
-    "scalar_axis": (GOOD.replace("lr: [1e-3, 3.0e-3]", "lr: 0.001"), "axes.lr: Input should be"),
-    "duplicate_axis": (GOOD.replace("  n_layers: 1", "  n_layers: 1\n  lr: 0.01"), "axes.lr: duplicate axis"),
-    "duplicate_value": (GOOD.replace("seed: 0..2", "seed: [0, 1, 1]"), "axes.seed[2]: value 1 appears twice"),
-    "bad_range": (GOOD.replace("seed: 0..2", "seed: 0..x"), "axes.seed: a range must be"),
-    "reversed_range": (GOOD.replace("seed: 0..2", "seed: 5..2"), "axes.seed: empty range"),
-    "list_under_fixed": (GOOD.replace("  n_layers: 1", "  n_layers: 1\n  batch_size: [1, 2]"), "fixed.batch_size"),
-    "zip_unequal": (GOOD + "zip: [[arm, seed]]\n", "zip[0]: zipped axes must have equal lengths"),
-    "zip_unknown": (GOOD + "zip: [[arm, K]]\n", "zip[0]: 'K' is not an axis"),
-    "exclude_unknown": (GOOD + "exclude: [{K: 8}]\n", "exclude[0].K: 'K' is not a parameter"),
-    "all_excluded": (GOOD + "exclude: [{lr: [1.0e-3, 3.0e-3]}]\n", "no trials left"),
-    "no_arm": (GOOD.replace("  arm: [gated_deltanet, armed_gdn]\n", ""), "'arm' is required"),
-    "cpu_zero": (GOOD + "resources: {cpu: 0}\n", "resources.cpu: Input should be greater than or equal to 0.01"),
-    "gpu_fraction": (GOOD + "resources: {gpu: 1.5}\n", "resources.gpu"),
-    "negative_retries": (GOOD + "retries: -1\n", "retries: Input should be greater than or equal"),
+# Every bad spec, as (text, what its one error line must say). Most are GOOD with one piece of
+# text replaced or a tail appended: the tables below hold only the edit, made once in BAD.
+_REPLACED = {
+    "missing_name": ("name: t", "", "name: required key is missing"),
+    "bad_name": ("name: t", "name: 'a b'", "name: String should match"),
+    "unknown_param": ("  d_model: 16", "  d_modle: 16", "fixed.d_modle: unknown parameter 'd_modle'"),
+    "bad_namespace": ("  d_model: 16", "  mdl.conv: 4", "fixed.mdl.conv: unknown parameter"),
+    "unknown_arm": ("armed_gdn]", "armd_gdn]", "armd_gdn"),
+    "unknown_task": ("task: mqar", "task: mqr", "mqr"),
+    "unknown_knob": ("  d_model: 16", "  d_model: 16\n  model.convv: 4", "convv"),
+    "unknown_task_param": ("task.K: 8", "task.KK: 8", "KK"),
+    "wrong_type": ("lr: [1e-3, 3.0e-3]", "lr: [1e-3, fast]", "axes.lr[1]: Input should be a valid number"),
+    "non_positive": ("steps: 20", "steps: 0", "budget.steps"),
+    "negative_lr": ("lr: [1e-3, 3.0e-3]", "lr: [-1e-3]", "axes.lr[0]: Input should be greater than 0"),
+    "empty_axis": ("lr: [1e-3, 3.0e-3]", "lr: []", "axes.lr: empty axis"),
+    "scalar_axis": ("lr: [1e-3, 3.0e-3]", "lr: 0.001", "axes.lr: Input should be"),
+    "duplicate_axis": ("  n_layers: 1", "  n_layers: 1\n  lr: 0.01", "axes.lr: duplicate axis"),
+    "duplicate_value": ("seed: 0..2", "seed: [0, 1, 1]", "axes.seed[2]: value 1 appears twice"),
+    "bad_range": ("seed: 0..2", "seed: 0..x", "axes.seed: a range must be"),
+    "reversed_range": ("seed: 0..2", "seed: 5..2", "axes.seed: empty range"),
+    "list_under_fixed": ("  n_layers: 1", "  n_layers: 1\n  batch_size: [1, 2]", "fixed.batch_size"),
+    "no_arm": ("  arm: [gated_deltanet, armed_gdn]\n", "", "'arm' is required"),
     "warmup_too_long": (
-        GOOD.replace("eval_every: 10}", "eval_every: 10, warmup_steps: 20}"),
+        "eval_every: 10}",
+        "eval_every: 10, warmup_steps: 20}",
         "warmup_steps (20) must be below steps (20)",
     ),
-    "bad_schedule": (GOOD.replace("eval_every: 10}", "eval_every: 10, schedule: linear}"), "budget.schedule"),
+    "bad_schedule": ("eval_every: 10}", "eval_every: 10, schedule: linear}", "budget.schedule"),
+}
+_APPENDED = {
+    "duplicate_yaml_key": ("\nname: again\n", "duplicate key 'name'"),
+    "unknown_top_key": ("\naxis: {}\n", "axis: unknown key"),
+    "zip_unequal": ("zip: [[arm, seed]]\n", "zip[0]: zipped axes must have equal lengths"),
+    "zip_unknown": ("zip: [[arm, K]]\n", "zip[0]: 'K' is not an axis"),
+    "exclude_unknown": ("exclude: [{K: 8}]\n", "exclude[0].K: 'K' is not a parameter"),
+    "all_excluded": ("exclude: [{lr: [1.0e-3, 3.0e-3]}]\n", "no trials left"),
+    "cpu_zero": ("resources: {cpu: 0}\n", "resources.cpu: Input should be greater than or equal to 0.01"),
+    "gpu_fraction": ("resources: {gpu: 1.5}\n", "resources.gpu"),
+    "negative_retries": ("retries: -1\n", "retries: Input should be greater than or equal"),
+}
+BAD = {
+    "malformed_yaml": ("name: x\naxes: [1, 2\n", "malformed YAML at line"),
+    "not_a_mapping": ("- 1\n- 2\n", "expected a mapping"),
+    **{case: (GOOD.replace(old, new), expected) for case, (old, new, expected) in _REPLACED.items()},
+    **{case: (GOOD + tail, expected) for case, (tail, expected) in _APPENDED.items()},
 }
 
 
