@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from orchestrator.cli.app import bench_app
+
+
+def _emit(result: dict, as_json: bool, show: Callable[[dict], None], **dumps: Any) -> int:
+    """A benchmark's ``result`` as indented JSON (``--json``), else in the words ``show``
+    prints; the exit code."""
+    if as_json:
+        print(json.dumps(result, indent=2, **dumps))
+    else:
+        show(result)
+    return 0
 
 
 @bench_app.command("store")
@@ -52,9 +63,10 @@ def bench_store(
     result["streaming"] = b.streaming_slowdown(steps)
     if sweep_trials:
         result["sweep"] = b.sweep_efficiency(sweep_trials, sweep_steps)
-    if as_json:
-        print(json.dumps(result, indent=2, default=str))
-        return 0
+    return _emit(result, as_json, _print_store, default=str)
+
+
+def _print_store(result: dict) -> None:
     for key, label in (("sqlite_ingest", "SQLite ingest:    "), ("postgres_ingest", "PostgreSQL ingest:")):
         if key in result:
             g = result[key]
@@ -79,7 +91,6 @@ def bench_store(
             f"{w['slots']} slots): {100 * w['training_share']:.1f}% of wall time training "
             f"(wall {w['wall_s']:.0f} s; goal >= 90%)"
         )
-    return 0
 
 
 @bench_app.command("pack")
@@ -92,9 +103,10 @@ def bench_pack(
     from orchestrator.bench import pack as b
 
     r = b.run(seeds=seeds, steps=steps)
-    if as_json:
-        print(json.dumps(r, indent=2))
-        return 0
+    return _emit(r, as_json, _print_pack)
+
+
+def _print_pack(r: dict) -> None:
     print(f"{r['seeds']} seeds x {r['steps']} steps on {r['cores']} cores:")
     print(f"  one trial per process: {r['lone_trials_per_hour']:8.0f} trials/h (wall {r['lone_wall_s']:.1f} s)")
     print(f"  one seed pack:         {r['pack_trials_per_hour']:8.0f} trials/h (wall {r['pack_wall_s']:.1f} s)")
@@ -102,7 +114,6 @@ def bench_pack(
         f"  speedup {r['speedup']:.2f}x (goal >= 5x on CPU, >= 20x on a GPU); "
         f"max final-accuracy difference {r['max_final_acc_diff']:.2e}"
     )
-    return 0
 
 
 @bench_app.command("ui")
@@ -127,9 +138,10 @@ def bench_ui(
     if screenshot is not None and not browser:
         raise UserError("--screenshot needs --browser")
     r = b.run(n_trials=trials, n_evals=evals, repeats=repeats, browser=browser, screenshot=screenshot)
-    if as_json:
-        print(json.dumps(r, indent=2))
-        return 0
+    return _emit(r, as_json, lambda r: _print_ui(r, repeats))
+
+
+def _print_ui(r: dict, repeats: int) -> None:
     print(
         f"sweep of {r['n_trials']:,} trials x {r['n_evals']} evals ({r['eval_rows']:,} eval "
         f"rows; fixture built in {r['build_s']:.0f} s), first of {repeats} page loads:"
@@ -154,7 +166,6 @@ def bench_ui(
         f"  server RSS: {m['before_mb']:.0f} MB before the loads, {m['after_first_mb']:.0f} MB after the first, "
         f"{m['after_last_mb']:.0f} MB after {repeats}; traces drawn as {r['traces_view']}"
     )
-    return 0
 
 
 @bench_app.command("overhead")
@@ -173,9 +184,10 @@ def bench_overhead(
     from orchestrator.bench import overhead as b
 
     r = b.run(trials, trial_seconds, slots=slots, db=db, tune=tune, drivers=drivers)
-    if as_json:
-        print(json.dumps(r, indent=2))
-        return 0
+    return _emit(r, as_json, _print_overhead)
+
+
+def _print_overhead(r: dict) -> None:
     print(
         f"{r['trials']:,} trials x {r['trial_seconds']:g} s on {r['slots']} slots: ideal {r['ideal_s']:.1f} s, "
         f"wall {r['wall_s']:.1f} s, overhead {100 * r['overhead']:+.1f}% (goal <= 10%)"
@@ -191,7 +203,6 @@ def bench_overhead(
             f"{100 * r['tune_overhead']:+.1f}%; the product is {100 * r['vs_tune']:+.1f}% vs plain Tune (goal <= 0%)"
         )
     print(f"  load average {r['load_before']:.1f} before, {r['load_after']:.1f} after (2 cores: compare with care)")
-    return 0
 
 
 @bench_app.command("checkpoints")
@@ -247,9 +258,10 @@ def bench_checkpoints(
 
             with scratch_schema(pg) as url:
                 result["store_ms"]["postgresql"] = b.store_cost(url, nbytes)["ms"]
-    if as_json:
-        print(json.dumps(result, indent=2, default=str))
-        return 0
+    return _emit(result, as_json, _print_checkpoints, default=str)
+
+
+def _print_checkpoints(result: dict) -> None:
     for s in result["sizes"]:
         print(
             f"{s['spec']}: {s['arm']} d {s['d_model']}: checkpoint {s['first_bytes'] / 1e3:,.0f} kB "
@@ -270,4 +282,3 @@ def bench_checkpoints(
                 f"{r['slowdown_pct']:+.2f}% vs file checkpoints ({r['file_s']:.2f} s vs {r['database_s']:.2f} s, "
                 f"median of {len(r['file_runs'])}; goal < 2%)"
             )
-    return 0

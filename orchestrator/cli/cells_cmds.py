@@ -186,18 +186,10 @@ def bench_cells_cmd(
         raise UserError(f"--device expects cpu, cuda or cuda:N, got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda requested but CUDA is not available here")
+    # The run's settings, named once: given to the benchmark and echoed in its JSON.
+    settings = {"seq_len": seq_len, "d_model": d_model, "n_layers": n_layers, "batch": batch, "repeats": repeats}
     try:
-        rows = run_bench(
-            selected,
-            seq_len=seq_len,
-            d_model=d_model,
-            n_layers=n_layers,
-            batch=batch,
-            vocab_size=vocab_size,
-            repeats=repeats,
-            device=dev,
-            clock=clock,
-        )
+        rows = run_bench(selected, **settings, vocab_size=vocab_size, device=dev, clock=clock)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if json_out:
@@ -205,11 +197,7 @@ def bench_cells_cmd(
             json.dumps(
                 {
                     "rows": rows,
-                    "seq_len": seq_len,
-                    "d_model": d_model,
-                    "n_layers": n_layers,
-                    "batch": batch,
-                    "repeats": repeats,
+                    **settings,
                     "device": str(dev),
                     "threads": torch.get_num_threads(),
                     "clock": clock,
