@@ -1,4 +1,5 @@
-"""orchestrator bench store | pack (the benchmarks of the core)."""
+"""orchestrator bench store | pack | ui | overhead | checkpoints: the benchmarks that print
+the product's speed and memory figures."""
 
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ def bench_store(
 ) -> int:
     """Rows/s into SQLite and PostgreSQL beside each backend's bulk load, streaming slowdown, sweep training share."""
     import tempfile
-    from pathlib import Path
 
     from orchestrator.bench import store as b
 
@@ -222,7 +222,6 @@ def bench_checkpoints(
     """Checkpoint sizes, a sweep's database growth, and the streaming slowdown of storing
     checkpoints in the database vs as files (SQLite and PostgreSQL, side by side)."""
     import tempfile
-    from pathlib import Path
 
     from orchestrator.bench import checkpoints as b
 
