@@ -1,4 +1,4 @@
-"""What a trial needs of a machine: its parameter count from the model built on the meta device,
+"""What a trial needs of a machine: its parameter count from the model built to be counted,
 its training memory on a host or a GPU (what ``resources: {gpu: auto}`` divides a GPU by, and
 what the fleet places by), and the bounds a spec is refused at before anything trains."""
 
@@ -102,10 +102,33 @@ def model_signature(top: Mapping[str, Any], knobs: Mapping[str, Any], task_param
     )
 
 
+# A rough, generous parameter bound under which a model is built on the CPU to be counted
+# (milliseconds for the factorials' models); above it, on the meta device.
+CPU_BUILD_MAX_PARAMS = 16_000_000
+
+
+def rough_size(top: Mapping[str, Any], knobs: Mapping[str, Any], vocab_size: int) -> int:
+    """Far above any arm's parameter count at these sizes (embedding and head, and per layer
+    64 matrices of the width by the larger of the width and the largest integer knob): only
+    the choice of device to count on, never a count."""
+    import cells
+
+    # The arm's resolved knobs and dimensions (its defaults where the trial names none).
+    _, resolved, d, layers = cells.registry.resolve(top["arm"], dict(knobs), top["d_model"], top["n_layers"])
+    widest = max([d, *(int(v) for v in resolved.values() if isinstance(v, int) and not isinstance(v, bool))])
+    return 2 * vocab_size * d + layers * 64 * d * widest
+
+
 def build_count(top: Mapping[str, Any], knobs: Mapping[str, Any], task_params: Mapping[str, Any]) -> int:
-    """Build the trial's task and model on torch's meta device (shapes without storage, so a
-    65M-parameter model costs nothing to check) and count its parameters; constructor-level
-    errors (heads that do not divide the width, a task that cannot be laid out) raise here."""
+    """Build the trial's task and model and count its parameters; constructor-level errors
+    (heads that do not divide the width, a task that cannot be laid out) raise here.
+
+    A small model is built on the CPU (its random initialisation under a forked RNG, so the
+    caller's stream is untouched); a large one on torch's meta device (shapes without
+    storage, so a 65M-parameter model costs nothing to check). Not meta for all: a meta
+    tensor's arithmetic and random fills run through ``torch._refs``, whose first use imports
+    torch's compiler stack (torch._dynamo, sympy): 1.2 s of CPU and 170 MB in every process
+    that checks a spec, each driver included."""
     import torch
 
     import cells
@@ -114,7 +137,8 @@ def build_count(top: Mapping[str, Any], knobs: Mapping[str, Any], task_params: M
     sig = model_signature(top, knobs, task_params)
     if sig not in _PARAM_COUNTS:
         task = tasks.build(top["task"], **task_params)
-        with torch.device("meta"):
+        small = rough_size(top, knobs, task.vocab_size) <= CPU_BUILD_MAX_PARAMS
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), torch.device("cpu" if small else "meta"):
             model = cells.build(
                 top["arm"], vocab_size=task.vocab_size, d_model=top["d_model"], n_layers=top["n_layers"], **knobs
             )
