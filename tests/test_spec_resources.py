@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,8 +63,9 @@ def test_counting_leaves_the_callers_random_stream_alone(monkeypatch):
 
 
 def test_checking_the_quickstart_never_imports_the_compiler_stack():
+    quickstart = Path(__file__).resolve().parents[1] / "sweeps" / "quickstart.yaml"
     code = (
-        "import sys; from orchestrator.spec import load; s = load('sweeps/quickstart.yaml'); "
+        f"import sys; from orchestrator.spec import load; s = load({str(quickstart)!r}); "
         "print(len(s.trials), 'torch._dynamo' in sys.modules, 'sympy' in sys.modules)"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
