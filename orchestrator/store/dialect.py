@@ -272,10 +272,33 @@ class Dialect:
         raise NotImplementedError
 
 
+BUSY_TIMEOUT_S = 30.0
+
+
+def _enter_wal(cur: sqlite3.Cursor, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    """Put the file in WAL mode, waiting for other connections as the busy timeout would.
+
+    Converting a new file takes its exclusive lock from a shared one. Two connections doing
+    so at once (drivers opening one fresh database together) deadlock, and SQLite answers
+    one of them "database is locked" at once, without calling the busy handler: so the wait
+    is here. WAL is stored in the file, so only the first connections ever race."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.002
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    _enter_wal(cur)
     # NORMAL is durable across process crashes in WAL mode (only power loss can drop the
     # last transactions); FULL would fsync on every commit.
     cur.execute("PRAGMA synchronous=NORMAL")
