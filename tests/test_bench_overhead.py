@@ -43,3 +43,40 @@ def test_a_tiny_overhead_run_reports_both_paths(tmp_path):
     assert r["overhead"] == pytest.approx(r["wall_s"] / r["ideal_s"] - 1)
     assert r["vs_tune"] == pytest.approx(r["wall_s"] / r["tune_wall_s"] - 1)
     assert r["driver_peak_rss_mb"] > 50 and r["tune_driver_peak_rss_mb"] > 50
+    # The RSS curve: one point per tenth of the trials ended, each at most the peak.
+    curve = r["driver_rss_by_tenth_mb"]
+    assert len(curve) == 10 and any(m is not None for m in curve)
+    assert all(50 < m <= r["driver_peak_rss_mb"] for m in curve if m is not None)
+
+
+def test_a_run_of_trials_with_no_training_time_prints_no_overhead(capsys):
+    """--trial-seconds 0 (the driver's own costs alone) has no ideal to divide by: the
+    overhead is none and the text says so, where it used to end in ZeroDivisionError."""
+    from orchestrator.cli.bench_cmds import _print_overhead
+
+    r = {
+        "trials": 3,
+        "trial_seconds": 0.0,
+        "slots": 2,
+        "ideal_s": 0.0,
+        "wall_s": 4.0,
+        "overhead": None,
+        "drivers": 1,
+        "attempts_per_driver": [3],
+        "driver_peak_rss_mb": 400.0,
+        "rows_per_s": 2.0,
+        "trial_own_s": 0.01,
+        "driver_rss_by_tenth_mb": [350.0, None] + [360.0] * 8,
+        "db_commits_per_trial": 1.5,
+        "db_statements_per_trial": 20.0,
+        "driver_cpu_ms_per_trial": 30.0,
+        "load_before": 0.1,
+        "load_after": 0.2,
+        "tune_wall_s": 3.0,
+        "tune_overhead": None,
+        "vs_tune": 1 / 3,
+    }
+    _print_overhead(r)
+    out = capsys.readouterr().out
+    assert "overhead n/a (no training time)" in out and "+33.3% vs plain Tune" in out
+    assert "at each tenth of the trials ended: 350 - 360" in out

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 STEPS = 10  # training steps per trial; each sleeps S/STEPS
 EVAL_EVERY = 5  # eval rows at steps 1, 5 and 10
 
@@ -44,6 +46,71 @@ PARAMS: dict[str, Any] = {
     "steps": STEPS,
 }
 PLUGIN = "orchestrator.bench.fixed_duration"
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now (VmRSS), 0 where /proc is not there."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return 0.0
+
+
+RSS_POINTS = 10  # the RSS curve's points: the driver's memory at each tenth of the trials
+
+
+NOT_COUNTED = "bench_overhead_not_counted"
+_ENDED = sa.text(
+    "SELECT COUNT(*) FROM trials t JOIN sweeps s ON s.id = t.sweep_id "
+    "WHERE s.name = 'bench_overhead' AND t.status NOT IN ('pending', 'running')"
+)
+
+
+class _RssByTrials:
+    """The driver's RSS as the sweep's trials finish: sampled every ``every_s`` with the
+    count of ended trials, kept as the largest RSS seen while the count was in each tenth of
+    the total. A driver whose memory grows with history shows a rising curve; a flat one,
+    the state of finished trials let go (the peak alone cannot tell the two apart)."""
+
+    def __init__(self, url: str, trials: int, every_s: float = 1.0) -> None:
+        import threading
+
+        self.url, self.trials, self.every_s = url, trials, every_s
+        self.by_tenth: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _RssByTrials:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from orchestrator.store.engine import make_engine
+
+        engine = None
+        while not self._stop.wait(self.every_s):
+            try:
+                if engine is None:
+                    engine = make_engine(self.url)
+                with engine.connect() as conn:
+                    conn.info[NOT_COUNTED] = True  # the sampler's reads are not the driver's
+                    done = conn.execute(_ENDED).scalar_one()
+            except Exception:  # the schema is not made yet: sample later
+                continue
+            tenth = min(RSS_POINTS - 1, int(RSS_POINTS * done / max(1, self.trials)))
+            self.by_tenth[tenth] = max(self.by_tenth.get(tenth, 0.0), _rss_mb())
+        if engine is not None:
+            engine.dispose()
+
+    def curve(self) -> list[float | None]:
+        return [self.by_tenth.get(i) for i in range(RSS_POINTS)]
 
 
 def _peak_rss_mb() -> float:
@@ -121,10 +188,12 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
     counts = {"commits": 0, "statements": 0}
 
     def on_commit(conn) -> None:
-        counts["commits"] += 1
+        if not conn.info.get(NOT_COUNTED):
+            counts["commits"] += 1
 
     def on_statement(conn, cursor, statement, parameters, context, executemany) -> None:
-        counts["statements"] += 1
+        if not conn.info.get(NOT_COUNTED):
+            counts["statements"] += 1
 
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as d:
         url = db or f"sqlite:///{Path(d) / 'overhead.db'}"
@@ -139,7 +208,8 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
         if drivers > 1:
             spawner.start()
         try:
-            summary = submit(sweep, RunOptions(db=url, max_concurrent=per_driver))
+            with _RssByTrials(url, trials) as rss:
+                summary = submit(sweep, RunOptions(db=url, max_concurrent=per_driver))
             if drivers > 1:
                 spawner.join()
                 for p in joined:
@@ -174,6 +244,7 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
         "rows_per_s": rows / wall,
         "trial_own_s": (own or 0.0) / trials,
         "peak_rss_mb": _peak_rss_mb(),
+        "rss_by_tenth_mb": rss.curve(),
         "driver_cpu_s": cpu,
         "db_commits": counts["commits"],
         "db_statements": counts["statements"],
@@ -237,6 +308,10 @@ def run(
 ) -> dict[str, Any]:
     slots = slots or os.cpu_count() or 1
     ideal = trials * trial_seconds / min(slots, trials)
+
+    def over(wall: float) -> float | None:  # none for trials of no training time
+        return wall / ideal - 1 if ideal > 0 else None
+
     out: dict[str, Any] = {
         "trials": trials,
         "trial_seconds": trial_seconds,
@@ -248,8 +323,10 @@ def run(
     p = product(trials, trial_seconds, slots, db, drivers)
     out.update(
         wall_s=p["wall_s"],
-        overhead=p["wall_s"] / ideal - 1,
+        overhead=over(p["wall_s"]),
         driver_peak_rss_mb=p["peak_rss_mb"],
+        # The driver's RSS at each tenth of the trials ended (None: no sample fell there).
+        driver_rss_by_tenth_mb=p["rss_by_tenth_mb"],
         rows_per_s=p["rows_per_s"],
         eval_rows=p["eval_rows"],
         trial_own_s=p["trial_own_s"],
@@ -267,7 +344,7 @@ def run(
         t = _plain_in_subprocess(trials, trial_seconds, slots)
         out.update(
             tune_wall_s=t["wall_s"],
-            tune_overhead=t["wall_s"] / ideal - 1,
+            tune_overhead=over(t["wall_s"]),
             tune_driver_peak_rss_mb=t["peak_rss_mb"],
             tune_errors=t["errors"],
             vs_tune=p["wall_s"] / t["wall_s"] - 1,

@@ -187,20 +187,30 @@ def bench_overhead(
     return _emit(r, as_json, _print_overhead)
 
 
+def _pct(x: float | None) -> str:
+    return "n/a (no training time)" if x is None else f"{100 * x:+.1f}%"
+
+
 def _print_overhead(r: dict) -> None:
     print(
         f"{r['trials']:,} trials x {r['trial_seconds']:g} s on {r['slots']} slots: ideal {r['ideal_s']:.1f} s, "
-        f"wall {r['wall_s']:.1f} s, overhead {100 * r['overhead']:+.1f}% (goal <= 10%)"
+        f"wall {r['wall_s']:.1f} s, overhead {_pct(r['overhead'])} (goal <= 10%)"
     )
     print(
         f"  {r['drivers']} driver(s), attempts per driver {r['attempts_per_driver']}; "
         f"driver peak RSS {r['driver_peak_rss_mb']:.0f} MB; {r['rows_per_s']:.1f} eval rows/s stored; "
         f"trials' own mean time {r['trial_own_s']:.3f} s"
     )
+    curve = " ".join("-" if m is None else f"{m:.0f}" for m in r["driver_rss_by_tenth_mb"])
+    print(f"  driver RSS (MB) at each tenth of the trials ended: {curve}")
+    print(
+        f"  per trial: {r['db_commits_per_trial']:.2f} commits, {r['db_statements_per_trial']:.1f} statements, "
+        f"{r['driver_cpu_ms_per_trial']:.1f} ms of driver CPU"
+    )
     if "tune_wall_s" in r:
         print(
             f"  plain Ray Tune (reuse_actors=True): wall {r['tune_wall_s']:.1f} s, overhead "
-            f"{100 * r['tune_overhead']:+.1f}%; the product is {100 * r['vs_tune']:+.1f}% vs plain Tune (goal <= 0%)"
+            f"{_pct(r['tune_overhead'])}; the product is {100 * r['vs_tune']:+.1f}% vs plain Tune (goal <= 0%)"
         )
     print(f"  load average {r['load_before']:.1f} before, {r['load_after']:.1f} after (2 cores: compare with care)")
 
