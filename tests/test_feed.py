@@ -66,6 +66,14 @@ max_concurrent: 2
 )
 
 
+def _tune_trials_alive() -> int:
+    import gc
+
+    from ray.tune.experiment import Trial
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, Trial))
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("shared_ray")
 def test_a_sweep_longer_than_a_runs_share_runs_in_several_tune_runs_each_trial_once(tmp_path, monkeypatch):
@@ -75,9 +83,17 @@ def test_a_sweep_longer_than_a_runs_share_runs_in_several_tune_runs_each_trial_o
 
     monkeypatch.setenv("ORCH_TRIALS_PER_TUNE_RUN", "2")
     db = f"sqlite:///{tmp_path / 'rot.db'}"
+    tune_trials_before = _tune_trials_alive()
     run = submit(load(text=SPEC), RunOptions(db=db))
     assert run.tune_runs == 3  # 2 + 2 + 1 trials
     assert run.ran == 5 and run.outcomes == {"completed": 5}
+    # Nothing of an ended run stays in the driver (what bounds its memory in a long sweep):
+    # not Tune's trials, which its run's reference cycles held until a full collection,
+    # and no key per unit in Ray's process-wide log-once set.
+    assert _tune_trials_alive() <= tune_trials_before
+    from ray.util import debug
+
+    assert not [k for k in debug._logged if k.startswith("tune_func_encode:trials_")]
     engine = make_engine(db)
     try:
         with engine.connect() as conn:
