@@ -53,8 +53,15 @@ def begin_attempt(
     it did not start from, in the caller's transaction. An attempt still open (its driver
     died, or Tune restarted the unit) is closed as ``lost``. ``slurm_job``: the SLURM array
     task of the driver that runs it. Returns the attempt number."""
-    close_attempts(conn, [trial_id], LOST)
-    last = conn.execute(sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == trial_id)).scalar()
+    # The last number and whether any attempt is open, in one read: most trials start with
+    # none open, and then the close is a statement saved (issue 34: statements a trial).
+    last, still_open = conn.execute(
+        sa.select(sa.func.max(Attempt.attempt), sa.func.count(sa.case((Attempt.outcome.is_(None), 1)))).where(
+            Attempt.trial_id == trial_id
+        )
+    ).one()
+    if still_open:
+        close_attempts(conn, [trial_id], LOST)
     number = int(last or 0) + 1
     # Each value cut to its column's length (PostgreSQL refuses a longer one; SQLite would
     # keep it whole).
