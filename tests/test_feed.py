@@ -89,11 +89,11 @@ def test_a_sweep_longer_than_a_runs_share_runs_in_several_tune_runs_each_trial_o
     assert run.ran == 5 and run.outcomes == {"completed": 5}
     # Nothing of an ended run stays in the driver (what bounds its memory in a long sweep):
     # not Tune's trials, which its run's reference cycles held until a full collection,
-    # and no key per unit in Ray's process-wide log-once set.
+    # and no key per trial in Ray's process-wide log-once set.
     assert _tune_trials_alive() <= tune_trials_before
     from ray.util import debug
 
-    assert not [k for k in debug._logged if k.startswith("tune_func_encode:trials_")]
+    assert not [k for k in debug._logged if k.startswith("tune_func_encode:")]
     engine = make_engine(db)
     try:
         with engine.connect() as conn:

@@ -404,7 +404,25 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
             writer.flush()  # a database that is gone gets nothing (the checkpoints hold the rows)
         shutil.rmtree(storage, ignore_errors=True)
         checkpoints.stop_loader(loader_handle)
+        _forget_encoder_keys()
     return FeedRun(writer.outcomes, source.taken, source.idle, late=sorted(stopper.late))
+
+
+# The prefix of the keys Tune's JSON encoder adds to Ray's process-wide "log once" set.
+_ENCODER_KEYS = "tune_func_encode:"
+
+
+def _forget_encoder_keys() -> None:
+    """Drop the keys Tune's JSON encoder left in Ray's "log once" set during a run. It adds
+    one per object it cannot encode, keyed by the object's text, each trial's storage
+    context, metric windows and checkpoint manager among them, and never removes them: about
+    four keys (1 kB) a trial, a driver growing with every trial it has run. They only gate a
+    debug line. (A private set: if a Ray release renames it, nothing is dropped.)"""
+    from ray.util import debug
+
+    logged = getattr(debug, "_logged", None)
+    if isinstance(logged, set):
+        logged.difference_update([k for k in logged if isinstance(k, str) and k.startswith(_ENCODER_KEYS)])
 
 
 @contextmanager

@@ -44,9 +44,3 @@ class Unit(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         return "trials_" + "_".join(str(m["trial_id"]) for m in self._d["members"])
-
-    def __str__(self) -> str:
-        # Not the repr: Tune's JSON encoder keys a process-wide "log once" set by str() of
-        # each object it cannot encode, and that set is never emptied; one key per unit
-        # grew the driver with every trial it ran.
-        return "Unit"
