@@ -268,3 +268,26 @@ def test_connections_converting_one_new_file_to_wal_at_once_all_wait(tmp_path):
             url = f"sqlite:///{tmp_path / f'new{i}.db'}"
             outcomes = pool.map(_connect_at, [(url, time.time() + 0.1)] * 6)
             assert outcomes == ["wal"] * 6, (i, outcomes)
+
+
+def test_trials_register_in_chunks_each_with_its_own_params(db_url, monkeypatch):
+    """Registration inserts a chunk of trials at a time: every trial gets its id and its own
+    typed columns and params across chunk boundaries; existing keys are kept, not duplicated."""
+    monkeypatch.setattr(repo, "REGISTER_CHUNK", 3)
+    engine, _ = open_store_engine(db_url)
+    sid, ids = fill_sweep(engine, n_trials=7)
+    with engine.begin() as conn:
+        again = repo.add_trials(conn, sid, [("k2", {"seed": 99}), ("k7", {"arm": "x", "task": "t", "seed": 7})])
+    with engine.connect() as conn:
+        got = {k: (i, seed) for k, i, seed in conn.execute(sa.text("SELECT key, id, seed FROM trials")).all()}
+        params = dict(
+            conn.execute(
+                sa.text(
+                    "SELECT t.key, p.value_num FROM trial_params p JOIN trials t ON t.id = p.trial_id WHERE p.name = 'seed'"
+                )
+            ).all()
+        )
+    engine.dispose()
+    assert len(set(ids.values())) == 7 and again["k2"] == ids["k2"]
+    assert got == {**{f"k{i}": (ids[f"k{i}"], i) for i in range(7)}, "k7": (again["k7"], 7)}
+    assert params == {f"k{i}": float(i) for i in range(8)}

@@ -510,7 +510,7 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
         run = _run_batch(ctx, source)
         # The run's objects (Tune's trials, their results, its controller) hold each other
         # in cycles that only a full collection frees, and CPython runs one rarely: each run's
-        # garbage would stay resident and grow the driver with history (~25 kB a trial).
+        # garbage would stay resident and grow the driver with history.
         gc.collect()
         runs += 1
         outcomes.update(run.outcomes.values())
