@@ -92,13 +92,13 @@ class _RssByTrials:
         self._thread.join()
 
     def _run(self) -> None:
-        from orchestrator.store.engine import make_engine
+        from orchestrator.store.engine import make_engine, resolve_url
 
         engine = None
         while not self._stop.wait(self.every_s):
             try:
                 if engine is None:
-                    engine = make_engine(self.url)
+                    engine = make_engine(resolve_url(self.url, None))  # --db may be a bare path
                 with engine.connect() as conn:
                     conn.info[NOT_COUNTED] = True  # the sampler's reads are not the driver's
                     done = conn.execute(_ENDED).scalar_one()
