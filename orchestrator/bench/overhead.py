@@ -48,17 +48,6 @@ PARAMS: dict[str, Any] = {
 PLUGIN = "orchestrator.bench.fixed_duration"
 
 
-def _rss_mb() -> float:
-    """This process's resident memory now (VmRSS), 0 where /proc is not there."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass
-    return 0.0
-
-
 RSS_POINTS = 10  # the RSS curve's points: the driver's memory at each tenth of the trials
 
 
@@ -92,6 +81,7 @@ class _RssByTrials:
         self._thread.join()
 
     def _run(self) -> None:
+        from orchestrator.bench.ui import rss_mb
         from orchestrator.store.engine import make_engine, resolve_url
 
         engine = None
@@ -105,7 +95,7 @@ class _RssByTrials:
             except Exception:  # the schema is not made yet: sample later
                 continue
             tenth = min(RSS_POINTS - 1, int(RSS_POINTS * done / max(1, self.trials)))
-            self.by_tenth[tenth] = max(self.by_tenth.get(tenth, 0.0), _rss_mb())
+            self.by_tenth[tenth] = max(self.by_tenth.get(tenth, 0.0), rss_mb())
         if engine is not None:
             engine.dispose()
 

@@ -151,7 +151,10 @@ def sqlite_path(url: str) -> Path | None:
     return Path(u.database)
 
 
-def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = 30.0) -> sqlite3.Connection:
+BUSY_TIMEOUT_S = 30.0  # how long a store connection waits for another's lock
+
+
+def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """The one way a SQLite file is opened: a ``file:`` URI with the path percent-encoded
     (a bare ``#`` or ``?`` would end the path), ``mode=ro`` for readers (the file is never
     created or written) and ``rwc`` for the store."""
@@ -270,9 +273,6 @@ class Dialect:
         """Rewrite the database without its free pages (a file keeps the pages of deleted rows
         for reuse). Only where :attr:`vacuums`; PostgreSQL's autovacuum makes them reusable."""
         raise NotImplementedError
-
-
-BUSY_TIMEOUT_S = 30.0
 
 
 def _enter_wal(cur: sqlite3.Cursor, timeout_s: float = BUSY_TIMEOUT_S) -> None:
