@@ -2,7 +2,8 @@
 of new rows goes in by the bulk path, one that re-sends stored rows replaces them (never a
 duplicate), in a later transaction or in the same one, and a re-sent batch leaves the rest
 of its transaction as it was. Non-finite values are stored as NULL and named, whichever
-path built the row."""
+path built the row. On PostgreSQL each test runs both ways a batch can go: a small one as
+one multi-row INSERT ... ON CONFLICT, a large one by COPY under a savepoint."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ import math
 import pytest
 import sqlalchemy as sa
 
-from orchestrator.store import repo
+from orchestrator.store import dialect, repo
 from orchestrator.store.engine import open_store_engine
+
+
+@pytest.fixture(autouse=True, params=["small", "copy"])
+def batch_path(request, monkeypatch):
+    """Which PostgreSQL path every batch of the test takes (SQLite has one)."""
+    if request.param == "copy":
+        monkeypatch.setattr(dialect.PostgreSQL, "SMALL_BATCH", 0)
+    return request.param
 
 
 def _setup(db_url: str) -> tuple[sa.Engine, int, int]:

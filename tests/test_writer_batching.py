@@ -123,3 +123,84 @@ def test_a_new_attempt_stores_the_old_attempts_buffered_rows_first_and_deletes_p
         (2, 20, "completed"),
     ]
     assert query(db_url, "SELECT COUNT(*) FROM trial_checkpoints")[0][0] == 0  # past step 20: deleted
+
+
+class _Statements:
+    """Statements sent on the calling thread: through SQLAlchemy's cursor events, and those
+    of the raw fast paths (dialect.raw_statements: the eval rows' upsert), which the events
+    never see."""
+
+    def __init__(self, engine: sa.engine.Engine) -> None:
+        from orchestrator.store import dialect
+
+        self._raw = dialect.raw_statements
+        self._raw0 = self._raw.sent
+        self.texts: list[str] = []
+        self._thread = threading.get_ident()
+        sa.event.listen(engine, "before_cursor_execute", self._on)
+
+    def _on(self, conn, cursor, statement, *args) -> None:
+        if threading.get_ident() == self._thread:
+            self.texts.append(" ".join(statement.split()))
+
+    @property
+    def n(self) -> int:
+        return len(self.texts) + self._raw.sent - self._raw0
+
+
+def test_a_short_trials_whole_life_in_one_flush_is_seven_statements(db_url):
+    """A trial that starts, reports and ends within one flush (the steady state of short
+    trials): its ownership check, its row's start (the running mark, the placement and the
+    attempt's read in one UPDATE ... RETURNING), the attempt, its rows, its checkpoint, the
+    attempt's close and its end (finished and let go in one UPDATE): 7 statements, and
+    SQLite's BEGIN IMMEDIATE. A fresh attempt deletes nothing (nothing lies past its start)."""
+    with claimed_writer(db_url, 2) as (engine, (a, b), session, writer):
+        count = _Statements(engine)
+        trial = _trial(a, Status.completed)
+        writer.on_trial_start(0, [], trial)
+        writer.on_trial_result(0, [], trial, _first(a))
+        writer.on_trial_result(0, [], trial, _rows(a, 20, 30))
+        writer._ckpts[a] = Checkpoint(a, 30, b"final")
+        writer.on_trial_complete(0, [], trial)
+        writer.flush()
+        begin = 1 if db_url.startswith("sqlite") else 0
+        assert count.n == 7 + begin, count.texts
+        assert not [t for t in count.texts if t.startswith("DELETE")], count.texts
+        # The ended trial is let go; the other is still this driver's claim.
+        held = dict(query(db_url, "SELECT id, claimed_by FROM trials"))
+        assert held == {a: None, b: session.owner}
+    got = query(
+        db_url,
+        "SELECT t.status, t.attempts, t.claimed_by, t.host, t.started_at IS NOT NULL, t.heartbeat_at IS NOT NULL, "
+        "t.final_step, c.attempt, c.step FROM trials t JOIN trial_checkpoints c ON c.trial_id = t.id "
+        "WHERE t.id = :t",
+        t=a,
+    )
+    assert [tuple(r) for r in got] == [("completed", 1, None, "h1", True, True, 30, 1, 30)]
+    assert query(db_url, "SELECT attempt, from_step, outcome, host FROM attempts WHERE trial_id = :t", t=a) == [
+        (1, None, "completed", "h1")
+    ]
+
+
+def test_the_next_claim_shares_the_flushs_transaction_and_sees_its_ends(db_url):
+    """The feed's claim runs last in the writer's flush (``flush(then=...)``): one commit for
+    the trial that ended and the claim, and the claim sees the end settled."""
+    from orchestrator.store import claims
+
+    with claimed_writer(db_url, 1) as (engine, (a,), session, writer):
+        commits = _Commits(engine)
+        trial = _trial(a, Status.completed)
+        writer.on_trial_start(0, [], trial)
+        writer.on_trial_result(0, [], trial, _first(a))
+        writer.on_trial_complete(0, [], trial)
+
+        def claim(conn):
+            status = conn.execute(sa.text("SELECT status FROM trials WHERE id = :t"), {"t": a}).scalar_one()
+            return status, claims.claim_batch(conn, session.sid, session.owner, 5, ttl=600)
+
+        status, batch = writer.flush(then=claim)
+        assert commits.n == 1
+        assert status == "completed" and batch == []  # the sweep's only trial has ended
+        assert writer.outcomes[a] == "completed"
+        # Nothing buffered: the claim runs in a transaction of its own.
+        assert writer.flush(then=claim) == ("completed", []) and commits.n == 2

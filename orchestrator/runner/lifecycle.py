@@ -89,6 +89,9 @@ class DriverSession:
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._old_handlers: dict[int, Any] = {}
+        # How a claim's transaction is run: on its own, or (during a Tune run) after the
+        # writer's buffered ends and rows, in their transaction (runner/tune_runner.py).
+        self.claim_through: Callable[[Callable[[Connection], Any]], Any] = self.write
 
     # ---- stopping ------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -200,7 +203,9 @@ class DriverSession:
         """Claim up to ``n`` free trials (id, key, params) in one transaction, of those
         ``gate`` lets run (store.claims.claim_batch); None while another driver's exclusive
         step holds the sweep (try again shortly)."""
-        return self.write(lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl, gate=gate))
+        return self.claim_through(
+            lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl, gate=gate)
+        )
 
     def held_elsewhere(self) -> int:
         """Unfinished trials other live drivers hold (they come free once those drivers

@@ -363,11 +363,17 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
 
     def claim_next() -> feed.Trials | None:
         # The ends waiting in the writer are stored (and their trials let go) before the
-        # next claim: one commit for the trials that ended and the rows of those still
-        # running, and a claim that sees them settled (a sequential look counts them).
+        # next claim, in its transaction: one commit for the trials that ended, the rows of
+        # those still running and the claim, which sees the ends settled (a sequential look
+        # counts them). What the writer holds is stored even when no claim is made.
+        session.claim_through = writer.flush
+        try:
+            batch = next_batch()
+        finally:
+            session.claim_through = session.write
         if session.fatal is None:
             writer.flush()
-        return next_batch()
+        return batch
 
     source = feed.UnitFeed(
         claim_next, units_of, stopped=lambda: session.stop_reason is not None, max_trials=feed.trials_per_tune_run()

@@ -39,18 +39,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING, TypeVar
 
 from ray import tune
 
 from orchestrator.runner import checkpoints
 from orchestrator.runner.lifecycle import LOST
-from orchestrator.runner.messages import Checkpoint, EvalRow, Report, TrialFinal
+from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Report, TrialFinal
 from orchestrator.status import FINISHED, Status
 from orchestrator.store import attempts, claims, lease, repo
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from orchestrator.runner.lifecycle import DriverSession
+
+
+T = TypeVar("T")
 
 
 def _error_text(trial) -> str:
@@ -84,10 +87,14 @@ def one_line(text: str) -> str:
 
 @dataclass
 class _Start:
-    """A queued start of a unit's trials: ``write(conn, held)`` with those still held."""
+    """A queued start of a unit's trials: marked running (Tune started the unit), or their
+    attempts begun (the unit's first report: ``attempt``) with their placement (``placement``:
+    the trials' row values, ``repo.placement_values``)."""
 
     tids: list[int]
-    write: Callable[[Any, list[int]], None]
+    running: bool = False
+    attempt: AttemptStart | None = None
+    placement: dict[str, Any] | None = None
 
 
 @dataclass
@@ -131,6 +138,9 @@ class StoreWriter(tune.Callback):
         self._starts: list[_Start] = []  # trials' starts, stored first in the next flush
         self._ends: list[_End] = []  # trials' ends, stored last in the next flush
         self._last_flush = time.monotonic()
+        # The attempt number of each running trial this writer began (its rows and checkpoints
+        # are tagged with it without reading it back); dropped with the trial's end.
+        self._attempts: dict[int, int] = {}
         self.rows_written = 0
         self.outcomes: dict[int, str] = {}
 
@@ -139,7 +149,16 @@ class StoreWriter(tune.Callback):
         # which we never use: a session and a progress closure cannot travel.
         state = self.__dict__.copy()
         state.update(
-            session=None, on_event=None, _rows=[], _system=[], _touched=set(), _ckpts={}, _logs={}, _starts=[], _ends=[]
+            session=None,
+            on_event=None,
+            _rows=[],
+            _system=[],
+            _touched=set(),
+            _ckpts={},
+            _logs={},
+            _starts=[],
+            _ends=[],
+            _attempts={},
         )
         return state
 
@@ -164,15 +183,17 @@ class StoreWriter(tune.Callback):
             self._rows or self._touched or self._ckpts or self._logs or self._system or self._starts or self._ends
         )
 
-    def flush(self) -> None:
-        """Store everything buffered in one transaction (see the module's docstring)."""
+    def flush(self, then: Callable[[Any], T] | None = None) -> T | None:
+        """Store everything buffered in one transaction (see the module's docstring); ``then``
+        (the feed's next claim) runs last in the same transaction, and its result is returned:
+        the end of one trial and the claim of the next share a commit."""
         if not self._pending():
-            return
+            return self.session.write(then) if then is not None else None
         rows, touched, ckpts, logs = list(self._rows), set(self._touched), dict(self._ckpts), dict(self._logs)
         system, starts, ends = list(self._system), list(self._starts), list(self._ends)
         to_db = self.checkpoint_folder is None
 
-        def write(conn) -> tuple[int, set[int]]:
+        def write(conn) -> tuple[int, set[int], dict[int, int], T | None]:
             # Nothing for a trial another driver took over while this one was cut off.
             ids = {r.trial_id for r in rows} | {int(m["trial_id"]) for m in system} | set(ckpts) | touched
             for s in starts:
@@ -180,10 +201,10 @@ class StoreWriter(tune.Callback):
             for e in ends:
                 ids.update(e.ends)
             gone = claims.taken_from(conn, self.driver, ids)
-            for s in starts:
-                s.write(conn, [t for t in s.tids if t not in gone])
+            begun = self._store_starts(conn, starts, gone)
+            numbers = {**self._attempts, **begun}
             n = repo.upsert_evals(conn, [r.store_row() for r in rows if r.trial_id not in gone])
-            repo.upsert_system_metrics(conn, [m for m in system if m["trial_id"] not in gone])
+            repo.upsert_system_metrics(conn, [m for m in system if m["trial_id"] not in gone], numbers)
             if to_db:  # after the rows: a stored checkpoint never claims a row that is missing
                 attempts.save_checkpoints(
                     conn,
@@ -192,16 +213,19 @@ class StoreWriter(tune.Callback):
                         for c in ckpts.values()
                         if c.trial_id not in gone
                     ],
+                    numbers,
                 )
-            lease.heartbeat(conn, touched - gone, reported=True)
+            # A trial whose end this flush stores gets its heartbeat with that end.
+            ending = {t for e in ends for t in e.ends}
+            lease.heartbeat(conn, touched - gone - ending, reported=True)
             attempts.save_logs(conn, {t: text for t, text in logs.items() if t not in gone})
-            for e in ends:
-                self._store_end(conn, e, [t for t in e.ends if t not in gone])
-            return n, gone
+            self._store_ends(conn, ends, gone)
+            return n, gone, begun, then(conn) if then is not None else None
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
-        n, gone = self.session.write(write)
+        n, gone, begun, result = self.session.write(write)
         self.rows_written += n
+        self._attempts.update(begun)
         if not to_db:
             assert self.checkpoint_folder is not None
             for c in ckpts.values():
@@ -225,12 +249,50 @@ class StoreWriter(tune.Callback):
         self._last_flush = time.monotonic()
         for e in ends:
             self._ended(e, gone)
+        return result
 
-    def _start(self, tids: list[int], write: Callable[[Any, list[int]], None]) -> None:
-        """Queue a start of ``tids`` (``write(conn, held)``) for the next flush. Whatever is
-        buffered for those trials (a previous attempt's rows, checkpoint or end) is stored
-        first: the new attempt deletes what lies past its checkpoint."""
-        mine = set(tids)
+    def _store_starts(self, conn, starts: list[_Start], gone: set[int]) -> dict[int, int]:
+        """The queued starts of the trials still held; returns the attempts begun. A trial's
+        "running" mark and its attempt's start in one flush (a short trial, or a first
+        report within ``flush_s`` of the start) are one statement on its row, with its
+        placement and the attempt's read."""
+        begun: dict[int, int] = {}
+        marked: set[int] = set()  # marked running in this flush, their attempt not yet begun
+        for s in starts:
+            held = [t for t in s.tids if t not in gone]
+            if s.running:
+                for tid in held:
+                    if tid in marked:  # started twice before an attempt: the first stands alone
+                        repo.mark_running(conn, tid)
+                    marked.add(tid)
+                continue
+            steps = dict(s.attempt.from_steps) if s.attempt is not None else {}
+            for tid in held:
+                values = dict(s.placement or {})
+                if tid in marked:
+                    marked.discard(tid)
+                    values.update(repo.running_values())
+                if s.attempt is not None and tid in steps:
+                    begun[tid] = attempts.begin_attempt(
+                        conn,
+                        tid,
+                        steps[tid],
+                        s.attempt.env,
+                        self.driver,
+                        slurm_job=self.session.slurm_job,
+                        trial_values=values,
+                    )
+                elif values:
+                    repo.update_trial(conn, tid, **values)
+        for tid in marked:
+            repo.mark_running(conn, tid)
+        return begun
+
+    def _start(self, start: _Start) -> None:
+        """Queue ``start`` for the next flush. Whatever is buffered for its trials (a previous
+        attempt's rows, checkpoint or end) is stored first: the new attempt deletes what lies
+        past its checkpoint."""
+        mine = set(start.tids)
         if (
             any(r.trial_id in mine for r in self._rows)
             or any(int(m["trial_id"]) in mine for m in self._system)
@@ -238,7 +300,7 @@ class StoreWriter(tune.Callback):
             or any(mine & e.ends.keys() for e in self._ends)
         ):
             self.flush()
-        self._starts.append(_Start(tids, write))
+        self._starts.append(start)
 
     def on_step_begin(self, iteration, trials, **info):
         # The lease thread found the database gone: end Tune's loop now rather than let
@@ -251,12 +313,7 @@ class StoreWriter(tune.Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         tids = self._tids(trial)
-
-        def write(conn, held: list[int]) -> None:
-            for tid in held:
-                repo.mark_running(conn, tid)
-
-        self._start(tids, write)
+        self._start(_Start(tids, running=True))
         self._running(tids, True)
         self.on_event("start", trial)
 
@@ -269,21 +326,12 @@ class StoreWriter(tune.Callback):
             # What the unit asked of its GPU, shared by its members (runner/fleet.py).
             share = float(unit["gpu"]) / len(tids) if unit.get("gpu") else None
             accelerator = unit.get("accelerator")
-
-            def write(conn, held: list[int]) -> None:
-                if start is not None:
-                    for tid, step in start.from_steps:
-                        if tid in held:
-                            attempts.begin_attempt(
-                                conn, tid, step, start.env, self.driver, slurm_job=self.session.slurm_job
-                            )
-                if placement is not None:
-                    for tid in held:
-                        repo.set_placement(
-                            conn, tid, placement.host, placement.node_id, placement.device, share, accelerator
-                        )
-
-            self._start(tids, write)
+            where = (
+                repo.placement_values(placement.host, placement.node_id, placement.device, share, accelerator)
+                if placement is not None
+                else None
+            )
+            self._start(_Start(tids, attempt=start, placement=where))
         self._rows.extend(report.evals)
         self._system.extend(report.system_rows())
         for c in report.checkpoints:
@@ -311,24 +359,30 @@ class StoreWriter(tune.Callback):
         self._ends.append(_End(trial, ends, dropped))
         self._running(list(ends), False)
 
-    def _store_end(self, conn, end: _End, held: list[int]) -> None:
-        for tid in held:
-            e = end.ends[tid]
-            attempts.close_attempts(conn, [tid], e.status.value, e.failure.kind if e.failure else None)
+    def _store_ends(self, conn, ends: list[_End], gone: set[int]) -> None:
+        """The queued ends of the trials still held: their attempts closed (one statement a
+        kind of end), each trial finished and let go in one statement (an interrupted one
+        stays this driver's until it exits: it is not claimed again and again here)."""
+        held = [(end, tid, end.ends[tid]) for end in ends for tid in end.ends if tid not in gone]
+        closing: dict[tuple[str, str | None], list[int]] = {}
+        for _, tid, e in held:
+            closing.setdefault((e.status.value, e.failure.kind if e.failure else None), []).append(tid)
+        for (outcome, kind), tids in closing.items():
+            attempts.close_attempts(conn, tids, outcome, kind)
+        stopped = [tid for _, tid, e in held if e.status == Status.interrupted]
+        if stopped:
+            claims.interrupt(conn, trial_ids=stopped)
+        for _, tid, e in held:
             if e.status == Status.interrupted:
-                claims.interrupt(conn, trial_ids=[tid])
                 continue
             if e.error and (e.failure is not None or e.status == Status.failed):
                 kind = e.failure.kind if e.failure is not None else "runtime"
                 tb = e.failure.traceback if e.failure is not None else None
                 repo.add_trial_error(conn, tid, kind, e.error, tb)
-            repo.finish_trial(conn, tid, e.status.value, e.error)
+            repo.finish_trial(conn, tid, e.status.value, e.error, release=True)
             if e.stop is not None:
                 repo.record_stop(conn, tid, e.stop.step, e.stop.budget, e.stop.reason)
-        attempts.drop_checkpoints(conn, [t for t in end.dropped if t in held])
-        # Ended trials are let go with their end, in its transaction; an interrupted one
-        # stays this driver's until it exits (it is not claimed again and again here).
-        claims.release(conn, self.driver, [t for t in held if end.ends[t].status != Status.interrupted])
+        attempts.drop_checkpoints(conn, [t for end in ends for t in end.dropped if t not in gone])
 
     def _ended(self, end: _End, gone: set[int]) -> None:
         """After its flush: what the driver does about an end it stored (or could not)."""
@@ -338,6 +392,8 @@ class StoreWriter(tune.Callback):
             # driver stops as when its renewal finds a trial taken (one line, exit 130), rather
             # than carry on as if the trial were its own result.
             self.session.stop(f"{LOST} ({len(taken)} trial(s) taken over by another driver)")
+        for tid in end.ends:
+            self._attempts.pop(tid, None)
         if self.checkpoint_folder is not None:
             for tid in end.dropped:
                 checkpoints.trial_path(self.checkpoint_folder, self.sweep, self._keys[tid]).unlink(missing_ok=True)
@@ -380,6 +436,8 @@ class StoreWriter(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         tids, line = self._attempt_failed(trial, final=True)
         self._running(tids, False)
+        for tid in tids:
+            self._attempts.pop(tid, None)
         for tid in tids:
             self.outcomes[tid] = Status.failed.value
             self.on_event(Status.failed.value, trial, trial_id=tid, error=line)

@@ -17,8 +17,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from orchestrator.evals import NUMBERS, STORED
+from orchestrator.store import dialect
 
-from orchestrator.store.models import ATTEMPT_ENV, Attempt, Eval, SystemMetric, TrialCheckpoint
+from orchestrator.store.models import ATTEMPT_ENV, Attempt, Eval, SystemMetric, Trial, TrialCheckpoint
 
 # What an attempt row records about its environment (the keys of ``begin_attempt``'s ``env``).
 ENV_FIELDS = ATTEMPT_ENV
@@ -47,19 +48,40 @@ def begin_attempt(
     driver: str | None,
     *,
     slurm_job: str | None = None,
+    trial_values: Mapping[str, Any] | None = None,
 ) -> int:
     """Record a new attempt of ``trial_id`` starting from its checkpoint at ``from_step``
     (None: from nothing) and delete the trial's eval rows past that step, and a checkpoint
     it did not start from, in the caller's transaction. An attempt still open (its driver
     died, or Tune restarted the unit) is closed as ``lost``. ``slurm_job``: the SLURM array
-    task of the driver that runs it. Returns the attempt number."""
-    # The last number and whether any attempt is open, in one read: most trials start with
-    # none open, and then the close is a statement saved (issue 34: statements a trial).
-    last, still_open = conn.execute(
-        sa.select(sa.func.max(Attempt.attempt), sa.func.count(sa.case((Attempt.outcome.is_(None), 1)))).where(
-            Attempt.trial_id == trial_id
+    task of the driver that runs it. ``trial_values``: changes to the trial's own row made
+    by the same statement (the writer's "running" mark and placement). Returns the attempt
+    number."""
+    start = -1 if from_step is None else int(from_step)
+
+    def past(model: Any) -> Any:
+        return sa.exists().where(model.trial_id == trial_id, model.step > start)
+
+    # One read (folded into the trial's update when there is one) says the last number,
+    # whether an attempt is open and which tables hold rows past the start: most attempts
+    # start fresh, with nothing to close or delete (issue 34: statements a trial).
+    probe = (
+        sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == trial_id).scalar_subquery(),
+        sa.select(sa.func.count()).where(_open([trial_id])).scalar_subquery(),
+        past(Eval),
+        past(SystemMetric),
+        past(TrialCheckpoint),
+    )
+    if trial_values:
+        stmt: Any = (
+            sa.update(Trial)
+            .where(Trial.id == trial_id)
+            .values(updated_at=sa.func.now(), **trial_values)
+            .returning(*probe)
         )
-    ).one()
+    else:
+        stmt = sa.select(*probe)
+    last, still_open, *stale = conn.execute(stmt).one()
     if still_open:
         close_attempts(conn, [trial_id], LOST)
     number = int(last or 0) + 1
@@ -79,10 +101,10 @@ def begin_attempt(
             **values,
         )
     )
-    start = -1 if from_step is None else int(from_step)
-    conn.execute(sa.delete(Eval).where(Eval.trial_id == trial_id, Eval.step > start))
-    conn.execute(sa.delete(SystemMetric).where(SystemMetric.trial_id == trial_id, SystemMetric.step > start))
-    conn.execute(sa.delete(TrialCheckpoint).where(TrialCheckpoint.trial_id == trial_id, TrialCheckpoint.step > start))
+    kept: tuple[Any, ...] = (Eval, SystemMetric, TrialCheckpoint)
+    for model, found in zip(kept, stale):
+        if found:
+            conn.execute(sa.delete(model).where(model.trial_id == trial_id, model.step > start))
     return number
 
 
@@ -99,28 +121,30 @@ def close_attempts(conn: Connection, trial_ids: Iterable[int], outcome: str, err
     return res.rowcount or 0
 
 
-def save_checkpoints(conn: Connection, checkpoints: Sequence[StoredCheckpoint]) -> int:
+def save_checkpoints(
+    conn: Connection, checkpoints: Sequence[StoredCheckpoint], numbers: Mapping[int, int] | None = None
+) -> int:
     """Replace each trial's stored checkpoint (the caller's transaction, after the eval rows
-    it covers). Returns the bytes written."""
+    it covers), tagged with the trial's newest attempt (``numbers``, where the caller knows
+    it: the writer began those attempts; read for the rest). Returns the bytes written."""
     if not checkpoints:
         return 0
     latest = {c.trial_id: c for c in checkpoints}  # the last of a trial wins
-    ids = list(latest)
-    numbers = newest_attempts(conn, ids)
-    conn.execute(sa.delete(TrialCheckpoint).where(TrialCheckpoint.trial_id.in_(ids)))
-    conn.execute(
-        sa.insert(TrialCheckpoint),
-        [
-            {
-                "trial_id": c.trial_id,
-                "step": c.step,
-                "attempt": numbers.get(c.trial_id),
-                "nbytes": len(c.state),
-                "state": c.state,
-            }
-            for c in latest.values()
-        ],
-    )
+    known = dict(numbers or {})
+    unknown = [t for t in latest if t not in known]
+    if unknown:
+        known.update(newest_attempts(conn, unknown))
+    rows = [
+        {
+            "trial_id": c.trial_id,
+            "step": c.step,
+            "attempt": known.get(c.trial_id),
+            "nbytes": len(c.state),
+            "state": c.state,
+        }
+        for c in latest.values()
+    ]
+    dialect.for_connection(conn).replace(conn, TrialCheckpoint.__table__, rows, ("trial_id",), now=("created_at",))
     return sum(len(c.state) for c in latest.values())
 
 

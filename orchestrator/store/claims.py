@@ -206,21 +206,26 @@ def claim_batch(
     those are claimed."""
     d = dialect.for_connection(conn)
     d.lock_for_claim(conn)
-    if gate is not None:
+    exclusive = sa.exists().where(
+        SweepRow.id == sweep,
+        SweepRow.lease_owner.is_not(None),
+        SweepRow.lease_owner != owner,
+        SweepRow.lease_expires_at >= d.now_plus(0),
+    )
+
+    def excluded() -> bool:
+        return bool(conn.execute(sa.select(exclusive)).scalar())
+
+    only = None
+    if gate is not None:  # the gate may write: the lease is read first
         conn.execute(sa.select(SweepRow.id).where(SweepRow.id == sweep).with_for_update())
-    held = conn.execute(
-        sa.select(SweepRow.lease_owner).where(
-            SweepRow.id == sweep,
-            SweepRow.lease_owner.is_not(None),
-            SweepRow.lease_owner != owner,
-            SweepRow.lease_expires_at >= d.now_plus(0),
-        )
-    ).first()
-    if held is not None:
-        return None
-    only = gate(conn) if gate is not None else None
-    if n <= 0 or (gate is not None and not only):
-        return []
+        if excluded():
+            return None
+        only = gate(conn)
+        if not only:
+            return []
+    if n <= 0:
+        return None if excluded() else []
     # Never its own: a trial this driver holds is queued or running here, even when its claim
     # lapsed because the renewal was starved (a loaded machine) and nobody took it meanwhile.
     # Taken as a dead driver's "orphan" it went back to pending while it ran here, and a stop
@@ -230,12 +235,14 @@ def claim_batch(
     where = [Trial.sweep_id == sweep, Trial.status.in_(CLAIMABLE), sa.not_(_live_claim(d)), sa.not_(mine)]
     if only is not None:
         where.append(Trial.id.in_(list(only)))
+    else:  # the lease read in the pick: a statement saved on every claim (issue 34)
+        where.append(sa.not_(exclusive))
     pick = d.skip_locked(
         sa.select(Trial.id, Trial.key, Trial.params, Trial.status).where(*where).order_by(Trial.id).limit(n)
     )
     rows = conn.execute(pick).all()
     if not rows:
-        return []
+        return None if only is None and excluded() else []
     ids = [r.id for r in rows]
     conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(claimed_by=owner, claim_expires_at=d.now_plus(ttl)))
     orphans = [r.id for r in rows if r.status == Status.running.value]

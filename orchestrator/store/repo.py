@@ -264,7 +264,7 @@ def apply_design(conn: Connection, sweep: int, diff: DesignDiff) -> None:
             values["status"] = sa.case(
                 (Trial.status == Status.completed.value, Status.pending.value), else_=Trial.status
             )
-        _update_trial(conn, tid, params=params, **values)
+        update_trial(conn, tid, params=params, **values)
         conn.execute(sa.delete(TrialParam).where(TrialParam.trial_id == tid))
         rows = [_param_row(tid, n, v) for n, v in flatten_params(params).items()]
         if rows:
@@ -447,17 +447,21 @@ _SYSTEM_SET = ", ".join(f"{c} = excluded.{c}" for c in ("attempt",) + SAMPLE_COL
 _SYSTEM_INTS = {"rss_bytes", "gpu_mem_bytes"}
 
 
-def upsert_system_metrics(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
+def upsert_system_metrics(
+    conn: Connection, rows: Iterable[Mapping[str, Any]], numbers: Mapping[int, int] | None = None
+) -> int:
     """Write system_metrics rows (dicts with trial_id, step and SAMPLE_COLUMNS) as one
     batched upsert on (trial_id, step) inside the caller's transaction, as
     :func:`upsert_evals`; each row is tagged with its trial's newest attempt (the one whose
-    worker measured it: the writer stores a report after the attempt it belongs to). A
-    non-finite number is stored as NULL."""
+    worker measured it: the writer stores a report after the attempt it belongs to), from
+    ``numbers`` where the caller knows it, else read. A non-finite number is stored as NULL."""
     dedup = {(int(r["trial_id"]), int(r["step"])): r for r in rows}
     if not dedup:
         return 0
-    ids = sorted({t for t, _ in dedup})
-    newest = attempts.newest_attempts(conn, ids)
+    newest = dict(numbers or {})
+    unknown = sorted({t for t, _ in dedup if t not in newest})
+    if unknown:
+        newest.update(attempts.newest_attempts(conn, unknown))
 
     def value(c: str, x: Any) -> Any:
         x = _clean_float(x)
@@ -468,22 +472,42 @@ def upsert_system_metrics(conn: Connection, rows: Iterable[Mapping[str, Any]]) -
     return len(batch)
 
 
-def _update_trial(conn: Connection, trial_id: int, **values: Any) -> None:
+def update_trial(conn: Connection, trial_id: int, **values: Any) -> None:
     """Change one trial's row; ``updated_at`` moves with every change, since the UI's change
     stamp and the recent-trials reads (reader.py) poll on it."""
     conn.execute(sa.update(Trial).where(Trial.id == trial_id).values(updated_at=sa.func.now(), **values))
 
 
+def running_values() -> dict[str, Any]:
+    """A trial's row as it starts running (its attempts counted, its error cleared)."""
+    return {
+        "status": Status.running.value,
+        "attempts": Trial.attempts + 1,
+        "error": None,
+        "started_at": sa.func.coalesce(Trial.started_at, sa.func.now()),
+        "heartbeat_at": sa.func.now(),
+    }
+
+
 def mark_running(conn: Connection, trial_id: int) -> None:
-    _update_trial(
-        conn,
-        trial_id,
-        status=Status.running.value,
-        attempts=Trial.attempts + 1,
-        error=None,
-        started_at=sa.func.coalesce(Trial.started_at, sa.func.now()),
-        heartbeat_at=sa.func.now(),
-    )
+    update_trial(conn, trial_id, **running_values())
+
+
+def placement_values(
+    host: str | None,
+    node_id: str | None,
+    device: str | None,
+    gpu_fraction: float | None = None,
+    accelerator: str | None = None,
+) -> dict[str, Any]:
+    """Where a trial runs, as its row's values."""
+    return {
+        "host": host,
+        "node_id": node_id,
+        "device": device,
+        "gpu_fraction": gpu_fraction,
+        "accelerator": accelerator,
+    }
 
 
 def set_placement(
@@ -495,20 +519,21 @@ def set_placement(
     gpu_fraction: float | None = None,
     accelerator: str | None = None,
 ) -> None:
-    _update_trial(
-        conn, trial_id, host=host, node_id=node_id, device=device, gpu_fraction=gpu_fraction, accelerator=accelerator
-    )
+    update_trial(conn, trial_id, **placement_values(host, node_id, device, gpu_fraction, accelerator))
 
 
-def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None = None) -> None:
+def finish_trial(
+    conn: Connection, trial_id: int, status: str, error: str | None = None, *, release: bool = False
+) -> None:
     """Close a trial; its final metrics are read back from its own eval rows (in the one
-    UPDATE: the writer ends many trials a flush, issue 34)."""
+    UPDATE: the writer ends many trials a flush, issue 34). ``release``: its claim is let go
+    and its heartbeat stamped by the same statement (the writer's end of a trial it holds)."""
     last = sa.select(Eval.step).where(Eval.trial_id == trial_id).order_by(Eval.step.desc()).limit(1).scalar_subquery()
 
     def at_last(column):
         return sa.select(column).where(Eval.trial_id == trial_id, Eval.step == last).scalar_subquery()
 
-    _update_trial(
+    update_trial(
         conn,
         trial_id,
         status=status,
@@ -518,12 +543,13 @@ def finish_trial(conn: Connection, trial_id: int, status: str, error: str | None
         final_acc=at_last(Eval.acc),
         final_loss=at_last(Eval.loss),
         best_acc=sa.select(sa.func.max(Eval.acc)).where(Eval.trial_id == trial_id).scalar_subquery(),
+        **({"claimed_by": None, "claim_expires_at": None, "heartbeat_at": sa.func.now()} if release else {}),
     )
 
 
 def record_error(conn: Connection, trial_id: int, error: str) -> None:
     """A failed attempt that will be retried: keep the error text, stay running."""
-    _update_trial(conn, trial_id, error=error)
+    update_trial(conn, trial_id, error=error)
 
 
 def add_trial_error(conn: Connection, trial_id: int, kind: str, error: str, traceback: str | None) -> None:
