@@ -91,7 +91,8 @@ class DriverSession:
         self._old_handlers: dict[int, Any] = {}
         # How a claim's transaction is run: on its own, or (during a Tune run) after the
         # writer's buffered ends and rows, in their transaction (runner/tune_runner.py).
-        self.claim_through: Callable[[Callable[[Connection], Any]], Any] = self.write
+        # Called with None: only store what is buffered.
+        self.claim_through: Callable[[Callable[[Connection], Any] | None], Any] = self.write_if
 
     # ---- stopping ------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -203,9 +204,21 @@ class DriverSession:
         """Claim up to ``n`` free trials (id, key, params) in one transaction, of those
         ``gate`` lets run (store.claims.claim_batch); None while another driver's exclusive
         step holds the sweep (try again shortly)."""
-        return self.claim_through(
-            lambda conn: claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl, gate=gate)
-        )
+
+        def claim(conn: Connection) -> list[tuple[int, str, dict[str, Any]]] | None:
+            return claims.claim_batch(conn, self.sid, self.owner, n, ttl=self.ttl, gate=gate)
+
+        if gate is not None:
+            # A look locks the sweep's row and may skip trials other drivers hold: what the
+            # writer holds is committed first, so this transaction holds no trial's row while
+            # it waits for the sweep's (another driver's look could wait for one of those).
+            self.claim_through(None)
+            return self.write(claim)
+        return self.claim_through(claim)
+
+    def write_if(self, fn: Callable[[Connection], T] | None) -> T | None:
+        """:meth:`write` of ``fn``; nothing when it is None."""
+        return self.write(fn) if fn is not None else None
 
     def held_elsewhere(self) -> int:
         """Unfinished trials other live drivers hold (they come free once those drivers

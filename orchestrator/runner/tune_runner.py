@@ -370,7 +370,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
         try:
             batch = next_batch()
         finally:
-            session.claim_through = session.write
+            session.claim_through = session.write_if
         if session.fatal is None:
             writer.flush()
         return batch

@@ -6,10 +6,14 @@ trial's newest checkpoint in the same transaction as the rows it covers (or, wit
 folder, to its file right after that transaction). A trial's start (marked running, its
 attempt begun, its placement) and its end are queued too and stored in the next flush, so in
 the steady state the end of one trial, the start of the next and everyone's rows share one
-transaction (issue 34: a commit per trial, not five). Within a flush the order is the one a
-trial lives in: starts, then rows, checkpoints, heartbeats and consoles, then ends (an end
-reads its final metrics from its rows). A start that would delete rows still buffered for
-its trial (a new attempt deletes the rows past its checkpoint) flushes them first.
+transaction (issue 34: a commit per trial, not five), and the feed's next claim runs last in
+it (``flush(then=...)``). Within a flush the order is the one a trial lives in: starts, then
+rows, checkpoints, heartbeats and consoles, then ends (an end reads its final metrics from
+its rows). A start that would delete rows still buffered for its trial (a new attempt
+deletes the rows past its checkpoint) flushes them first. The statements a trial costs are
+few (issue 34): its running mark, placement and attempt's read are one UPDATE ... RETURNING
+when one flush holds them; its end and the release of its claim are one UPDATE; attempts
+are closed one statement per kind of end.
 
 A row lost in the buffer when the driver dies was past every stored checkpoint: the attempt
 that resumes the trial deletes the rows past its checkpoint and trains them again, so no

@@ -195,7 +195,8 @@ def claim_batch(
     gate: Callable[[Connection], Collection[int] | None] | None = None,
 ) -> list[tuple[int, str, dict]] | None:
     """Claim up to ``n`` free trials of the sweep for ``owner`` in the caller's transaction
-    (which must be fresh: on SQLite this begins it with the write lock); (id, key, params) in
+    (fresh: on SQLite this begins it with the write lock; or the writer's flush, which took
+    that lock with its ownership check, ``taken_from``); (id, key, params) in
     insertion order, or None while another driver holds the sweep's lease for an exclusive
     step (a design being written). A trial a dead driver left ``running`` goes back to
     ``pending`` and its open attempt ends ``lost``.
