@@ -192,7 +192,7 @@ class StoreWriter(tune.Callback):
         (the feed's next claim) runs last in the same transaction, and its result is returned:
         the end of one trial and the claim of the next share a commit."""
         if not self._pending():
-            return self.session.write(then) if then is not None else None
+            return self.session.write_if(then)
         rows, touched, ckpts, logs = list(self._rows), set(self._touched), dict(self._ckpts), dict(self._logs)
         system, starts, ends = list(self._system), list(self._starts), list(self._ends)
         to_db = self.checkpoint_folder is None
@@ -442,7 +442,6 @@ class StoreWriter(tune.Callback):
         self._running(tids, False)
         for tid in tids:
             self._attempts.pop(tid, None)
-        for tid in tids:
             self.outcomes[tid] = Status.failed.value
             self.on_event(Status.failed.value, trial, trial_id=tid, error=line)
 
