@@ -67,6 +67,13 @@ pytestmark = [
 SEED = int(os.environ.get("ORCH_FAULT_SEED", "20"))
 N_FAULTS = int(os.environ.get("ORCH_FAULT_COUNT", "10"))
 N_TRIALS = int(os.environ.get("ORCH_FAULT_TRIALS", "12"))
+# Trials long enough (360 steps, 13 eval rows at 10 faults) that a fault waiting for its target
+# (a node restarting takes seconds) still finds the sweep running. More faults mean more time
+# lost to them and a longer queue behind busy targets, so the trials grow with the count: at 20
+# faults on a loaded machine, 360-step trials let the sweep end before the last one struck.
+EVAL_EVERY = 30
+STEPS = EVAL_EVERY * max(12, -(-12 * N_FAULTS // 10))
+EVALS_A_TRIAL = STEPS // EVAL_EVERY + 1
 DELAY_S = 0.2
 HEAD, NODE = 0, 1  # the Ray cluster's hosts; h0 also runs a driver on it
 DRIVER_HOSTS = (0, 2, 3)
@@ -84,12 +91,11 @@ KINDS = tuple(TARGETS)
 
 
 def _spec(name: str) -> str:
-    # Trials long enough (360 steps, 13 eval rows) that a fault waiting for its target (a
-    # node restarting takes seconds) still finds the sweep running.
     return (
         f"\nname: {name}\n" + TINY_FIXED + "  checkpoint_every_s: 0\n"
         f"axes:\n  arm: [gated_deltanet, armed_gdn]\n  seed: 0..{N_TRIALS // 2 - 1}\n"
-        "budget: {steps: 360, eval_every: 30}\nresources: {cpu: 1}\nmax_concurrent: 1\nretries: 8\n"
+        f"budget: {{steps: {STEPS}, eval_every: {EVAL_EVERY}}}\n"
+        "resources: {cpu: 1}\nmax_concurrent: 1\nretries: 8\n"
     )
 
 
@@ -242,8 +248,8 @@ class Fleet:
 
 
 def _progress(url: str) -> float:
-    """The share of the sweep's eval rows stored (each trial stores 13)."""
-    return query(url, "SELECT COUNT(*) FROM evals")[0][0] / (13 * N_TRIALS)
+    """The share of the sweep's eval rows stored."""
+    return query(url, "SELECT COUNT(*) FROM evals")[0][0] / (EVALS_A_TRIAL * N_TRIALS)
 
 
 def _unfinished(url: str) -> int:
