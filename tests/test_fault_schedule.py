@@ -39,6 +39,7 @@ and trials is ``ORCH_FAULT_COUNT=20 ORCH_FAULT_TRIALS=24``; another seed is
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -72,7 +73,7 @@ N_TRIALS = int(os.environ.get("ORCH_FAULT_TRIALS", "12"))
 # lost to them and a longer queue behind busy targets, so the trials grow with the count: at 20
 # faults on a loaded machine, 360-step trials let the sweep end before the last one struck.
 EVAL_EVERY = 30
-STEPS = EVAL_EVERY * max(12, -(-12 * N_FAULTS // 10))
+STEPS = EVAL_EVERY * max(12, math.ceil(1.2 * N_FAULTS))
 EVALS_A_TRIAL = STEPS // EVAL_EVERY + 1
 DELAY_S = 0.2
 HEAD, NODE = 0, 1  # the Ray cluster's hosts; h0 also runs a driver on it
