@@ -150,10 +150,11 @@ class _Statements:
 
 def test_a_short_trials_whole_life_in_one_flush_is_seven_statements(db_url):
     """A trial that starts, reports and ends within one flush (the steady state of short
-    trials): its ownership check, its row's start (the running mark, the placement and the
+    trials): its ownership check with its heartbeat (one UPDATE ... RETURNING, which takes
+    SQLite's write lock too), its row's start (the running mark, the placement and the
     attempt's read in one UPDATE ... RETURNING), the attempt, its rows, its checkpoint, the
-    attempt's close and its end (finished and let go in one UPDATE): 7 statements, and
-    SQLite's BEGIN IMMEDIATE. A fresh attempt deletes nothing (nothing lies past its start)."""
+    attempt's close and its end (finished and let go in one UPDATE): 7 statements on either
+    backend. A fresh attempt deletes nothing (nothing lies past its start)."""
     with claimed_writer(db_url, 2) as (engine, (a, b), session, writer):
         count = _Statements(engine)
         trial = _trial(a, Status.completed)
@@ -163,8 +164,8 @@ def test_a_short_trials_whole_life_in_one_flush_is_seven_statements(db_url):
         writer._ckpts[a] = Checkpoint(a, 30, b"final")
         writer.on_trial_complete(0, [], trial)
         writer.flush()
-        begin = 1 if db_url.startswith("sqlite") else 0
-        assert count.n == 7 + begin, count.texts
+        assert count.n == 7, count.texts
+        assert not [t for t in count.texts if t.startswith("BEGIN")], count.texts
         assert not [t for t in count.texts if t.startswith("DELETE")], count.texts
         # The ended trial is let go; the other is still this driver's claim.
         held = dict(query(db_url, "SELECT id, claimed_by FROM trials"))
@@ -179,6 +180,39 @@ def test_a_short_trials_whole_life_in_one_flush_is_seven_statements(db_url):
     assert [tuple(r) for r in got] == [("completed", 1, None, "h1", True, True, 30, 1, 30)]
     assert query(db_url, "SELECT attempt, from_step, outcome, host FROM attempts WHERE trial_id = :t", t=a) == [
         (1, None, "completed", "h1")
+    ]
+
+
+def test_a_steady_flush_is_its_ownership_check_with_the_heartbeat_and_the_rows(db_url):
+    """Rows of running trials between their start and end (every flush of a long trial):
+    two statements, the ownership check that heartbeats the trials still held and the rows.
+    A trial another driver took over meanwhile gets neither heartbeat nor rows."""
+    with claimed_writer(db_url, 2) as (engine, (a, b), session, writer):
+        for tid in (a, b):
+            writer.on_trial_start(0, [], _trial(tid))
+            writer.on_trial_result(0, [], _trial(tid), _first(tid))
+        writer.flush()
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE trials SET heartbeat_at = NULL, updated_at = NULL"))
+        count = _Statements(engine)
+        writer.on_trial_result(0, [], _trial(a), _rows(a, 20, 30))
+        writer.flush()
+        assert count.n == 2, count.texts
+        assert count.texts[0].startswith("UPDATE trials SET") and "RETURNING" in count.texts[0]
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE trials SET claimed_by = 'other' WHERE id = :t"), {"t": b})
+        writer.on_trial_result(0, [], _trial(b), _rows(b, 20))
+        writer.flush()  # the driver's next renewal finds the trial taken and stops it
+    beats = {
+        r.id: (r.hb, r.up)
+        for r in query(db_url, "SELECT id, heartbeat_at IS NOT NULL AS hb, updated_at IS NOT NULL AS up FROM trials")
+    }
+    assert beats == {a: (True, True), b: (False, False)}
+    assert query(db_url, "SELECT trial_id, step FROM evals ORDER BY trial_id, step") == [
+        (a, 10),
+        (a, 20),
+        (a, 30),
+        (b, 10),
     ]
 
 

@@ -55,8 +55,8 @@ def ingest(url: str, n_rows: int = 200_000) -> dict[str, Any]:
 
     The writer's path is the driver's flush (runner/writer.py) from the runner's messages
     (``EvalRow``) on, with its guarantees: per batch of ``BATCH`` rows one transaction
-    holding the ownership check (``claims.taken_from``: nothing for a trial another driver
-    took), the idempotent upsert and the non-finite marks (1% of the rows carry a NaN loss).
+    holding the ownership check with the trials' heartbeat (``claims.taken_from``: nothing for
+    a trial another driver took), the idempotent upsert and the non-finite marks (1% of the rows carry a NaN loss).
     The ceiling is the same rows, as the writer's finished tuples (their building is not
     timed), bulk-loaded (PostgreSQL's ``COPY``, SQLite's ``executemany`` of a plain INSERT)
     into a copy of ``evals`` with the same primary key. Its headline form is like for like:
@@ -84,7 +84,7 @@ def ingest(url: str, n_rows: int = 200_000) -> dict[str, Any]:
         batch = [_row(j, points, tids) for j in range(i, min(i + BATCH, n))]
         t0 = time.perf_counter()
         with engine.begin() as conn:
-            gone = claims.taken_from(conn, owner, {r.trial_id for r in batch})
+            gone = claims.taken_from(conn, owner, {r.trial_id for r in batch}, heartbeat=True)
             repo.upsert_evals(conn, [r.store_row() for r in batch if r.trial_id not in gone])
         dt += time.perf_counter() - t0
     with engine.connect() as conn:

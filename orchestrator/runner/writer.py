@@ -11,7 +11,8 @@ it (``flush(then=...)``). Within a flush the order is the one a trial lives in: 
 rows, checkpoints, heartbeats and consoles, then ends (an end reads its final metrics from
 its rows). A start that would delete rows still buffered for its trial (a new attempt
 deletes the rows past its checkpoint) flushes them first. The statements a trial costs are
-few (issue 34): its running mark, placement and attempt's read are one UPDATE ... RETURNING
+few (issue 34): a flush's ownership check and the heartbeat of the trials it writes for are
+one UPDATE ... RETURNING; a trial's running mark, placement and attempt's read are another
 when one flush holds them; its end and the release of its claim are one UPDATE; attempts
 are closed one statement per kind of end.
 
@@ -51,7 +52,7 @@ from orchestrator.runner import checkpoints
 from orchestrator.runner.lifecycle import LOST
 from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Report, TrialFinal
 from orchestrator.status import FINISHED, Status
-from orchestrator.store import attempts, claims, lease, repo
+from orchestrator.store import attempts, claims, repo
 
 if TYPE_CHECKING:  # the runner reaches the database only through orchestrator.store
     from orchestrator.runner.lifecycle import DriverSession
@@ -204,7 +205,9 @@ class StoreWriter(tune.Callback):
                 ids.update(s.tids)
             for e in ends:
                 ids.update(e.ends)
-            gone = claims.taken_from(conn, self.driver, ids)
+            # Every trial the flush writes for is checked, locked and heartbeaten in one
+            # statement (a trial whose end it stores gets its heartbeat with that end too).
+            gone = claims.taken_from(conn, self.driver, ids, heartbeat=True)
             begun = self._store_starts(conn, starts, gone)
             numbers = {**self._attempts, **begun}
             n = repo.upsert_evals(conn, [r.store_row() for r in rows if r.trial_id not in gone])
@@ -219,9 +222,6 @@ class StoreWriter(tune.Callback):
                     ],
                     numbers,
                 )
-            # A trial whose end this flush stores gets its heartbeat with that end.
-            ending = {t for e in ends for t in e.ends}
-            lease.heartbeat(conn, touched - gone - ending, reported=True)
             attempts.save_logs(conn, {t: text for t, text in logs.items() if t not in gone})
             self._store_ends(conn, ends, gone)
             return n, gone, begun, then(conn) if then is not None else None

@@ -265,17 +265,35 @@ def release(conn: Connection, owner: str, trial_ids: list[int] | tuple[int, ...]
         )
 
 
-def taken_from(conn: Connection, owner: str, trial_ids: Collection[int]) -> set[int]:
+def taken_from(conn: Connection, owner: str, trial_ids: Collection[int], *, heartbeat: bool = False) -> set[int]:
     """Of ``trial_ids``, those this driver no longer holds (another driver's claim now, or
     none: another driver took it over and has already ended it), with every one of them
     locked until the caller's transaction ends (PostgreSQL's row locks; SQLite's write lock,
     taken here: call it first in the transaction), so
     no claim can move while the caller writes for the rest. A driver cut off from the database
     longer than the TTL finds here the trials taken over meanwhile, and writes nothing more
-    for them: the new attempt's trace stays its own."""
+    for them: the new attempt's trace stays its own.
+
+    With ``heartbeat`` the trials still held get the heartbeat of trials that reported
+    (``lease.heartbeat(..., reported=True)``) in the same statement that checks and locks
+    them, an ``UPDATE ... WHERE claimed_by = owner RETURNING id`` (issue 34: the writer's
+    flush pays one statement for its ownership check and its heartbeat, not three). A row
+    the UPDATE skips is one this driver does not hold, so it is not locked and not written."""
     ids = sorted(trial_ids)
     if not ids:
         return set()
+    if heartbeat:
+        # The UPDATE is the transaction's first statement, so SQLite takes its write lock
+        # with it (no read to upgrade); PostgreSQL locks the rows it updates, and re-checks
+        # the owner of a row another transaction held once that one ends.
+        now = dialect.for_connection(conn).now_plus(0)
+        held = conn.execute(
+            sa.update(Trial)
+            .where(Trial.id.in_(ids), Trial.claimed_by == owner)
+            .values(heartbeat_at=now, updated_at=now)
+            .returning(Trial.id)
+        )
+        return set(ids) - {r.id for r in held}
     # SQLite: the write lock before the read, so the writes that follow need no upgrade.
     dialect.for_connection(conn).lock_for_claim(conn)
     rows = conn.execute(sa.select(Trial.id, Trial.claimed_by).where(Trial.id.in_(ids)).with_for_update()).all()
