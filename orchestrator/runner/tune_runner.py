@@ -21,7 +21,7 @@ from typing import Any, TYPE_CHECKING
 
 
 from orchestrator.errors import UserError
-from orchestrator.runner import checkpoints, feed, fleet
+from orchestrator.runner import checkpoints, feed, fleet, lost_results
 from orchestrator.runner.writer import StoreWriter
 from ray import tune
 
@@ -42,6 +42,8 @@ os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
 # sweep) serves only Tune's own restore, which we never use: a restart resumes from our
 # checkpoints. Saved once a day instead (and when the run ends).
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "86400")
+# A trial's report lost with its node fails the trial, not the driver (runner/lost_results.py).
+lost_results.install()
 
 
 def debug() -> bool:
