@@ -82,3 +82,23 @@ def test_upgrading_a_0005_database_adds_the_column_and_keeps_rows(db_url):
         cols = [c["name"] for c in sa.inspect(conn).get_columns("evals")]
         assert "nonfinite" not in cols
         assert conn.execute(sa.text("SELECT step, acc FROM trial_trace")).all() == [(1, 0.5)]
+
+
+def test_the_writers_tuple_from_a_point_is_the_tuple_from_its_mapping():
+    """``repo.point_tuple`` (the writer's fast path, read off the point) builds what
+    ``repo.eval_tuple`` builds from the row's mapping, for finite rows, ints, a missing
+    train loss and every kind of non-finite number or metric."""
+    from orchestrator.evals import EvalPoint
+
+    points = [
+        EvalPoint(10, 0.5, 1.25, 2.0, 1e-3, 3.5, {"rebind_acc": 0.25}),
+        EvalPoint(20, 1, 2, None, 0.001, 4, {}),
+        EvalPoint(30, 0.5, math.inf, -math.inf, 1e-3, 5.0, {"rebind_loss": math.nan, "deep": {"x": math.inf}}),
+        EvalPoint(40, math.nan, 1.0, 2.0, 1e-3, 6.0, {"ok": 1.0}),
+        EvalPoint(50, 0.0, 0.0, 0.0, 0.0, 0.0, {"bad": math.nan}),
+    ]
+    for p in points:
+        got, want = repo.point_tuple(7, p), repo.eval_tuple(EvalRow(7, p).store_row())
+        assert repr(got) == repr(want), (got, want)  # repr: a NaN is never equal to itself
+    assert repo.point_tuple(7, points[2])[-1] == "loss=inf,train_loss=-inf,metrics.rebind_loss=nan,metrics.deep.x=inf"
+    assert repo.point_tuple(7, points[0])[-1] is None

@@ -85,13 +85,15 @@ def ingest(url: str, n_rows: int = 200_000) -> dict[str, Any]:
         t0 = time.perf_counter()
         with engine.begin() as conn:
             gone = claims.taken_from(conn, owner, {r.trial_id for r in batch}, heartbeat=True)
-            repo.upsert_evals(conn, [r.store_row() for r in batch if r.trial_id not in gone])
+            repo.upsert_eval_tuples(
+                conn, [repo.point_tuple(r.trial_id, r.point) for r in batch if r.trial_id not in gone]
+            )
         dt += time.perf_counter() - t0
     with engine.connect() as conn:
         stored = conn.execute(sa.text("SELECT COUNT(*) FROM evals")).scalar_one()
         marked = conn.execute(sa.text("SELECT COUNT(*) FROM evals WHERE nonfinite IS NOT NULL")).scalar_one()
         size = dialect.for_url(url).database_bytes(conn)
-    tuples = [repo.eval_tuple(_row(j, points, tids).store_row()) for j in range(n)]
+    tuples = [repo.point_tuple(r.trial_id, r.point) for r in (_row(j, points, tids) for j in range(n))]
     ceilings = {
         "": _bulk_ceiling(engine, tuples, foreign_key=True, batch=BATCH),
         "_no_fk": _bulk_ceiling(engine, tuples, foreign_key=False, batch=BATCH),

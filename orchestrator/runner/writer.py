@@ -210,7 +210,9 @@ class StoreWriter(tune.Callback):
             gone = claims.taken_from(conn, self.driver, ids, heartbeat=True)
             begun = self._store_starts(conn, starts, gone)
             numbers = {**self._attempts, **begun}
-            n = repo.upsert_evals(conn, [r.store_row() for r in rows if r.trial_id not in gone])
+            n = repo.upsert_eval_tuples(
+                conn, [repo.point_tuple(r.trial_id, r.point) for r in rows if r.trial_id not in gone]
+            )
             repo.upsert_system_metrics(conn, [m for m in system if m["trial_id"] not in gone], numbers)
             if to_db:  # after the rows: a stored checkpoint never claims a row that is missing
                 attempts.save_checkpoints(

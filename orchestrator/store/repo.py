@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import json.encoder
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -426,6 +427,25 @@ def eval_tuple(r: Mapping[str, Any]) -> tuple:
     return (int(r["trial_id"]), int(r["step"]), *numbers, text, None)
 
 
+_point_numbers = operator.attrgetter(*EVAL_NUMBERS)
+
+
+def point_tuple(trial_id: int, point: evals.EvalPoint) -> tuple:
+    """:func:`eval_tuple` of a trial's :class:`~orchestrator.evals.EvalPoint`, read off the
+    point itself: the driver's writer stores every row of a sweep, and building a mapping
+    first cost it as much as the row's upsert (issue 34's ingest share). The same checks, and
+    the same full path for a row holding a non-finite number."""
+    try:
+        numbers = [x if x is None or type(x) is float else float(x) for x in _point_numbers(point)]
+        if not all(map(math.isfinite, filter(None, numbers))):
+            raise ValueError
+        metrics = point.metrics
+        text = _encode_json(metrics) if metrics else None
+    except (TypeError, ValueError):
+        return _marked_tuple({"trial_id": trial_id, **vars(point)})
+    return (int(trial_id), int(point.step), *numbers, text, None)
+
+
 def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     """Write eval rows (dicts with trial_id, step and EVAL_COLUMNS) as one batched upsert
     inside the caller's transaction.
@@ -433,8 +453,13 @@ def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
     This is the hot path of every sweep, so it talks to the driver directly: one prepared
     executemany on SQLite; COPY into a staging table and one INSERT ... ON CONFLICT on
     PostgreSQL (row-at-a-time upserts manage a fraction of that)."""
+    return upsert_eval_tuples(conn, map(eval_tuple, rows))
+
+
+def upsert_eval_tuples(conn: Connection, tuples: Iterable[tuple]) -> int:
+    """:func:`upsert_evals` of rows already built by :func:`eval_tuple` or :func:`point_tuple`."""
     # The last report of a (trial, step) wins; one statement may not touch a row twice.
-    dedup = {(t[0], t[1]): t for t in map(eval_tuple, rows)}
+    dedup = {(t[0], t[1]): t for t in tuples}
     if not dedup:
         return 0
     batch = list(dedup.values())
