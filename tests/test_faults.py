@@ -58,10 +58,16 @@ def _q(url: str, q: str, default=None):
         eng.dispose()
 
 
-def _start(args: list[str], url: str, ck: Path, env=None) -> subprocess.Popen:
+def _start(args: list[str], url: str, ck: Path, env=None, address: str | None = None) -> subprocess.Popen:
+    """A driver process with a Ray of its own (its process group is the machine a kill takes
+    down), or joined to the session's Ray at ``address`` (a test about the database only)."""
+    env = env or ENV
+    if address is not None:
+        env = shared_env(env)
+        args = [*args, "--address", address]
     return subprocess.Popen(
         CLI + args + ["--db", url, "--quiet", "--checkpoint-dir", str(ck)],
-        env=env or ENV,
+        env=env,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -190,7 +196,7 @@ def test_eight_readers_against_a_sqlite_sweep_being_written(tmp_path, shared_ray
     spec.write_text(SPEC.replace("steps: 240", "steps: 120").replace("eval_every: 20", "eval_every: 5"))
     # The writer is a real driver process; its trials run on the session's Ray (this is
     # about the database's readers and writer, not Ray's start-up).
-    p = _start(["submit", str(spec), "--address", shared_ray], url, tmp_path / "ck", env=shared_env(ENV))
+    p = _start(["submit", str(spec)], url, tmp_path / "ck", address=shared_ray)
     while p.poll() is None and not _q(url, "SELECT COUNT(*) FROM evals", default=[(0,)])[0][0]:
         time.sleep(0.1)
     stop = threading.Event()
@@ -239,7 +245,9 @@ def test_postgres_outage_mid_sweep(tmp_path, capsys, reference, shared_ray, outa
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
         budget = "5" if outage == "giveup" else "120"
-        p = _start(["submit", str(spec)], url, tmp_path / "ck", env={**ENV, "ORCH_DB_OUTAGE_S": budget})
+        # The outage is the database's: the driver runs on the session's Ray.
+        env = {**ENV, "ORCH_DB_OUTAGE_S": budget}
+        p = _start(["submit", str(spec)], url, tmp_path / "ck", env=env, address=shared_ray)
         deadline = time.time() + 300
         while p.poll() is None and time.time() < deadline and _eval_count(url) < 20:
             time.sleep(0.1)
