@@ -28,9 +28,10 @@ from typing import Any
 import torch
 
 from orchestrator.errors import UserError
-from orchestrator.store import attempts
-from orchestrator.store.engine import sqlite_path
-from orchestrator.store.sweep_store import SweepStore
+
+# The store (SQLAlchemy and the models) is imported where the Loader and the driver use it,
+# not here: every trial's Ray worker imports this module for fetch and StopPoll, and the
+# store's import cost each worker ~0.5 CPU-s it never used.
 
 DATABASE = "database"
 FILE = "file"
@@ -40,6 +41,8 @@ def default_root(db_url: str) -> Path:
     """Beside a SQLite file (``runs/orchestrator.db`` -> ``runs/checkpoints``); for
     PostgreSQL, ``runs/checkpoints/<hash of the URL>`` under the working directory, so two
     databases never share a sweep's checkpoints."""
+    from orchestrator.store.engine import sqlite_path
+
     path = sqlite_path(db_url)
     if path is not None:
         return (path.parent / "checkpoints").resolve()
@@ -145,6 +148,8 @@ class Loader:
     is further along."""
 
     def __init__(self, url: str, sweep: str, folders: list[str]) -> None:
+        from orchestrator.store.sweep_store import SweepStore
+
         self.store = SweepStore.at(url)
         self.sweep = sweep
         self.folders = [Path(f) for f in folders]
@@ -159,6 +164,8 @@ class Loader:
         return self._stopping
 
     def load(self, trial_id: int, key: str) -> Found | None:
+        from orchestrator.store import attempts
+
         found: list[Found] = []
         # A PostgreSQL restart while units start is ridden out as the writer rides it out
         # (same backoff and budget); past the budget the unit fails and the run stops.
