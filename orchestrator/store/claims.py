@@ -286,14 +286,7 @@ def taken_from(conn: Connection, owner: str, trial_ids: Collection[int], *, hear
         # The UPDATE is the transaction's first statement, so SQLite takes its write lock
         # with it (no read to upgrade); PostgreSQL locks the rows it updates, and re-checks
         # the owner of a row another transaction held once that one ends.
-        now = dialect.for_connection(conn).now_plus(0)
-        held = conn.execute(
-            sa.update(Trial)
-            .where(Trial.id.in_(ids), Trial.claimed_by == owner)
-            .values(heartbeat_at=now, updated_at=now)
-            .returning(Trial.id)
-        )
-        return set(ids) - {r.id for r in held}
+        return set(ids) - lease.heartbeat(conn, ids, reported=True, held_by=owner)
     # SQLite: the write lock before the read, so the writes that follow need no upgrade.
     dialect.for_connection(conn).lock_for_claim(conn)
     rows = conn.execute(sa.select(Trial.id, Trial.claimed_by).where(Trial.id.in_(ids)).with_for_update()).all()

@@ -140,15 +140,25 @@ def release(conn: Connection, sweep: int, owner: str) -> None:
     )
 
 
-def heartbeat(conn: Connection, trial_ids: Iterable[int], *, reported: bool = False) -> None:
+def heartbeat(
+    conn: Connection, trial_ids: Iterable[int], *, reported: bool = False, held_by: str | None = None
+) -> set[int]:
     """The one heartbeat of running trials, written by their driver's renewal and, for the
     trials that ``reported`` since the last flush, by its writer (their ``updated_at`` too):
-    what the stale rule compares with the database clock."""
+    what the stale rule compares with the database clock. With ``held_by`` only the trials
+    that driver holds are beaten (``claims.taken_from``'s check); returns those beaten."""
     ids = list(trial_ids)
-    if ids:
-        now = dialect.for_connection(conn).now_plus(0)
-        values = {"heartbeat_at": now, "updated_at": now} if reported else {"heartbeat_at": now}
+    if not ids:
+        return set()
+    now = dialect.for_connection(conn).now_plus(0)
+    values = {"heartbeat_at": now, "updated_at": now} if reported else {"heartbeat_at": now}
+    if held_by is None:
         conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(**values))
+        return set(ids)
+    beaten = conn.execute(
+        sa.update(Trial).where(Trial.id.in_(ids), Trial.claimed_by == held_by).values(**values).returning(Trial.id)
+    )
+    return {r.id for r in beaten}
 
 
 def stale_condition(conn: Connection, ttl: float | None = None) -> Any:

@@ -414,17 +414,7 @@ def eval_tuple(r: Mapping[str, Any]) -> tuple:
     all their numbers and one encoding of their metrics (which refuses a non-finite float);
     a row that fails either is built again by :func:`_marked_tuple`, which names each one."""
     get = r.get
-    numbers = list(map(get, EVAL_NUMBERS))
-    try:
-        numbers = [x if x is None or type(x) is float else float(x) for x in numbers]
-        # filter(None, ...) drops None and 0.0, both of which pass anyway.
-        if not all(map(math.isfinite, filter(None, numbers))):
-            return _marked_tuple(r)
-        metrics = get("metrics")
-        text = _encode_json(metrics) if metrics else None
-    except (TypeError, ValueError):  # a non-finite metric, or a value left to the full path
-        return _marked_tuple(r)
-    return (int(r["trial_id"]), int(r["step"]), *numbers, text, None)
+    return _finite_tuple(r["trial_id"], r["step"], map(get, EVAL_NUMBERS), get("metrics")) or _marked_tuple(r)
 
 
 _point_numbers = operator.attrgetter(*EVAL_NUMBERS)
@@ -433,17 +423,24 @@ _point_numbers = operator.attrgetter(*EVAL_NUMBERS)
 def point_tuple(trial_id: int, point: evals.EvalPoint) -> tuple:
     """:func:`eval_tuple` of a trial's :class:`~orchestrator.evals.EvalPoint`, read off the
     point itself: the driver's writer stores every row of a sweep, and building a mapping
-    first cost it as much as the row's upsert (issue 34's ingest share). The same checks, and
-    the same full path for a row holding a non-finite number."""
+    first cost it as much as the row's upsert (issue 34's ingest share)."""
+    return _finite_tuple(trial_id, point.step, _point_numbers(point), point.metrics) or _marked_tuple(
+        {"trial_id": trial_id, **vars(point)}
+    )
+
+
+def _finite_tuple(trial_id: Any, step: Any, numbers: Iterable[Any], metrics: Any) -> tuple | None:
+    """The row's values when every number and metric is finite; None when the row needs
+    :func:`_marked_tuple` (a non-finite value, or one left to the full path)."""
     try:
-        numbers = [x if x is None or type(x) is float else float(x) for x in _point_numbers(point)]
-        if not all(map(math.isfinite, filter(None, numbers))):
-            raise ValueError
-        metrics = point.metrics
+        values = [x if x is None or type(x) is float else float(x) for x in numbers]
+        # filter(None, ...) drops None and 0.0, both of which pass anyway.
+        if not all(map(math.isfinite, filter(None, values))):
+            return None
         text = _encode_json(metrics) if metrics else None
-    except (TypeError, ValueError):
-        return _marked_tuple({"trial_id": trial_id, **vars(point)})
-    return (int(trial_id), int(point.step), *numbers, text, None)
+    except (TypeError, ValueError):  # a non-finite metric, or a value left to the full path
+        return None
+    return (int(trial_id), int(step), *values, text, None)
 
 
 def upsert_evals(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> int:
