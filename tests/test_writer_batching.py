@@ -148,13 +148,13 @@ class _Statements:
         return len(self.texts) + self._raw.sent - self._raw0
 
 
-def test_a_short_trials_whole_life_in_one_flush_is_seven_statements(db_url):
+def test_a_short_trials_whole_life_in_one_flush_is_six_statements(db_url):
     """A trial that starts, reports and ends within one flush (the steady state of short
-    trials): its ownership check with its heartbeat (one UPDATE ... RETURNING, which takes
-    SQLite's write lock too), its row's start (the running mark, the placement and the
-    attempt's read in one UPDATE ... RETURNING), the attempt, its rows, its checkpoint, the
-    attempt's close and its end (finished and let go in one UPDATE): 7 statements on either
-    backend. A fresh attempt deletes nothing (nothing lies past its start)."""
+    trials): its ownership check with its heartbeat and its row's start (the running mark,
+    the placement and the attempt's read) in one UPDATE ... RETURNING, which takes SQLite's
+    write lock too; the attempt, its rows, its checkpoint, the attempt's close and its end
+    (finished and let go in one UPDATE): 6 statements on either backend. A fresh attempt
+    deletes nothing (nothing lies past its start)."""
     with claimed_writer(db_url, 2) as (engine, (a, b), session, writer):
         count = _Statements(engine)
         trial = _trial(a, Status.completed)
@@ -164,7 +164,8 @@ def test_a_short_trials_whole_life_in_one_flush_is_seven_statements(db_url):
         writer._ckpts[a] = Checkpoint(a, 30, b"final")
         writer.on_trial_complete(0, [], trial)
         writer.flush()
-        assert count.n == 7, count.texts
+        assert count.n == 6, count.texts
+        assert count.texts[0].startswith("UPDATE trials SET") and "RETURNING" in count.texts[0]
         assert not [t for t in count.texts if t.startswith("BEGIN")], count.texts
         assert not [t for t in count.texts if t.startswith("DELETE")], count.texts
         # The ended trial is let go; the other is still this driver's claim.
@@ -238,3 +239,55 @@ def test_the_next_claim_shares_the_flushs_transaction_and_sees_its_ends(db_url):
         assert writer.outcomes[a] == "completed"
         # Nothing buffered: the claim runs in a transaction of its own.
         assert writer.flush(then=claim) == ("completed", []) and commits.n == 2
+
+
+def test_a_resumed_attempt_read_by_the_flushs_first_statement_closes_the_open_one_and_cuts_the_trace(db_url):
+    """Two trials each with an attempt still open (its driver died) and rows, a system row
+    and a checkpoint up to step 40; Tune resumes them from their step-20 checkpoints, both
+    starts in one flush. The flush's first statement reads each trial's own attempts and
+    rows (not another trial's, not another table's ids): each new attempt is number 2, the
+    lost one is closed, and only what lies past its own start is deleted."""
+    from orchestrator.train.sysmetrics import SAMPLE_FIELDS
+
+    with claimed_writer(db_url, 3) as (engine, (a, b, c), session, writer):
+        for tid in (c, a, b):  # attempt ids differ from trial ids: a read must name its trial
+            trial = _trial(tid)
+            writer.on_trial_start(0, [], trial)
+            writer.on_trial_result(0, [], trial, _first(tid))
+            writer.on_trial_result(0, [], trial, _rows(tid, 20, 30, 40))
+            writer._ckpts[tid] = Checkpoint(tid, 40, b"attempt-1")
+            writer.flush()
+        writer._system.append({"trial_id": a, "step": 40, **dict.fromkeys(SAMPLE_FIELDS, 1.0)})
+        writer.flush()
+        count = _Statements(engine)
+        # a resumes from 20, b from nothing (its rows all go), c keeps running as it was.
+        for tid, start in ((a, 20), (b, None)):
+            trial = _trial(tid)
+            writer.on_trial_start(0, [], trial)
+            writer.on_trial_result(0, [], trial, _first(tid, from_step=start))
+        writer.flush()
+        assert count.texts[0].startswith("UPDATE trials SET") and "RETURNING" in count.texts[0]
+    assert query(db_url, "SELECT trial_id, attempt, from_step, outcome FROM attempts ORDER BY trial_id, attempt") == [
+        (a, 1, None, "lost"),
+        (a, 2, 20, None),
+        (b, 1, None, "lost"),
+        (b, 2, None, None),
+        (c, 1, None, None),
+    ]
+    assert query(db_url, "SELECT trial_id, step FROM evals ORDER BY trial_id, step") == [
+        (a, 10),
+        (a, 20),
+        (a, 30),  # attempt 2's first row (from step 20: step 30)
+        (b, 10),  # attempt 2's first row
+        (c, 10),
+        (c, 20),
+        (c, 30),
+        (c, 40),
+    ]
+    assert query(db_url, "SELECT trial_id FROM trial_checkpoints ORDER BY trial_id") == [(c,)]
+    assert query(db_url, "SELECT COUNT(*) FROM system_metrics WHERE trial_id = :t", t=a) == [(0,)]
+    assert query(db_url, "SELECT id, attempts, status FROM trials ORDER BY id") == [
+        (a, 2, "running"),
+        (b, 2, "running"),
+        (c, 1, "running"),
+    ]

@@ -11,10 +11,11 @@ it (``flush(then=...)``). Within a flush the order is the one a trial lives in: 
 rows, checkpoints, heartbeats and consoles, then ends (an end reads its final metrics from
 its rows). A start that would delete rows still buffered for its trial (a new attempt
 deletes the rows past its checkpoint) flushes them first. The statements a trial costs are
-few (issue 34): a flush's ownership check and the heartbeat of the trials it writes for are
-one UPDATE ... RETURNING; a trial's running mark, placement and attempt's read are another
-when one flush holds them; its end and the release of its claim are one UPDATE; attempts
-are closed one statement per kind of end.
+few (issue 34): a flush's ownership check, the heartbeat of the trials it writes for and
+each trial's start on its row (its running mark, placement and the new attempt's read) are
+one UPDATE ... RETURNING; then each attempt is one INSERT; a trial's end and the release of
+its claim are one UPDATE; attempts are closed one statement per kind of end; the feed's
+claim is one UPDATE ... RETURNING.
 
 A row lost in the buffer when the driver dies was past every stored checkpoint: the attempt
 that resumes the trial deletes the rows past its checkpoint and trains them again, so no
@@ -206,9 +207,15 @@ class StoreWriter(tune.Callback):
             for e in ends:
                 ids.update(e.ends)
             # Every trial the flush writes for is checked, locked and heartbeaten in one
-            # statement (a trial whose end it stores gets its heartbeat with that end too).
-            gone = claims.taken_from(conn, self.driver, ids, heartbeat=True)
-            begun = self._store_starts(conn, starts, gone)
+            # statement, which also makes each trial's first start on its row (a trial whose
+            # end it stores gets its heartbeat with that end too).
+            steps = self._start_steps(starts)
+            first: dict[int, attempts.RowStart] = {}
+            for tid, step, _ in steps:
+                first.setdefault(tid, step)
+            held = claims.hold(conn, self.driver, ids, first)
+            gone = held.gone
+            begun = self._store_starts(conn, steps, held)
             numbers = {**self._attempts, **begun}
             n = repo.upsert_eval_tuples(
                 conn, [repo.point_tuple(r.trial_id, r.point) for r in rows if r.trial_id not in gone]
@@ -257,41 +264,63 @@ class StoreWriter(tune.Callback):
             self._ended(e, gone)
         return result
 
-    def _store_starts(self, conn, starts: list[_Start], gone: set[int]) -> dict[int, int]:
-        """The queued starts of the trials still held; returns the attempts begun. A trial's
-        "running" mark and its attempt's start in one flush (a short trial, or a first
-        report within ``flush_s`` of the start) are one statement on its row, with its
-        placement and the attempt's read."""
-        begun: dict[int, int] = {}
-        marked: set[int] = set()  # marked running in this flush, their attempt not yet begun
+    @staticmethod
+    def _start_steps(starts: list[_Start]) -> list[tuple[int, attempts.RowStart, dict[str, Any]]]:
+        """The queued starts as what they do to each trial's row, in order: a running mark
+        and the attempt's start that follows it in one flush (a short trial, or a first
+        report within ``flush_s`` of the start) are one step, with the placement and the
+        attempt's read (and its environment); a trial started twice before an attempt has its
+        first mark alone."""
+        steps: list[tuple[int, attempts.RowStart, dict[str, Any]]] = []
+        marked: set[int] = set()  # marked running, their attempt not yet begun
         for s in starts:
-            held = [t for t in s.tids if t not in gone]
             if s.running:
-                for tid in held:
-                    if tid in marked:  # started twice before an attempt: the first stands alone
-                        repo.mark_running(conn, tid)
+                for tid in s.tids:
+                    if tid in marked:
+                        steps.append((tid, attempts.RowStart(repo.running_values()), {}))
                     marked.add(tid)
                 continue
-            steps = dict(s.attempt.from_steps) if s.attempt is not None else {}
-            for tid in held:
+            from_steps = dict(s.attempt.from_steps) if s.attempt is not None else {}
+            env = dict(s.attempt.env) if s.attempt is not None else {}
+            for tid in s.tids:
                 values = dict(s.placement or {})
                 if tid in marked:
                     marked.discard(tid)
                     values.update(repo.running_values())
-                if s.attempt is not None and tid in steps:
-                    begun[tid] = attempts.begin_attempt(
-                        conn,
-                        tid,
-                        steps[tid],
-                        s.attempt.env,
-                        self.driver,
-                        slurm_job=self.session.slurm_job,
-                        trial_values=values,
-                    )
+                if tid in from_steps:
+                    steps.append((tid, attempts.RowStart(values, True, from_steps[tid]), env))
                 elif values:
-                    repo.update_trial(conn, tid, **values)
-        for tid in marked:
-            repo.mark_running(conn, tid)
+                    steps.append((tid, attempts.RowStart(values), {}))
+        steps += [(tid, attempts.RowStart(repo.running_values()), {}) for tid in marked]
+        return steps
+
+    def _store_starts(
+        self, conn, steps: list[tuple[int, attempts.RowStart, dict[str, Any]]], held: claims.Held
+    ) -> dict[int, int]:
+        """The queued starts of the trials still held; returns the attempts begun. Each
+        trial's first step was made by the flush's first statement (``claims.hold``), which
+        read for its attempt: only the attempt is recorded here. A later step (a trial
+        restarted within the flush) is a statement of its own."""
+        begun: dict[int, int] = {}
+        folded: set[int] = set()
+        for tid, step, env in steps:
+            if tid in held.gone:
+                continue
+            first = tid not in folded
+            folded.add(tid)
+            if step.begins:
+                begun[tid] = attempts.begin_attempt(
+                    conn,
+                    tid,
+                    step.from_step,
+                    env,
+                    self.driver,
+                    slurm_job=self.session.slurm_job,
+                    trial_values=None if first else step.values,
+                    read=held.reads[tid] if first else None,
+                )
+            elif not first:
+                repo.update_trial(conn, tid, **step.values)
         return begun
 
     def _start(self, start: _Start) -> None:

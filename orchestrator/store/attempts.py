@@ -40,6 +40,57 @@ def _open(trial_ids: Iterable[int]) -> Any:
     return sa.and_(Attempt.trial_id.in_(list(trial_ids)), Attempt.outcome.is_(None))
 
 
+@dataclass(frozen=True)
+class RowStart:
+    """How a trial's start changes its row (``values``: the running mark, its placement)
+    and whether an attempt begins with it (``begins``, from its checkpoint at ``from_step``):
+    the part of a start the writer's first statement of a flush carries (``claims.hold``)."""
+
+    values: Mapping[str, Any]
+    begins: bool = False
+    from_step: int | None = None
+
+
+@dataclass(frozen=True)
+class AttemptRead:
+    """What a new attempt reads before it is recorded: the trial's last attempt number,
+    whether one is still open, and whether evals, system rows or a checkpoint lie past the
+    step it starts from."""
+
+    last: int | None
+    still_open: bool
+    stale: tuple[bool, bool, bool]
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> AttemptRead:
+        last, still_open, *stale = row
+        return cls(last, bool(still_open), (bool(stale[0]), bool(stale[1]), bool(stale[2])))
+
+
+_PAST: tuple[Any, ...] = (Eval, SystemMetric, TrialCheckpoint)
+
+
+def _reads(trial_id: int, start: int) -> tuple[Any, ...]:
+    """The read of :class:`AttemptRead` for ``trial_id`` starting from ``start``."""
+    return (
+        sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == trial_id).scalar_subquery(),
+        sa.select(sa.func.count()).where(_open([trial_id])).scalar_subquery(),
+        *(sa.exists().where(model.trial_id == trial_id, model.step > start) for model in _PAST),
+    )
+
+
+def start_reads(starts: Mapping[int, RowStart]) -> tuple[Any, ...]:
+    """The columns of :class:`AttemptRead` for each row of ``trials`` an enclosing UPDATE
+    touches: read for the trials whose attempt begins in ``starts``, NULL for the rest. Each
+    trial's reads name it by value, never by the enclosing row's ``id``: SQLite writes
+    RETURNING's columns unqualified, and inside a read of ``attempts`` an ``id`` is the
+    attempt's own."""
+    reads = {tid: _reads(tid, -1 if s.from_step is None else int(s.from_step)) for tid, s in starts.items() if s.begins}
+    if not reads:
+        return ()
+    return tuple(sa.case(*((Trial.id == tid, r[i]) for tid, r in reads.items())) for i in range(2 + len(_PAST)))
+
+
 def begin_attempt(
     conn: Connection,
     trial_id: int,
@@ -49,42 +100,37 @@ def begin_attempt(
     *,
     slurm_job: str | None = None,
     trial_values: Mapping[str, Any] | None = None,
+    read: AttemptRead | None = None,
 ) -> int:
     """Record a new attempt of ``trial_id`` starting from its checkpoint at ``from_step``
     (None: from nothing) and delete the trial's eval rows past that step, and a checkpoint
     it did not start from, in the caller's transaction. An attempt still open (its driver
     died, or Tune restarted the unit) is closed as ``lost``. ``slurm_job``: the SLURM array
     task of the driver that runs it. ``trial_values``: changes to the trial's own row made
-    by the same statement (the writer's "running" mark and placement). Returns the attempt
-    number."""
+    by the same statement (the writer's "running" mark and placement). ``read``: what the
+    attempt reads, read already by the caller's statement (``start_reads``); then only the
+    attempt is recorded. Returns the attempt number."""
     start = -1 if from_step is None else int(from_step)
-
-    def past(model: Any) -> Any:
-        return sa.exists().where(model.trial_id == trial_id, model.step > start)
-
-    # One read (folded into the trial's update when there is one) says the last number,
-    # whether an attempt is open and which tables hold rows past the start: most attempts
-    # start fresh, with nothing to close or delete (issue 34: statements a trial).
-    probe = (
-        sa.select(sa.func.max(Attempt.attempt)).where(Attempt.trial_id == trial_id).scalar_subquery(),
-        sa.select(sa.func.count()).where(_open([trial_id])).scalar_subquery(),
-        past(Eval),
-        past(SystemMetric),
-        past(TrialCheckpoint),
-    )
-    if trial_values:
-        stmt: Any = (
-            sa.update(Trial)
-            .where(Trial.id == trial_id)
-            .values(updated_at=sa.func.now(), **trial_values)
-            .returning(*probe)
-        )
-    else:
-        stmt = sa.select(*probe)
-    last, still_open, *stale = conn.execute(stmt).one()
-    if still_open:
+    if read is None:
+        # One read (folded into the trial's update when there is one) says the last number,
+        # whether an attempt is open and which tables hold rows past the start: most attempts
+        # start fresh, with nothing to close or delete (issue 34: statements a trial).
+        probe = _reads(trial_id, start)
+        if trial_values:
+            stmt: Any = (
+                sa.update(Trial)
+                .where(Trial.id == trial_id)
+                .values(updated_at=sa.func.now(), **trial_values)
+                .returning(*probe)
+            )
+        else:
+            stmt = sa.select(*probe)
+        read = AttemptRead.of(conn.execute(stmt).one())
+    elif trial_values:
+        raise ValueError("begin_attempt: trial_values with a read already made (its statement set them)")
+    if read.still_open:
         close_attempts(conn, [trial_id], LOST)
-    number = int(last or 0) + 1
+    number = int(read.last or 0) + 1
     # Each value cut to its column's length (PostgreSQL refuses a longer one; SQLite would
     # keep it whole).
     values = {
@@ -101,8 +147,7 @@ def begin_attempt(
             **values,
         )
     )
-    kept: tuple[Any, ...] = (Eval, SystemMetric, TrialCheckpoint)
-    for model, found in zip(kept, stale):
+    for model, found in zip(_PAST, read.stale):
         if found:
             conn.execute(sa.delete(model).where(model.trial_id == trial_id, model.step > start))
     return number

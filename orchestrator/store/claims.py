@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,14 +238,19 @@ def claim_batch(
         where.append(Trial.id.in_(list(only)))
     else:  # the lease read in the pick: a statement saved on every claim (issue 34)
         where.append(sa.not_(exclusive))
-    pick = d.skip_locked(
-        sa.select(Trial.id, Trial.key, Trial.params, Trial.status).where(*where).order_by(Trial.id).limit(n)
+    # The pick and the claim are one statement (issue 34: statements a trial), the queue's
+    # ``UPDATE ... WHERE id IN (SELECT ... LIMIT n [FOR UPDATE SKIP LOCKED]) RETURNING``; the
+    # pick is not correlated with the outer ``trials`` (it reads the table on its own).
+    pick = d.skip_locked(sa.select(Trial.id).where(*where).order_by(Trial.id).limit(n)).correlate(None)
+    claim = (
+        sa.update(Trial)
+        .where(Trial.id.in_(pick.scalar_subquery()))
+        .values(claimed_by=owner, claim_expires_at=d.now_plus(ttl))
+        .returning(Trial.id, Trial.key, Trial.params, Trial.status)
     )
-    rows = conn.execute(pick).all()
+    rows = sorted(conn.execute(claim).all(), key=lambda r: r.id)  # RETURNING keeps no order
     if not rows:
         return None if only is None and excluded() else []
-    ids = [r.id for r in rows]
-    conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(claimed_by=owner, claim_expires_at=d.now_plus(ttl)))
     orphans = [r.id for r in rows if r.status == Status.running.value]
     if orphans:
         attempts.close_attempts(conn, orphans, attempts.LOST)
@@ -274,23 +279,53 @@ def taken_from(conn: Connection, owner: str, trial_ids: Collection[int], *, hear
     longer than the TTL finds here the trials taken over meanwhile, and writes nothing more
     for them: the new attempt's trace stays its own.
 
-    With ``heartbeat`` the trials still held get the heartbeat of trials that reported
-    (``lease.heartbeat(..., reported=True)``) in the same statement that checks and locks
-    them, an ``UPDATE ... WHERE claimed_by = owner RETURNING id`` (issue 34: the writer's
-    flush pays one statement for its ownership check and its heartbeat, not three). A row
-    the UPDATE skips is one this driver does not hold, so it is not locked and not written."""
+    With ``heartbeat`` the trials still held get their heartbeat in the same statement
+    (:func:`hold`)."""
     ids = sorted(trial_ids)
     if not ids:
         return set()
     if heartbeat:
-        # The UPDATE is the transaction's first statement, so SQLite takes its write lock
-        # with it (no read to upgrade); PostgreSQL locks the rows it updates, and re-checks
-        # the owner of a row another transaction held once that one ends.
-        return set(ids) - lease.heartbeat(conn, ids, reported=True, held_by=owner)
+        return hold(conn, owner, ids).gone
     # SQLite: the write lock before the read, so the writes that follow need no upgrade.
     dialect.for_connection(conn).lock_for_claim(conn)
     rows = conn.execute(sa.select(Trial.id, Trial.claimed_by).where(Trial.id.in_(ids)).with_for_update()).all()
     return {r.id for r in rows if r.claimed_by != owner}
+
+
+@dataclass(frozen=True)
+class Held:
+    """What :func:`hold` found: the trials this driver no longer holds, and what the
+    attempts that begin on the others read (``attempts.begin_attempt(read=...)``)."""
+
+    gone: set[int]
+    reads: dict[int, attempts.AttemptRead]
+
+
+def hold(
+    conn: Connection, owner: str, trial_ids: Collection[int], starts: Mapping[int, attempts.RowStart] | None = None
+) -> Held:
+    """:func:`taken_from` with the heartbeat of the trials still held (``lease.heartbeat(...,
+    reported=True)``) and their starts (``starts``: a trial's running mark, placement and
+    its new attempt's read) in the one statement that checks and locks them, an ``UPDATE
+    ... WHERE claimed_by = owner RETURNING``: the writer's flush pays one statement for its
+    ownership check, its heartbeats and the starts on the trials' rows (issue 34). A row the
+    UPDATE skips is one this driver does not hold, so it is not locked, started or written.
+    The UPDATE is the transaction's first statement, so SQLite takes its write lock with it
+    (no read to upgrade); PostgreSQL locks the rows it updates, and re-checks the owner of a
+    row another transaction held once that one ends."""
+    ids = sorted(set(trial_ids) | set(starts or ()))
+    if not ids:
+        return Held(set(), {})
+    starts = starts or {}
+    reads = attempts.start_reads(starts)
+    beaten = lease.heartbeat(
+        conn, ids, reported=True, held_by=owner, also={t: s.values for t, s in starts.items()}, returning=reads
+    )
+    begins = {t for t, s in starts.items() if s.begins}
+    return Held(
+        set(ids) - beaten.keys(),
+        {t: attempts.AttemptRead.of(row) for t, row in beaten.items() if t in begins},
+    )
 
 
 def held_elsewhere(conn: Connection, sweep: int, owner: str) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,24 +141,41 @@ def release(conn: Connection, sweep: int, owner: str) -> None:
 
 
 def heartbeat(
-    conn: Connection, trial_ids: Iterable[int], *, reported: bool = False, held_by: str | None = None
-) -> set[int]:
+    conn: Connection,
+    trial_ids: Iterable[int],
+    *,
+    reported: bool = False,
+    held_by: str | None = None,
+    also: Mapping[int, Mapping[str, Any]] | None = None,
+    returning: Sequence[Any] = (),
+) -> dict[int, tuple[Any, ...]]:
     """The one heartbeat of running trials, written by their driver's renewal and, for the
     trials that ``reported`` since the last flush, by its writer (their ``updated_at`` too):
     what the stale rule compares with the database clock. With ``held_by`` only the trials
-    that driver holds are beaten (``claims.taken_from``'s check); returns those beaten."""
+    that driver holds are beaten (``claims.taken_from``'s check). ``also``: more values of
+    some trials' rows, set by the same statement (a start's running mark and placement,
+    ``claims.hold``); ``returning``: columns read back for each trial beaten (with
+    ``held_by``). Returns the trials beaten, each with its ``returning`` values."""
     ids = list(trial_ids)
     if not ids:
-        return set()
+        return {}
     now = dialect.for_connection(conn).now_plus(0)
-    values = {"heartbeat_at": now, "updated_at": now} if reported else {"heartbeat_at": now}
+    values: dict[str, Any] = {"heartbeat_at": now, "updated_at": now} if reported else {"heartbeat_at": now}
+    for column in {c for v in (also or {}).values() for c in v} - values.keys():
+        # One CASE a column: the trials that change it, every other row keeping its own.
+        table_column = Trial.__table__.c[column]
+        changes = [(Trial.id == tid, v[column]) for tid, v in (also or {}).items() if column in v]
+        values[column] = sa.case(*changes, else_=table_column)
     if held_by is None:
         conn.execute(sa.update(Trial).where(Trial.id.in_(ids)).values(**values))
-        return set(ids)
+        return {t: () for t in ids}
     beaten = conn.execute(
-        sa.update(Trial).where(Trial.id.in_(ids), Trial.claimed_by == held_by).values(**values).returning(Trial.id)
+        sa.update(Trial)
+        .where(Trial.id.in_(ids), Trial.claimed_by == held_by)
+        .values(**values)
+        .returning(Trial.id, *returning)
     )
-    return {r.id for r in beaten}
+    return {r[0]: tuple(r[1:]) for r in beaten}
 
 
 def stale_condition(conn: Connection, ttl: float | None = None) -> Any:
