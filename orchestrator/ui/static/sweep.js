@@ -759,8 +759,11 @@ async function reload() {
   // One view at a time, the grid first: each costs the server an analysis pass of the sweep
   // (the parallel coordinates reuse the grid's, the escape-time curves make their own,
   // fANOVA is the costliest), and on a big sweep they would all share its CPU.
+  // The grid's request goes before the table and traces are drawn: the server computes it
+  // while the browser draws.
+  const grid = drawGrid();
   drawTable(); drawTraces(); drawOverlay(); saveURL();
-  drawGrid().finally(() => { drawPC(); drawKM().finally(drawImportance); });
+  grid.finally(() => { drawPC(); drawKM().finally(drawImportance); });
 }
 
 // A big sweep's page: new bands (and trials) once the sweep's write stamp moves, looked at
