@@ -300,3 +300,26 @@ def test_identical_trial_tables_in_flight_are_computed_once(engine, monkeypatch)
     assert len(calls) == 1 and len(got) == 3 and got[0] is got[1] is got[2] and len(got[0].rows) == N_TRIALS
     q.trials(engine, SWEEP)  # nothing is kept once the call ends
     assert len(calls) == 2 and not q._TRIALS.flight
+
+
+def test_a_group_label_is_the_values_own_json_cached_or_not():
+    """The labels the bands group by (``_group_key``): scalars go through a cache keyed by
+    their type, so True, 1 and 1.0 stay "true", "1" and "1" however often and in whatever
+    order they are asked for; lists and dicts are sorted JSON, never cached."""
+    values = [True, 1, 1.0, 2.5, None, "a", "1", [1, 2], {"b": 1, "a": 2}, False, 0, 0.0]
+    want = ["true", "1", "1", "2.5", "null", '"a"', '"1"', "[1, 2]", '{"a": 2, "b": 1}', "false", "0", "0"]
+    for order in (values, values[::-1], values * 3):
+        got = {json.dumps(v, sort_keys=True) + type(v).__name__: q._group_key(v) for v in order}
+        assert got == {json.dumps(v, sort_keys=True) + type(v).__name__: w for v, w in zip(values, want)}
+
+
+def test_rows_to_a_frame_through_a_record_array_equal_from_records():
+    """``analysis.data.tuples_frame`` (the grid's and the bands' eval frames) against
+    pandas' own ``from_records`` and ``astype``: NULLs as NaN, ints, bools, no rows."""
+    from orchestrator.analysis.data import tuples_frame
+
+    dtypes = {"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float, "nonfinite": bool}
+    rows = [(1, 0, 0.5, None, 0), (1, 10, None, 2.0, 1), (2, 0, float("inf"), -1.5, False), (7, 30, 1.0, 0.0, True)]
+    for got_rows in (rows, []):
+        want = pd.DataFrame.from_records(got_rows, columns=list(dtypes)).astype(dtypes)
+        pd.testing.assert_frame_equal(tuples_frame(got_rows, dtypes), want)

@@ -862,7 +862,7 @@ def _group_key(v: Any) -> str:
     """One string per value as the page labels it: a float that is a whole number is that
     int (JavaScript prints 1.0 as "1"), lists and dicts as sorted JSON."""
     if v is None or type(v) in (str, int, float, bool):
-        return _scalar_key(type(v), v)  # a sweep's trials share a few values: each encoded once
+        return _scalar_key(type(v).__name__, v)  # a sweep's trials share a few values: each encoded once
     return _encode_key(v)
 
 
@@ -873,7 +873,7 @@ def _encode_key(v: Any) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _scalar_key(kind: type, v: Any) -> str:
+def _scalar_key(kind: str, v: Any) -> str:
     # ``kind`` in the key: True, 1 and 1.0 are one dict key but three labels.
     return _encode_key(v)
 
