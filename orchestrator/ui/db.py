@@ -572,7 +572,10 @@ MAX_CELLS = 10_000
 
 def _few_values(trials, flag: str, name: str, cap: int, what: str) -> int:
     """How many values ``name`` takes in ``trials``; a UserError past ``cap``."""
-    n = int(trials[name].map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique())
+    from orchestrator.analysis.groups import distinct_rows
+
+    values = distinct_rows(trials[[name]])[name]  # each distinct value encoded once
+    n = int(values.map(lambda v: json.dumps(v, sort_keys=True, default=str)).nunique())
     if n > cap:
         raise UserError(
             f"{flag}={name!r}: {n:,} values, more than the {cap} {what}; "
