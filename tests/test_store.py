@@ -263,7 +263,9 @@ def test_connections_converting_one_new_file_to_wal_at_once_all_wait(tmp_path):
     import multiprocessing as mp
     import time
 
-    with mp.get_context("fork").Pool(6) as pool:
+    # forkserver, not fork: this pytest worker may hold Ray's threads (the session's shared
+    # Ray), and a child forked while one of them held a lock hung CI for 15 minutes.
+    with mp.get_context("forkserver").Pool(6) as pool:
         for i in range(40):
             url = f"sqlite:///{tmp_path / f'new{i}.db'}"
             outcomes = pool.map(_connect_at, [(url, time.time() + 0.1)] * 6)
