@@ -232,9 +232,20 @@ def test_a_trial_without_its_checkpoint_restarts_clean_never_stitched(tmp_path, 
         conn.execute(sa.text("DELETE FROM trial_checkpoints"))
     engine.dispose()
     assert lost
-    # Stopped again as soon as the new attempts have started.
+    # Stopped again as soon as the lost trials' new attempts have started. Counted for those
+    # trials alone: the other trial (running without a checkpoint yet) may start its second
+    # attempt in an earlier flush, and a kill then would find the lost trial not yet restarted.
     b = _driver(["resume", "stitch"], url, tmp_path / "b")
-    _wait(b, lambda: _count(url, "SELECT COUNT(*) FROM attempts WHERE attempt = 2") >= len(lost))
+    keys = ", ".join(f"'{k}'" for k in sorted(lost))
+    _wait(
+        b,
+        lambda: _count(
+            url,
+            "SELECT COUNT(*) FROM attempts a JOIN trials t ON t.id = a.trial_id "
+            f"WHERE a.attempt = 2 AND t.key IN ({keys})",
+        )
+        >= len(lost),
+    )
     _kill(b)
     now = _rows(url)
     for key in lost:
