@@ -18,9 +18,11 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import sqlalchemy as sa
 
 from orchestrator.bench.ui import SWEEP, build_db_fast
 from orchestrator.store import reader
+from orchestrator.store.engine import make_engine
 from orchestrator.store.reader import open_reader_engine
 from orchestrator.ui import db as q
 from orchestrator.ui.app import create_app
@@ -281,7 +283,7 @@ def test_a_big_sweep_page_draws_bands_with_stored_markup_as_text(tmp_path):
             driver.quit()
 
 
-def test_identical_trial_tables_in_flight_are_computed_once(engine, monkeypatch):
+def test_identical_trial_tables_in_flight_are_computed_once(big, tmp_path, monkeypatch):
     calls = []
     real = q._trials
 
@@ -291,6 +293,10 @@ def test_identical_trial_tables_in_flight_are_computed_once(engine, monkeypatch)
         return real(*a)
 
     monkeypatch.setattr(q, "_trials", counted)
+    # A copy of the module's sweep: this test writes to it.
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    shutil.copy(big.removeprefix("sqlite:///"), tmp_path / "copy.db")
+    engine, _ = open_reader_engine(url)
     got: list = []
     threads = [threading.Thread(target=lambda: got.append(q.trials(engine, SWEEP))) for _ in range(3)]
     for t in threads:
@@ -298,8 +304,19 @@ def test_identical_trial_tables_in_flight_are_computed_once(engine, monkeypatch)
     for t in threads:
         t.join()
     assert len(calls) == 1 and len(got) == 3 and got[0] is got[1] is got[2] and len(got[0].rows) == N_TRIALS
-    q.trials(engine, SWEEP)  # nothing is kept once the call ends
-    assert len(calls) == 2 and not q._TRIALS.flight
+    assert not q._TRIALS.flight  # nothing is kept in flight once the call ends
+    # The whole table is kept while the sweep is unchanged (q.TABLES) ...
+    assert q.trials(engine, SWEEP) is got[0] and len(calls) == 1
+    # ... and read again once a write moves the sweep's stamp.
+    writer = make_engine(url)
+    try:
+        with writer.begin() as conn:
+            conn.execute(sa.text("UPDATE trials SET updated_at = '2099-01-01 00:00:00' WHERE id = (SELECT MIN(id) FROM trials)"))
+        again = q.trials(engine, SWEEP)
+    finally:
+        writer.dispose()
+        engine.dispose()
+    assert len(calls) == 2 and again is not got[0] and len(again.rows) == N_TRIALS
 
 
 def test_a_group_label_is_the_values_own_json_cached_or_not():

@@ -164,6 +164,12 @@ class TrialTable:
     params: list[str]
     varying: list[str]
 
+    @functools.cached_property
+    def default_by(self) -> str | None:
+        """The page's default colour (:func:`_default_by`), worked out once per table: the
+        table is cached while the sweep is unchanged and shared by the bands and the page."""
+        return _default_by(self.rows, self.varying)
+
 
 class _Coalesce:
     """Concurrent identical calls share one computation; nothing is kept once it ends, so an
@@ -200,7 +206,16 @@ _TRIALS = _Coalesce()
 
 def trials(engine: Engine, name: str, where: str | None = None, key: str | None = None) -> TrialTable:
     """The sweep's trial table after ``where`` (or the one trial ``key``); callers share the
-    :class:`TrialTable` of an identical call in flight and must not change it."""
+    :class:`TrialTable` of an identical call in flight, or of the same sweep state
+    (:data:`TABLES`), and must not change it."""
+    if key is None:
+        # Whole tables are kept while the sweep is unchanged: the page, its bands and a
+        # reload all ask for the same one, and 100,000 trials take seconds to read and flatten.
+        return TABLES.get(engine, name, (id(engine), name, "table", where or ""), lambda: _coalesced(engine, name, where, None))
+    return _coalesced(engine, name, where, key)
+
+
+def _coalesced(engine: Engine, name: str, where: str | None, key: str | None) -> TrialTable:
     return _TRIALS.run((id(engine), name, where, key), lambda: _trials(engine, name, where, key))
 
 
@@ -527,6 +542,8 @@ class _PrepCache:
 
 
 PREPARED = _PrepCache()
+# Whole trial tables (:func:`trials` without a key), the two last asked for.
+TABLES = _PrepCache(size=2)
 
 
 def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -> dict[str, Any]:
@@ -959,7 +976,7 @@ def bands(
 
 def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: str | None) -> dict[str, Any]:
     t = trials(engine, name, where=where)
-    by = by or _default_by(t.rows, t.varying)
+    by = by or t.default_by
     for flag, p in (("by", by), ("facet", facet)):
         if p is not None and t.rows and p not in t.params:  # an empty view has no bands, not an error
             raise UserError(f"{flag}={p!r}: the sweep has no parameter of that name")
