@@ -132,3 +132,68 @@ def test_missing_database_is_not_created(tmp_path):
     with pytest.raises(UserError, match="no database"):
         oa.load_sweep(str(path), "grid")
     assert not path.exists()
+
+
+def test_one_shared_eval_read_loads_every_status_set_and_where_alike(store):
+    """``read_evals`` (every status, read in chunks, no ORDER BY) handed to ``load_sweep``
+    gives the frames ``load_sweep`` reads for itself: statuses and ``where`` alike."""
+    import numpy as np
+    import pandas as pd
+
+    from orchestrator.analysis import data
+
+    shared = data.read_evals(store, "grid")
+    assert list(shared.columns) == list(data.EVAL_DTYPES) and len(shared) == 17 * len(GRID)
+    pairs = shared[["trial_id", "step"]].to_numpy()
+    assert (np.lexsort((pairs[:, 1], pairs[:, 0])) == np.arange(len(pairs))).all()
+    before = shared.copy()
+    for statuses, where in (
+        (["completed"], None),
+        (["completed", "failed"], None),
+        (["failed"], None),
+        (["completed"], "variant == 'ns5' and vocab_size == 88"),
+    ):
+        own = oa.load_sweep(store, "grid", where=where, statuses=statuses)
+        got = oa.load_sweep(store, "grid", where=where, statuses=statuses, evals=shared)
+        pd.testing.assert_frame_equal(got.trials, own.trials)
+        pd.testing.assert_frame_equal(got.evals, own.evals)
+        assert len(got.evals) > 0
+    pd.testing.assert_frame_equal(shared, before)  # the shared frame is never changed
+
+
+def test_read_evals_in_small_chunks_equals_one_chunk(store, monkeypatch):
+    import pandas as pd
+
+    from orchestrator.analysis import data
+
+    whole = data.read_evals(store, "grid")
+    monkeypatch.setattr(data, "EVAL_CHUNK", 7)  # 68 rows: ten chunks, the last a short one
+    pd.testing.assert_frame_equal(data.read_evals(store, "grid"), whole)
+
+
+def test_by_trial_and_step_sorts_like_pandas_and_leaves_a_sorted_frame_alone():
+    import numpy as np
+    import pandas as pd
+
+    from orchestrator.analysis.data import by_trial_and_step
+
+    rng = np.random.default_rng(0)
+    n = 5000
+    frame = pd.DataFrame(
+        {
+            "trial_id": rng.integers(1, 50, n),
+            "step": rng.integers(0, 10_000, n),
+            "acc": rng.random(n),
+        }
+    ).drop_duplicates(["trial_id", "step"], ignore_index=True)
+    got = by_trial_and_step(frame)
+    want = frame.sort_values(["trial_id", "step"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want)
+    assert by_trial_and_step(got) is got
+    # equal trial ids with steps going down, and the last pair out of order, are caught
+    for ids, steps in (([1, 1, 2], [5, 3, 0]), ([1, 2, 2, 1], [0, 0, 1, 9])):
+        f = pd.DataFrame({"trial_id": ids, "step": steps})
+        assert by_trial_and_step(f) is not f
+        pd.testing.assert_frame_equal(by_trial_and_step(f), f.sort_values(["trial_id", "step"]).reset_index(drop=True))
+    one = pd.DataFrame({"trial_id": [3], "step": [1]})
+    assert by_trial_and_step(one) is one

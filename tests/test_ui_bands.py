@@ -340,3 +340,27 @@ def test_rows_to_a_frame_through_a_record_array_equal_from_records():
     for got_rows in (rows, []):
         want = pd.DataFrame.from_records(got_rows, columns=list(dtypes)).astype(dtypes)
         pd.testing.assert_frame_equal(tuples_frame(got_rows, dtypes), want)
+
+
+def test_the_pages_grid_curves_and_bands_share_one_eval_read(app, engine, monkeypatch):
+    """The grid (analysis statuses), the escape-time curves (running trials too) and the
+    bands group one read of the sweep's evals (``q.sweep_evals``), not three."""
+    from orchestrator.analysis import data
+
+    reads = []
+    real = data.read_evals
+    monkeypatch.setattr(data, "read_evals", lambda *a: reads.append(a) or real(*a))
+    own = []  # reads of one status set's evals (the analysis' read when it has no frame)
+    real_points = reader.eval_points
+    monkeypatch.setattr(reader, "eval_points", lambda *a: own.append(a) or real_points(*a))
+    for cache in (q.EVALS, q.PREPARED, q.BANDS):
+        monkeypatch.setattr(cache, "items", {})
+    for path in (
+        f"/api/sweeps/{SWEEP}/bands?by=lr",
+        f"/api/sweeps/{SWEEP}/grid?x=lr&y=model.read",
+        f"/api/sweeps/{SWEEP}/km?by=model.read",
+    ):
+        code, b = _json(app, path)
+        assert code == 200, (path, b)
+    assert len(reads) == 1 and not own
+    assert len(q.sweep_evals(engine, SWEEP)) == N_TRIALS * N_EVALS and len(reads) == 1

@@ -51,11 +51,15 @@ def config(cfg: AnalysisConfig | None = None, **overrides: Any) -> AnalysisConfi
     return (cfg or AnalysisConfig()).with_overrides(**overrides)
 
 
-def prepare(db: Db, sweep: str, cfg: AnalysisConfig | None = None, **overrides: Any) -> Prepared:
+def prepare(
+    db: Db, sweep: str, cfg: AnalysisConfig | None = None, *, evals: pd.DataFrame | None = None, **overrides: Any
+) -> Prepared:
     """Load a sweep, check the parameters the config names, attach the events (the traces
-    cut at ``cfg.horizon``, read under ``cfg.diverged``, ``cfg.stopped_as`` applied)."""
+    cut at ``cfg.horizon``, read under ``cfg.diverged``, ``cfg.stopped_as`` applied).
+    ``evals``: the sweep's eval frame read already (:func:`~.data.read_evals`), shared by
+    several preparations of one sweep."""
     cfg = config(cfg, **overrides)
-    data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses)
+    data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses, evals=evals)
     check_params(data.trials, cfg.by, data.params, "--by")
     check_params(data.trials, cfg.strata, data.params, "--strata")
     if cfg.heatmap is not None:

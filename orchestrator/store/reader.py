@@ -173,17 +173,59 @@ def status_counts(conn: Connection, name: str) -> dict[str, int]:
     return {str(s): int(n) for s, n in rows}
 
 
+def _literal_sql(conn: Connection, stmt: Any) -> str:
+    """``stmt`` with its bound values written in. Its only bound values are ids, names and
+    the validated status names, so rendering them literally is safe."""
+    return str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+
+
 def _fetch_raw(conn: Connection, stmt: Any) -> list[tuple]:
     """Rows of ``stmt`` through the DBAPI cursor: SQLAlchemy's Row objects cost seconds at
-    half a million eval rows. The statements' only bound values are ids, names and the
-    validated status names, so rendering them literally is safe."""
-    sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+    half a million eval rows."""
     cur = conn.connection.cursor()
     try:
-        cur.execute(sql)
+        cur.execute(_literal_sql(conn, stmt))
         return list(cur.fetchall())
     finally:
         cur.close()
+
+
+def _fetch_chunks(conn: Connection, stmt: Any, size: int) -> Iterator[list[tuple]]:
+    """Rows of ``stmt`` through the DBAPI cursor, ``size`` at a time: a caller that packs
+    each chunk into arrays never holds millions of Python tuples at once."""
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(_literal_sql(conn, stmt))
+        while True:
+            chunk = cur.fetchmany(size)
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        cur.close()
+
+
+def _eval_points(sid: int, statuses: Sequence[str] | None) -> Any:
+    """(trial_id, step, acc, loss, nonfinite flag) of the sweep's evals (of trials with one
+    of ``statuses``; every trial's when None)."""
+    stmt = (
+        sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.nonfinite.is_not(None))
+        .join(Trial, Trial.id == Eval.trial_id)
+        .where(Trial.sweep_id == sid)
+    )
+    return stmt if statuses is None else stmt.where(Trial.status.in_([str(s) for s in statuses]))
+
+
+def eval_points(conn: Connection, sid: int, statuses: Sequence[str] | None) -> list[tuple]:
+    """The sweep's eval points (:func:`_eval_points`) by trial and step, whole."""
+    return _fetch_raw(conn, _eval_points(sid, statuses).order_by(Eval.trial_id, Eval.step))
+
+
+def eval_point_chunks(conn: Connection, sid: int, size: int) -> Iterator[list[tuple]]:
+    """Every eval point of the sweep (all statuses), ``size`` rows a chunk, in no order: an
+    ORDER BY over millions of rows costs the database a sort the caller does faster on
+    arrays (:func:`orchestrator.analysis.data.read_evals`)."""
+    return _fetch_chunks(conn, _eval_points(sid, None), size)
 
 
 def stops(conn: Connection, sid: int) -> dict[int, int]:
@@ -341,10 +383,11 @@ class AnalysisRows:
     provenance: dict[int, tuple[Any, ...]] = field(default_factory=dict)
 
 
-def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> AnalysisRows:
+def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str], *, with_evals: bool = True) -> AnalysisRows:
     """The trials of ``sweep`` with one of ``statuses`` (validated by the caller) and their
     eval points, read in one pass over the sweep's evals (cheaper than an IN list of
-    thousands of ids; a ``where`` filter is the caller's, on the frame)."""
+    thousands of ids; a ``where`` filter is the caller's, on the frame). ``with_evals``
+    False: no eval points (the caller has them already)."""
     statuses = [str(s) for s in statuses]
 
     def count(*cond: Any) -> int:
@@ -363,13 +406,7 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str]) -> Analys
             .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
             .order_by(Trial.id)
         ).all()
-        eval_rows = _fetch_raw(
-            conn,
-            sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.nonfinite.is_not(None))
-            .join(Trial, Trial.id == Eval.trial_id)
-            .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
-            .order_by(Eval.trial_id, Eval.step),
-        )
+        eval_rows = eval_points(conn, sid, statuses) if with_evals else []
         looks = [
             dict(r.record)
             for r in conn.execute(

@@ -544,6 +544,18 @@ class _PrepCache:
 PREPARED = _PrepCache()
 # Whole trial tables (:func:`trials` without a key), the two last asked for.
 TABLES = _PrepCache(size=2)
+# Whole eval frames (:func:`sweep_evals`), the two last asked for.
+EVALS = _PrepCache(size=2)
+
+
+def sweep_evals(engine: Engine, name: str):
+    """Every eval point of the sweep (:func:`orchestrator.analysis.data.read_evals`), read
+    once per sweep state: the grid and the escape-time curves prepare the sweep with
+    different statuses and the bands group the same rows, and at 100,000 trials each read
+    of the 5 million rows took seconds."""
+    from orchestrator.analysis.data import read_evals
+
+    return EVALS.get(engine, name, (id(engine), name, "evals"), lambda: read_evals(engine, name))
 
 
 def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -> dict[str, Any]:
@@ -566,7 +578,7 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
         where=where or None, statuses=ESCAPE_STATUSES
     )
     key = (id(engine), name, cfg.model_dump_json())
-    prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg))
+    prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=sweep_evals(engine, name)))
     if by:
         check_params(prep.trials, [by], prep.data.params, "by")
         _few_values(prep.trials, "by", by, MAX_GROUPS, "curves the escape-time view draws")
@@ -617,7 +629,7 @@ def _grid_prepared(engine: Engine, name: str, where: str | None):
         block = {k: v for k, v in spec_analysis(conn, name).items() if k not in GRID_DROPS}
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(where=where or None)
     key = (id(engine), name, "grid", cfg.model_dump_json())
-    return PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg))
+    return PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=sweep_evals(engine, name)))
 
 
 def _cell(row: dict[str, Any]) -> dict[str, Any]:
@@ -910,41 +922,40 @@ def _default_by(rows: list[dict[str, Any]], varying: list[str]) -> str | None:
     return best[1] if best else None
 
 
-def band_frame(rows: list[tuple], group_of: dict[int, tuple[str, str]]):
-    """Eval rows ``(trial_id, step, acc, loss)`` as a frame with each trial's facet and group
-    keys (trials not in ``group_of`` dropped). Built through one numpy record array, with
-    the keys as integer codes until the end: a frame of half a million tuples costs more
-    than the quantiles."""
+def band_frame(evals, group_of: dict[int, tuple[str, str]]):
+    """The rows of ``evals`` (the sweep's eval frame, :func:`sweep_evals`) whose trial is in
+    ``group_of``, with that trial's facet and group keys as categoricals: integer codes
+    looked up by trial id, no string per row (the frame is shared and is not changed)."""
     import numpy as np
     import pandas as pd
 
-    if not rows:
-        return pd.DataFrame({c: [] for c in (*TRACE_COLUMNS, "facet", "group")})
-    from orchestrator.analysis.data import tuples_frame
-
-    frame = tuples_frame(rows, {"trial_id": np.int64, "step": np.int64, "acc": float, "loss": float})
-    ids = frame["trial_id"].to_numpy()
     keys = sorted(set(group_of.values()))
-    code = np.full(int(max(ids.max(), max(group_of, default=0))) + 1, -1, dtype=np.int64)
-    at = {k: i for i, k in enumerate(keys)}
-    for tid, k in group_of.items():
-        code[tid] = at[k]
-    c = code[ids]
-    keep = c >= 0
-    df = frame[keep].reset_index(drop=True)
-    labels = (
-        np.array([f for f, _g in keys] or [""], dtype=object),
-        np.array([g for _f, g in keys] or [""], dtype=object),
+    facets = sorted({f for f, _g in keys})
+    groups = sorted({g for _f, g in keys})
+    ids = evals["trial_id"].to_numpy()
+    size = int(max(ids.max() if len(ids) else 0, max(group_of, default=0))) + 1
+    fcode = np.full(size, -1, dtype=np.int64)
+    gcode = np.full(size, -1, dtype=np.int64)
+    f_at = {f: i for i, f in enumerate(facets)}
+    g_at = {g: i for i, g in enumerate(groups)}
+    for tid, (f, g) in group_of.items():
+        fcode[tid], gcode[tid] = f_at[f], g_at[g]
+    fc = fcode[ids]
+    keep = fc >= 0
+    return pd.DataFrame(
+        {
+            **{c: evals[c].to_numpy()[keep] for c in TRACE_COLUMNS},
+            "facet": pd.Categorical.from_codes(fc[keep], categories=facets or [""]),
+            "group": pd.Categorical.from_codes(gcode[ids][keep], categories=groups or [""]),
+        }
     )
-    df["facet"] = labels[0][c[keep]]
-    df["group"] = labels[1][c[keep]]
-    return df
 
 
 def band_quantiles(df) -> Any:
     """Per (facet, group, step): trials with an eval there (``n``) and the
-    :data:`BAND_QUANTILES` of acc and loss (NaN-skipping), indexed by facet, group, step."""
-    g = df.groupby(["facet", "group", "step"], sort=True)
+    :data:`BAND_QUANTILES` of acc and loss (NaN-skipping), indexed by facet, group, step
+    (only the combinations that have rows)."""
+    g = df.groupby(["facet", "group", "step"], sort=True, observed=True)
     out = g["trial_id"].count().rename("n").to_frame()
     for col in ("acc", "loss"):
         q = g[col].quantile(list(BAND_QUANTILES)).unstack()
@@ -997,9 +1008,7 @@ def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: 
             f"by={by!r}: {ngroups:,} values, more than the {MAX_GROUPS} groups the quantile bands draw; "
             "colour by a parameter with fewer values, or narrow with where="
         )
-    with engine.connect() as conn:
-        rows = reader.trace_rows(conn, name, TRACE_COLUMNS, set(group_of) if where else None)
-    q = band_quantiles(band_frame(rows, group_of))
+    q = band_quantiles(band_frame(sweep_evals(engine, name), group_of))
     drawn = set(q.index.droplevel("step"))
     panels: dict[str, dict[str, Any]] = {}
     for (fk, gk), n in sorted(count.items()):
