@@ -197,3 +197,40 @@ def test_by_trial_and_step_sorts_like_pandas_and_leaves_a_sorted_frame_alone():
         pd.testing.assert_frame_equal(by_trial_and_step(f), f.sort_values(["trial_id", "step"]).reset_index(drop=True))
     one = pd.DataFrame({"trial_id": [3], "step": [1]})
     assert by_trial_and_step(one) is one
+
+
+def test_param_columns_fast_path_equals_flattening_every_row():
+    """``reader.param_columns`` passes flat, scalar-only params through as they are; its
+    frame equals the one built by flattening and JSON-encoding every row (the reference),
+    for flat, nested, list-valued, empty, None and mixed-type rows in any order."""
+    import random
+
+    import pandas as pd
+
+    from orchestrator.params import flatten_params
+    from orchestrator.store import reader
+
+    def reference(params, index, skip=()):
+        flat = [{k: reader.json_cell(v) for k, v in flatten_params(p or {}).items()} for p in params]
+        names = list(dict.fromkeys(k for f in flat for k in f if k not in skip))
+        return pd.DataFrame({n: [f.get(n) for f in flat] for n in names}, index=index).infer_objects(), names
+
+    rng = random.Random(3)
+    pool = [
+        {"lr": 1e-3, "seed": 0, "model.read": "raw", "flag": True},
+        {"seed": 1, "lr": 3e-3, "model.read": "ema", "flag": False, "extra": None},
+        {"model": {"read": "raw", "dims": [32, 64]}, "seed": 2},
+        {"lr": 1, "tags": ["a", "b"], "seed": 3},
+        {"opt": {"betas": {"b1": 0.9}}, "seed": 4, "lr": 1e-2},
+        {},
+        None,
+        {"lr": "0.1", "seed": 5.0},
+    ]
+    for trial in range(20):
+        params = [rng.choice(pool) for _ in range(rng.randint(0, 40))]
+        index = pd.RangeIndex(len(params))
+        for skip in ((), ("seed",)):
+            got, names = reader.param_columns(params, index, skip)
+            want, want_names = reference(params, index, skip)
+            assert names == want_names
+            pd.testing.assert_frame_equal(got, want)

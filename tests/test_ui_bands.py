@@ -364,3 +364,26 @@ def test_the_pages_grid_curves_and_bands_share_one_eval_read(app, engine, monkey
         assert code == 200, (path, b)
     assert len(reads) == 1 and not own
     assert len(q.sweep_evals(engine, SWEEP)) == N_TRIALS * N_EVALS and len(reads) == 1
+
+
+def test_stored_times_read_as_iso_alike_on_the_text_path_and_the_datetime_path():
+    """``q._iso``: SQLite's naive time text goes straight to text; the answer equals the
+    datetime path's (UTC, to the second) for every form a store hands back."""
+    import datetime as dt
+
+    def slow(t):
+        a = reader.aware(t)
+        return a.isoformat(timespec="seconds") if a else None
+
+    for t in (
+        "2026-12-05 22:57:47",
+        "2026-12-05T22:57:47",
+        "2026-12-05 22:57:47.999999",
+        "2026-01-31 00:00:00.5",
+        "2026-12-05 22:57:47+02:00",
+        dt.datetime(2026, 12, 5, 22, 57, 47, 123456),
+        dt.datetime(2026, 12, 5, 22, 57, 47, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+        None,
+    ):
+        assert q._iso(t) == slow(t), t
+    assert q._iso("2026-12-05 22:57:47") == "2026-12-05T22:57:47+00:00"

@@ -199,8 +199,11 @@ def load_sweep(
         evals = tuples_frame(stored.evals, EVAL_DTYPES)
     else:
         # The shared frame holds every status's trials: keep this read's (a trial that
-        # changed status between the two reads is counted as the trials read say).
-        evals = evals[evals["trial_id"].isin(trials["trial_id"].to_numpy())].reset_index(drop=True)
+        # changed status between the two reads is counted as the trials read say). When it
+        # keeps them all the frame is shared as it is, not copied (it is never changed here).
+        mine = evals["trial_id"].isin(trials["trial_id"].to_numpy()).to_numpy()
+        if not (mine.all() and evals.index.equals(pd.RangeIndex(len(evals)))):
+            evals = evals[mine].reset_index(drop=True)
     if where and where.strip():
         keep = filter_trial_ids(trials, where)
         trials = trials[trials["trial_id"].isin(keep)].reset_index(drop=True)
