@@ -3,8 +3,9 @@
 The ``bench analysis`` fixture (10,000 trials x 50 evals by default: half a million eval
 rows) is written into a SQLite file in bulk (:func:`build_db_fast`), ``orchestrator ui``'s
 app is served by uvicorn on a free port, and each request the sweep page makes on load is
-fetched over HTTP: the HTML shell, the trial table JSON, the (thinned) traces JSON (past
-``BAND_TRIALS`` trials the quantile bands), the grid and the Kaplan-Meier/log-rank JSON.
+fetched over HTTP: the HTML shell, the trial table JSON (past ``PAGED_TRIALS`` trials its
+first page), the (thinned) traces JSON (past ``BAND_TRIALS`` trials the quantile bands),
+the grid and the Kaplan-Meier/log-rank JSON.
 The server time of each is measured inside the server (from the request reaching the app
 to the last body byte handed to the server), so the client's parsing is not in it. With
 ``browser``, headless Chromium loads the page first and the time until it has drawn is
@@ -209,6 +210,7 @@ def run(
     from orchestrator.store.reader import open_reader_engine
     from orchestrator.ui.app import create_app
     from orchestrator.ui.db import BAND_TRIALS
+    from orchestrator.ui.table import PAGED_TRIALS
 
     with tempfile.TemporaryDirectory() as d:
         url = f"sqlite:///{Path(d) / 'ui_bench.db'}"
@@ -229,9 +231,11 @@ def run(
         # (past BAND_TRIALS trials the quantile bands in the default colour instead; drawn
         # when both are in), then the grid and the escape-time curves.
         big = n_trials > BAND_TRIALS
+        # Past PAGED_TRIALS the table is the server's first page (key order), as the page asks.
+        page0 = "?page=0&size=100&sort=key&dir=1" if n_trials > PAGED_TRIALS else ""
         paths = [
             f"/sweeps/{SWEEP}",
-            f"/api/sweeps/{SWEEP}/trials",
+            f"/api/sweeps/{SWEEP}/trials{page0}",
             f"/api/sweeps/{SWEEP}/bands" if big else f"/api/sweeps/{SWEEP}/traces?max_points=250000",
             f"/api/sweeps/{SWEEP}/grid?x=lr&y=model.read&metric=lockin",
             f"/api/sweeps/{SWEEP}/km?by=model.read",

@@ -36,6 +36,7 @@ from orchestrator.store.dialect import describe
 from orchestrator.store.reader import NotFound
 
 from . import db as q
+from . import table as pages
 from .guard import Exposure, Guard, exposure_for
 
 DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
@@ -142,6 +143,9 @@ class _JSON(JSONResponse):
         return json.dumps(content, separators=(",", ":"), default=str, allow_nan=False).encode()
 
 
+# The arguments of the traces and trials endpoints (GET query or POST body).
+TRACES_ARGS = ("where", "key", "since", "full", "max_points", "ids")
+TRIALS_ARGS = ("where", "page", "size", "sort", "dir", "ids", "keys")
 # Trial ids one traces request names at most (a grid cell's trials, the overlay's).
 MAX_IDS = 20_000
 
@@ -269,9 +273,9 @@ def create_app(
         with engine.connect() as conn:
             reader.sweep_id(conn, name)
         # How many trials: the page asks for quantile bands rather than every trace of a big
-        # sweep at once, in parallel with the trial table.
+        # sweep at once, in parallel with the trial table (a page of it past PAGED_TRIALS).
         n = sum(c for _s, c, _t in reader.write_stamp(engine, name))
-        return page(request, "sweep.html", sweep=name, n_trials=n)
+        return page(request, "sweep.html", sweep=name, n_trials=n, paged_trials=pages.PAGED_TRIALS)
 
     @guarded
     def trial_page(request: Request) -> Response:
@@ -287,10 +291,50 @@ def create_app(
     def api_sweeps(request: Request) -> Response:
         return _JSON({"sweeps": _clean(q.sweeps(engine))})
 
-    @guarded
-    def api_trials(request: Request) -> Response:
-        t = q.trials(engine, request.path_params["name"], where=arg(request, "where"))
-        return _JSON({"trials": _clean(t.rows), "params": t.params, "varying": t.varying})
+    def trials_answer(name: str, args: dict[str, Any]) -> Response:
+        t = q.trials(engine, name, where=args.get("where"))
+        paging = [k for k in ("page", "size", "sort", "dir") if args.get(k) is not None]
+        ids, keys = pages.ids_arg(args.get("ids")), pages.keys_arg(args.get("keys"))
+        if ids is not None or keys is not None:
+            if paging:
+                raise UserError(f"{paging[0]}: a page or the trials named by ids/keys, not both")
+            rows = pages.picked(t, ids=ids, keys=keys)
+            return _JSON(
+                {
+                    "trials": _clean(rows),
+                    "picked": True,
+                    "params": t.params,
+                    "varying": t.varying,
+                    "default_by": t.default_by,
+                }
+            )
+        if not paging and len(t.rows) <= pages.PAGED_TRIALS:
+            return _JSON(
+                {
+                    "trials": _clean(t.rows),
+                    "params": t.params,
+                    "varying": t.varying,
+                    "default_by": t.default_by,
+                    "paged": False,
+                }
+            )
+        # Past PAGED_TRIALS trials even a client that asks for no page gets the first one.
+        answer = pages.page(t, args.get("page"), args.get("size"), args.get("sort"), args.get("dir"))
+        answer["rows"] = _clean(answer["rows"])
+        return _JSON(answer)
+
+    async def api_trials(request: Request) -> Response:
+        """The view's trial table: whole up to PAGED_TRIALS trials, past it (or with page=,
+        size=, sort=, dir=) one sorted page; with ids= or keys= just those trials' rows. GET,
+        or POST with the arguments as a JSON object (a page's ids or keys can pass a URL's
+        limit)."""
+        args = await request_args(
+            request, TRIALS_ARGS, lists=("ids", "keys"), what=f"a trials POST names at most {pages.MAX_PICKED:,} trials"
+        )
+        if isinstance(args, Response):
+            return args
+        name = request.path_params["name"]
+        return await run_in_threadpool(guarded(lambda _r: trials_answer(name, args)), request)
 
     def traces_answer(name: str, args: dict[str, str | None]) -> Response:
         where, key = args.get("where"), args.get("key")
@@ -310,21 +354,18 @@ def create_app(
             )
         )
 
-    @guarded
-    def api_traces_get(request: Request) -> Response:
-        args = {k: arg(request, k) for k in ("where", "key", "since", "full", "max_points", "ids")}
-        return traces_answer(request.path_params["name"], args)
-
-    async def api_traces(request: Request) -> Response:
-        """GET with the arguments in the query; POST with them as a JSON object, which is how
-        the pages send a cursor: it grows with the trials being written, and a request line
-        past 16 KiB (about 600 running trials) never reaches the app."""
+    async def request_args(
+        request: Request, names: tuple[str, ...], *, what: str, lists: tuple[str, ...] = ()
+    ) -> dict[str, Any] | Response:
+        """A GET's arguments from its query, a POST's from its body (a JSON object of
+        strings, and lists for the names in ``lists``): ``{name: value or None}``, or the
+        response refusing the body."""
         if request.method == "GET":
-            return await run_in_threadpool(api_traces_get, request)
+            return {k: arg(request, k) for k in names}
         body = await read_body(request, MAX_BODY)
         if body is None:  # the rest is never read: the connection closes after the answer
             return _JSON(
-                {"error": f"error: request body over {MAX_BODY:,} bytes; a traces POST carries only the cursor"},
+                {"error": f"error: request body over {MAX_BODY:,} bytes; {what}"},
                 status_code=413,
                 headers={"connection": "close"},
             )
@@ -332,9 +373,20 @@ def create_app(
             data = json.loads(body or b"{}")
         except (ValueError, RecursionError):
             data = None
-        if not isinstance(data, dict) or not all(isinstance(v, (str, type(None))) for v in data.values()):
-            return _JSON({"error": "error: the body must be a JSON object of strings"}, status_code=400)
-        args = {k: (data.get(k) or None) for k in ("where", "key", "since", "full", "max_points", "ids")}
+        if not isinstance(data, dict) or not all(
+            isinstance(v, (str, type(None))) or (k in lists and isinstance(v, list)) for k, v in data.items()
+        ):
+            also = f" ({', '.join(lists)}: lists)" if lists else ""
+            return _JSON({"error": f"error: the body must be a JSON object of strings{also}"}, status_code=400)
+        return {k: (data.get(k) if isinstance(data.get(k), list) else data.get(k) or None) for k in names}
+
+    async def api_traces(request: Request) -> Response:
+        """GET with the arguments in the query; POST with them as a JSON object, which is how
+        the pages send a cursor: it grows with the trials being written, and a request line
+        past 16 KiB (about 600 running trials) never reaches the app."""
+        args = await request_args(request, TRACES_ARGS, what="a traces POST carries only the cursor")
+        if isinstance(args, Response):
+            return args
         name = request.path_params["name"]
         return await run_in_threadpool(guarded(lambda _r: traces_answer(name, args)), request)
 
@@ -421,7 +473,7 @@ def create_app(
         Route("/sweeps/{name}", sweep_page),
         Route("/sweeps/{name}/trials/{key}", trial_page),
         Route("/api/sweeps", api_sweeps),
-        Route("/api/sweeps/{name}/trials", api_trials),
+        Route("/api/sweeps/{name}/trials", api_trials, methods=["GET", "POST"]),
         Route("/api/sweeps/{name}/trials/{key}/system", api_trial_system),
         Route("/api/sweeps/{name}/traces", api_traces, methods=["GET", "POST"]),
         Route("/api/sweeps/{name}/km", api_km),
