@@ -231,9 +231,12 @@ def test_ten_thousand_trials_page(tmp_path):
             # for every trial; and a page of the table.
             assert n_traces == 2 * 6 and set(types) == {"scatter"} and gl_failed == 0
             assert lines == 10_000
+            # Past PAGED_TRIALS the table is the server's page: next asks it for the second.
             assert rows == 100 and pager == "page 1 of 100"
+            assert driver.find_element("id", "rows").text == "rows 1–100 of 10,000"
             driver.find_element("id", "next").click()
-            assert driver.find_element("id", "page").text == "page 2 of 100"
+            wait_for(lambda: driver.find_element("id", "page").text == "page 2 of 100", 20, "page 2")
+            assert driver.find_element("id", "rows").text == "rows 101–200 of 10,000"
             driver.save_screenshot(str(SHOTS / "ui25-10k.png"))
         finally:
             driver.quit()

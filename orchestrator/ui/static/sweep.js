@@ -5,9 +5,13 @@
 // Parallel coordinates of the swept parameters coloured by an outcome, the parameters'
 // fANOVA importance, and an overlay of the trials ticked in the table.
 // Everything the user picks is in the query string (writeURL), so a link reproduces the view.
+// A paged view (past PAGED_TRIALS trials) holds one page of the table in `trials`, sorted by
+// the server; the rows it needs off that page (the overlay's, a grid cell's) are fetched by
+// trial id or key and kept in byId/byKey (absentIds/absentKeys: asked for, not in the view).
 const state = { trials: [], traces: {}, cursor: null, where: "", sort: ["key", 1], page: 0,
                 kmAt: 0, kmDirty: false, busy: false, grid: null, cell: null, gridAt: 0,
-                overlay: [], pc: null, pcAxes: null, pcSel: {} };
+                overlay: [], pc: null, pcAxes: null, pcSel: {},
+                paged: false, total: 0, byId: new Map(), byKey: new Map(), absentIds: new Set(), absentKeys: new Set() };
 const $ = id => document.getElementById(id);
 const PAGE_ROWS = 100;
 // Above these, the traces are drawn with WebGL (scattergl); below, as SVG (crisper, and each
@@ -23,6 +27,13 @@ const MAX_POINTS = 250000;
 // take a browser many seconds. The grid cell and the overlay still draw a line per trial,
 // fetching just those trials' traces.
 const BAND_TRIALS = 200;
+// Past this many trials in the view the server hands the table out a page at a time, sorted
+// by it (orchestrator/ui/table.py), and at most this many rows by id or key per request.
+const PAGED_TRIALS = Number(PAGE.pagedTrials) || 5000, PICK_ROWS = PAGED_TRIALS;
+// A trial row's own columns: a table column by any other name is a parameter (params.NAME
+// to the server), as `val` in drawTable reads it.
+const ROW_COLUMNS = new Set(["trial_id", "key", "status", "steps", "step", "final_acc", "final_loss", "best_acc",
+                             "error", "host", "device", "started_at", "updated_at"]);
 
 // Own properties only: a parameter named "constructor" is a parameter, not Object's.
 const own = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
@@ -32,10 +43,16 @@ function label(v) { return v === null || v === undefined ? "(none)" : typeof v =
 function groupsOf(name, trials) {
   const seen = new Set();
   for (const t of trials || state.trials) seen.add(label(param(t, name)));
-  const all = [...seen];
+  return sortLabels([...seen]);
+}
+function sortLabels(all) {
   const nums = all.every(g => g !== "" && !isNaN(Number(g)));
   return all.sort((a, b) => nums ? Number(a) - Number(b) : a.localeCompare(b));
 }
+// A paged view's colour groups and facets: from the bands answer, which counts every trial
+// of the view (the page holds a hundred of them).
+function bandGroups(b) { return sortLabels([...new Set(b.panels.flatMap(p => p.groups.map(e => label(e.value))))]); }
+function bandFacets(b) { return sortLabels([...new Set(b.panels.map(p => label(p.value)))]); }
 
 function showError(msg) {
   $("error").textContent = msg || "";
@@ -247,7 +264,7 @@ async function drawBands() {
 // and the 25-75 % and 10-90 % of the trials with an eval there as shaded bands.
 function renderBands() {
   const b = state.bands, g = $("group").value, f = $("facet").value, smooth = Number($("smooth").value) || 0;
-  const groups = groupsOf(g), facets = f ? groupsOf(f) : [null];
+  const groups = state.paged ? bandGroups(b) : groupsOf(g), facets = f ? (state.paged ? bandFacets(b) : groupsOf(f)) : [null];
   const holder = $("plots");
   const wanted = facets.map((v, i) => "facet-" + i);
   [...holder.children].forEach(d => { if (!wanted.includes(d.id)) { Plotly.purge(d); d.remove(); } });
@@ -314,17 +331,10 @@ function failedGL(div) {
 
 // ---- the trial table (paged: a 10,000-row table is ten thousand rows of DOM) -------------------
 function drawTable() {
+  if (state.paged) { drawPage(); return; }
   const varying = state.varying || [];
   const cols = ["key"].concat(varying, ["status", "step", "final_acc", "best_acc", "error"]);
-  const hr = document.createElement("tr");
-  hr.appendChild(el("th", "overlay", "overlay-head"));
-  cols.forEach(c => {
-    const th = el("th", c + (state.sort[0] === c ? (state.sort[1] > 0 ? " ▲" : " ▼") : ""));
-    th.dataset.col = c;
-    th.onclick = () => { state.sort = [c, state.sort[0] === c ? -state.sort[1] : 1]; state.page = 0; drawTable(); saveURL(); };
-    hr.appendChild(th);
-  });
-  $("trials").tHead.replaceChildren(hr);
+  tableHead(cols, () => { drawTable(); saveURL(); });
   const val = (t, c) => c === "step" ? t.step : (own(t, c) && c !== "params") ? t[c] : param(t, c);
   const [sc, dir] = state.sort;
   const rows = state.trials.slice().sort((a, b) => {
@@ -336,32 +346,134 @@ function drawTable() {
   state.page = Math.min(state.page, pages - 1);
   const shown = rows.slice(state.page * PAGE_ROWS, (state.page + 1) * PAGE_ROWS);
   const body = $("trials").tBodies[0];
-  body.replaceChildren();
-  for (const t of shown) {
-    const tr = document.createElement("tr");
-    const pick = document.createElement("input");
-    pick.type = "checkbox"; pick.className = "overlay-pick"; pick.dataset.key = t.key;
-    pick.checked = state.overlay.includes(t.key);
-    pick.onchange = () => toggleOverlay(t.key, pick);
-    const ptd = document.createElement("td"); ptd.appendChild(pick); tr.appendChild(ptd);
-    cols.forEach(c => {
-      const td = document.createElement("td");
-      if (c === "key") {
-        const a = document.createElement("a");
-        a.href = "/sweeps/" + encodeURIComponent(PAGE.sweep) + "/trials/" + encodeURIComponent(t.key);
-        a.textContent = t.key; a.className = "trial-link"; td.appendChild(a);
-      } else if (c === "status") {
-        td.appendChild(el("span", t.status, "st st-" + t.status));
-      } else if (c === "step") {
-        td.textContent = fmt(t.step) + " / " + fmt(t.steps);
-      } else { td.textContent = fmt(val(t, c)); }
-      tr.appendChild(td);
-    });
-    body.appendChild(tr);
-  }
+  body.replaceChildren(...shown.map(t => tableRow(t, cols, val)));
   $("ntrials").textContent = "(" + state.trials.length + ")";
   $("page").textContent = "page " + (state.page + 1) + " of " + pages;
+  $("rows").textContent = "";
   $("prev").disabled = state.page === 0; $("next").disabled = state.page >= pages - 1;
+}
+
+// The header (a click sorts by the column: ascending, again descending) and a row.
+function tableHead(cols, sorted) {
+  const hr = document.createElement("tr");
+  hr.appendChild(el("th", "overlay", "overlay-head"));
+  cols.forEach(c => {
+    const th = el("th", c + (state.sort[0] === c ? (state.sort[1] > 0 ? " ▲" : " ▼") : ""));
+    th.dataset.col = c;
+    th.onclick = () => { state.sort = [c, state.sort[0] === c ? -state.sort[1] : 1]; state.page = 0; sorted(); };
+    hr.appendChild(th);
+  });
+  $("trials").tHead.replaceChildren(hr);
+}
+
+function tableRow(t, cols, val) {
+  const tr = document.createElement("tr");
+  const pick = document.createElement("input");
+  pick.type = "checkbox"; pick.className = "overlay-pick"; pick.dataset.key = t.key;
+  pick.checked = state.overlay.includes(t.key);
+  pick.onchange = () => toggleOverlay(t.key, pick);
+  const ptd = document.createElement("td"); ptd.appendChild(pick); tr.appendChild(ptd);
+  cols.forEach(c => {
+    const td = document.createElement("td");
+    if (c === "key") {
+      const a = document.createElement("a");
+      a.href = "/sweeps/" + encodeURIComponent(PAGE.sweep) + "/trials/" + encodeURIComponent(t.key);
+      a.textContent = t.key; a.className = "trial-link"; td.appendChild(a);
+    } else if (c === "status") {
+      td.appendChild(el("span", t.status, "st st-" + t.status));
+    } else if (c === "step") {
+      td.textContent = fmt(t.step) + " / " + fmt(t.steps);
+    } else { td.textContent = fmt(val(t, c)); }
+    tr.appendChild(td);
+  });
+  return tr;
+}
+
+// A paged view's table: the server's page as it sorted it; a header click or prev/next asks
+// it for another (loadPage).
+function drawPage() {
+  const cols = ["key"].concat(state.varying || [], ["status", "step", "final_acc", "best_acc", "error"]);
+  tableHead(cols, () => loadPage());
+  const val = (t, c) => c === "step" ? t.step : (own(t, c) && c !== "params") ? t[c] : param(t, c);
+  const body = $("trials").tBodies[0];
+  body.replaceChildren(...state.trials.map(t => tableRow(t, cols, val)));
+  const n = state.total, pages = Math.max(1, Math.ceil(n / state.size)), first = state.page * state.size;
+  const num = v => v.toLocaleString("en-US");
+  $("ntrials").textContent = "(" + num(n) + ")";
+  $("page").textContent = "page " + (state.page + 1) + " of " + pages;
+  $("rows").textContent = "rows " + num(Math.min(n, first + 1)) + "–" + num(first + state.trials.length) + " of " + num(n);
+  $("prev").disabled = state.page === 0; $("next").disabled = state.page >= pages - 1;
+}
+
+// The trials query: `where`, and for a paged view the page and sort asked for.
+function trialsQuery(where, paged) {
+  const q = new URLSearchParams(); if (where) q.set("where", where);
+  if (paged) {
+    const c = state.sort[0];
+    q.set("page", String(state.page)); q.set("size", String(PAGE_ROWS));
+    q.set("sort", ROW_COLUMNS.has(c) ? c : "params." + c); q.set("dir", state.sort[1] < 0 ? "-1" : "1");
+  }
+  return q;
+}
+
+// The view's trials: the whole table (at most PAGED_TRIALS trials) or one page of it. `guess`
+// (paged or not: the last view's, or the shell's count) saves a request when it is right.
+async function fetchTrials(where, guess) {
+  const ask = paged => getJSON(apiBase() + "/trials?" + trialsQuery(where, paged));
+  let t;
+  try { t = await ask(guess); }
+  catch (e) {
+    // A link's sort this sweep lacks: the default order instead (an unpaged table sorts by
+    // a column it lacks as all empty; the server refuses it).
+    if (!guess || !e.message.startsWith("error: sort=")) throw e;
+    state.sort = ["key", 1]; state.page = 0;
+    t = await ask(true);
+  }
+  if (guess && t.total <= PAGED_TRIALS) return ask(false);
+  // Unasked, the server answers page 0 by key: another page or order needs a second request.
+  if (!guess && t.paged && (state.page || state.sort[0] !== "key" || state.sort[1] < 0)) return fetchTrials(where, true);
+  return t;
+}
+
+// Take a trials answer: the whole table, or a page of it (its rows kept by id and key too).
+function takeTrials(t) {
+  state.paged = Boolean(t.paged); state.varying = t.varying;
+  if (t.paged) {
+    state.trials = t.rows; state.total = t.total; state.page = t.page; state.size = t.size;
+    remember(t.rows);
+  } else {
+    state.trials = t.trials; state.total = t.trials.length;
+    state.byId.clear(); state.byKey.clear();
+  }
+}
+
+function remember(rows) { rows.forEach(r => { state.byId.set(r.trial_id, r); state.byKey.set(r.key, r); }); }
+function forgetRows() { state.byId.clear(); state.byKey.clear(); state.absentIds.clear(); state.absentKeys.clear(); }
+
+// Another page (or order) of a paged view; only the newest request's answer is drawn.
+async function loadPage() {
+  const seq = state.pageSeq = (state.pageSeq || 0) + 1;
+  let t;
+  try { t = await getJSON(apiBase() + "/trials?" + trialsQuery(state.where, true)); }
+  catch (e) { if (seq === state.pageSeq) $("rows").textContent = e.message; return; }
+  if (seq !== state.pageSeq || !state.paged) return;
+  takeTrials(t); drawTable(); saveURL();
+}
+
+// The rows of these trials (ids or keys) a paged view lacks, fetched PICK_ROWS at a time;
+// those the view does not have are noted, so that they are asked for once.
+async function ensureRows(field, wanted) {
+  const have = field === "ids" ? state.byId : state.byKey, absent = field === "ids" ? state.absentIds : state.absentKeys;
+  const need = [...new Set(wanted)].filter(v => !have.has(v) && !absent.has(v));
+  const where = state.where, asks = [];
+  for (let i = 0; i < need.length; i += PICK_ROWS) {
+    const body = { [field]: need.slice(i, i + PICK_ROWS) }; if (where) body.where = where;
+    asks.push(postJSON(apiBase() + "/trials", body));
+  }
+  const answers = await Promise.all(asks);
+  if (where !== state.where) return;
+  answers.forEach(a => remember(a.trials));
+  need.forEach(v => { if (!have.has(v)) absent.add(v); });
 }
 
 // ---- escape times ----------------------------------------------------------------------------
@@ -489,7 +601,16 @@ function drawCell() {
   const cell = findCell(), div = $("cell-traces");
   if (!cell) { $("cell-caption").textContent = ""; Plotly.purge(div); return; }
   const g = state.grid, ids = new Set(cell.trial_ids);
-  const mine = state.trials.filter(t => ids.has(t.trial_id));
+  if (state.paged && cell.trial_ids.some(id => !state.byId.has(id) && !state.absentIds.has(id))) {
+    $("cell-caption").textContent = "fetching the cell's " + cell.trial_ids.length + " trials";
+    const want = state.cell;
+    ensureRows("ids", cell.trial_ids)
+      .then(() => { if (state.cell === want) drawCell(); })
+      .catch(e => { $("cell-caption").textContent = e.message; });
+    return;
+  }
+  const mine = state.paged ? [...ids].map(id => state.byId.get(id)).filter(t => t).sort((a, b) => a.trial_id - b.trial_id)
+    : state.trials.filter(t => ids.has(t.trial_id));
   if (state.big && mine.some(t => !own(state.traces, t.trial_id))) {
     $("cell-caption").textContent = "fetching the traces of the cell's " + mine.length + " trials";
     const want = state.cell;
@@ -525,7 +646,13 @@ function toggleOverlay(key, box) {
 }
 
 function drawOverlay() {
-  const div = $("overlay"), byKey = new Map(state.trials.map(t => [t.key, t]));
+  const div = $("overlay");
+  if (state.paged && state.overlay.some(k => !state.byKey.has(k) && !state.absentKeys.has(k))) {
+    ensureRows("keys", state.overlay).then(() => { if (state.paged) drawOverlay(); })
+      .catch(e => { $("overlay-error").textContent = e.message; });
+    return;
+  }
+  const byKey = state.paged ? state.byKey : new Map(state.trials.map(t => [t.key, t]));
   const shown = state.overlay.filter(k => byKey.has(k)), missing = state.overlay.filter(k => !byKey.has(k));
   $("noverlay").textContent = "(" + shown.length + " of at most " + MAX_OVERLAY + ")";
   $("overlay-note").textContent = (shown.length ? "the ticked trials' traces, one colour each"
@@ -721,9 +848,11 @@ function fillControls(t) {
   t.varying.concat(rest).forEach(p => g.add(new Option(p, p)));
   t.varying.forEach(p => { f.add(new Option(p, p)); $("gx").add(new Option(p, p)); $("gy").add(new Option(p, p)); $("gf").add(new Option(p, p)); });
   // Colour by default by the varying parameter with the fewest values (a handful of groups
-  // reads; seed with hundreds does not, and costs a trace per group).
-  const counts = t.varying.filter(p => p !== "seed").map(p => [groupsOf(p, t.trials).length, p]).sort((a, b) => a[0] - b[0]);
+  // reads; seed with hundreds does not, and costs a trace per group): the server's count
+  // for a paged view, which holds a page of the trials.
+  const counts = t.paged ? [] : t.varying.filter(p => p !== "seed").map(p => [groupsOf(p, t.trials).length, p]).sort((a, b) => a[0] - b[0]);
   if (counts.length) g.value = counts[0][1];
+  else if (t.paged && t.default_by) choose(g, t.default_by);
   choose(g, INITIAL.get("color")); choose(f, INITIAL.get("facet"));
   // Default grid: lr across when it varies, the first other varying non-seed parameter down.
   const axes = t.varying.filter(p => p !== "seed");
@@ -744,13 +873,13 @@ async function reload() {
     const traces = () => getJSON(apiBase() + "/traces?" + qt);
     // A link's colour this sweep lacks is a 400 here: drawBands then asks with the one picked.
     const bands = by => getJSON(apiBase() + "/bands?" + bandQuery(w, by, null)).catch(() => null);
-    const guess = (state.loaded ? state.trials.length : Number(PAGE.trials) || 0) > BAND_TRIALS;
-    const [t, first] = await Promise.all([getJSON(apiBase() + "/trials?" + q),
+    const count = state.loaded ? state.total : Number(PAGE.trials) || 0, guess = count > BAND_TRIALS;
+    const [t, first] = await Promise.all([fetchTrials(w, state.loaded ? state.paged : count > PAGED_TRIALS),
       guess ? bands($("group").value || INITIAL.get("color")) : traces()]);
-    const big = t.trials.length > BAND_TRIALS;
+    const big = (t.paged ? t.total : t.trials.length) > BAND_TRIALS;
     const tr = big === guess ? first : await (big ? bands($("group").value || INITIAL.get("color")) : traces());
     state.where = w; state.loaded = true; state.big = big;
-    state.trials = t.trials; state.varying = t.varying; state.traces = {}; state.cursor = null;
+    forgetRows(); takeTrials(t); state.traces = {}; state.cursor = null;
     fillControls(t);
     if (big) { state.bands = tr; state.bandsWhere = w; state.stride = 1; state.bandAt = Date.now(); }
     else { state.bands = null; state.stride = tr.stride; mergeTraces(state.traces, tr); state.cursor = tr.cursor; }
@@ -773,9 +902,10 @@ async function pollBands() {
   state.bandAt = Date.now();
   const b = await getJSON(apiBase() + "/bands?" + bandQuery(state.where, $("group").value, $("facet").value || null));
   if (!state.big || (state.bands && b.stamp === state.bands.stamp)) { $("live").textContent = "live: unchanged at " + new Date().toISOString().slice(11, 19); return; }
-  const q2 = new URLSearchParams(); if (state.where) q2.set("where", state.where);
-  const t = await getJSON(apiBase() + "/trials?" + q2);
-  state.trials = t.trials; state.varying = t.varying; state.bands = b; state.bandsWhere = state.where; state.traces = {};
+  // The whole table again, or the page on screen (a paged view).
+  const t = await fetchTrials(state.where, state.paged);
+  state.absentIds.clear(); state.absentKeys.clear();
+  takeTrials(t); state.bands = b; state.bandsWhere = state.where; state.traces = {};
   drawTraces(); drawTable(); drawCell(); drawOverlay(); state.kmDirty = true;
   if (Date.now() - state.kmAt > 10000) { state.kmDirty = false; drawKM(); drawGrid(); drawPC(); drawImportance(); }
   $("live").textContent = "live: new rows by " + new Date().toISOString().slice(11, 19);
@@ -794,9 +924,7 @@ async function poll() {
     const anyRunning = state.trials.some(t => t.status === "running" || t.status === "pending");
     if (tr.n > 0 || anyRunning) {
       mergeTraces(state.traces, tr);
-      const q2 = new URLSearchParams(); if (state.where) q2.set("where", state.where);
-      const t = await getJSON(apiBase() + "/trials?" + q2);
-      state.trials = t.trials; state.varying = t.varying;
+      takeTrials(await fetchTrials(state.where, state.paged));
       if (tr.n > 0) { drawTraces(); drawOverlay(); state.kmDirty = true; }
       drawTable();
     }
@@ -823,8 +951,8 @@ $("pc-controls").addEventListener("submit", e => e.preventDefault());
 $("pc-outcome").onchange = () => { renderPC(); drawImportance(); saveURL(); };
 $("pc-clear").onclick = () => { state.pcSel = {}; renderPC(); saveURL(); };
 $("overlay-clear").onclick = () => { state.overlay = []; $("overlay-error").textContent = ""; drawTable(); drawOverlay(); saveURL(); };
-$("prev").onclick = () => { state.page = Math.max(0, state.page - 1); drawTable(); saveURL(); };
-$("next").onclick = () => { state.page++; drawTable(); saveURL(); };
+$("prev").onclick = () => { state.page = Math.max(0, state.page - 1); if (state.paged) loadPage(); else { drawTable(); saveURL(); } };
+$("next").onclick = () => { state.page++; if (state.paged) loadPage(); else { drawTable(); saveURL(); } };
 restoreScalars();
 reload();
 setInterval(poll, POLL_MS);
