@@ -200,7 +200,7 @@ def _fetch_chunks(conn: Connection, stmt: Any, size: int) -> Iterator[list[tuple
             chunk = cur.fetchmany(size)
             if not chunk:
                 return
-            yield chunk
+            yield list(chunk)
     finally:
         cur.close()
 
