@@ -402,6 +402,24 @@ def test_a_5100_trial_page_pages_sorts_and_overlays_through_the_server(big_url):
             )
             st = wait_for(lambda: (lambda s: s if s["cellLines"] else None)(state()), 30, "the cell's traces")
             assert st["cellLines"] == cell and st["cell"].startswith("cell ")
+            # The parallel coordinates draw one trial in k past PC_LINES (2,000) lines, the
+            # counts still from every trial.
+            note = wait_for(
+                lambda: (lambda t: t if "lines drawn" in t else None)(driver.find_element("id", "pc-note").text),
+                60,
+                "the parallel coordinates",
+            )
+            _, out = get_json(f"{base}/api/sweeps/{SWEEP}/outcomes")
+            counted = [r for r in out["rows"] if r["final_acc"] is not None]
+            stride = -(-len(counted) // 2000)
+            want = len(range(0, len(counted), stride))
+            lines = driver.execute_script(
+                "return document.getElementById('parcoords').data"
+                ".filter(t => /^pc-(grey|[0-9]+)$/.test(t.uid) && t.x.length)"
+                ".reduce((n, t) => n + t.x.filter(v => v === null).length + 1, 0)"
+            )
+            assert stride > 1 and lines == want
+            assert f"({want} of its {len(counted)} lines drawn: one trial in {stride})" in note
             severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
             assert not severe, severe
         finally:

@@ -687,6 +687,9 @@ function drawOverlay() {
 // with a dozen levels or fewer) space their levels evenly; clicking a level keeps only the
 // trials with it (several levels, several axes: and across axes, or within one).
 const PC_LEVELS = 12, PC_BINS = 10;
+// Lines drawn at most: past it every k-th trial's (the axes, the levels and the counts still
+// from every trial). 100,000 SVG polylines held a 100,000-trial page's browser ~10 s.
+const PC_LINES = 2000;
 const PC_OUTCOMES = { final_acc: "final accuracy", lockin: "lock-in", escape_step: "escape step" };
 const VIRIDIS = ["#440154", "#482878", "#3e4a89", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"];
 
@@ -757,12 +760,15 @@ function renderPC() {
     : pcAxis(what, ov);
   if (outcome === "final_acc") { out.pos = v => Math.max(0, Math.min(1, v)); }
   axes.push(out);
-  const lo = outcome === "final_acc" ? 0 : Math.min(...ov), hi = outcome === "final_acc" ? 1 : Math.max(...ov);
+  // (a loop, not Math.min(...ov): a spread of 100,000 arguments can pass the engine's limit)
+  const lo = outcome === "final_acc" ? 0 : ov.reduce((a, b) => a < b ? a : b), hi = outcome === "final_acc" ? 1 : ov.reduce((a, b) => a > b ? a : b);
+  const stride = Math.ceil(rows.length / PC_LINES);
   const kept = r => Object.entries(state.pcSel).every(([a, ls]) => !names.includes(a) || !ls.length || ls.includes(label(own(r.params, a) ? r.params[a] : null)));
   const bins = VIRIDIS.map(() => ({ x: [], y: [], text: [] })), grey = { x: [], y: [], text: [] };
   let nKept = 0;
   rows.forEach((r, i) => {
     const ok = kept(r); if (ok) nKept++;
+    if (i % stride) return;
     const c = hi > lo ? (r[outcome] - lo) / (hi - lo) : 0.5;
     const bin = ok ? bins[Math.min(PC_BINS - 1, Math.floor(c * PC_BINS))] : grey;
     if (bin.x.length) { bin.x.push(null); bin.y.push(null); bin.text.push(""); }
@@ -784,8 +790,9 @@ function renderPC() {
   });
   data.push({ type: "scatter", mode: "markers", uid: "pc-levels", x: lx, y: ly, customdata: lc, showlegend: false,
     marker: { size: 11, color: lfill, line: { color: "#222", width: 1.5 } }, hovertemplate: "click to keep only these trials<extra></extra>" });
-  data.push({ type: "scatter", mode: "markers", uid: "pc-outcome", x: rows.map(() => names.length), y: rows.map(r => out.pos(r[outcome])),
-    showlegend: false, hoverinfo: "skip", marker: { size: 6, color: ov, cmin: lo, cmax: hi, colorscale: "Viridis",
+  const drawn = stride > 1 ? rows.filter((_r, i) => i % stride === 0) : rows;
+  data.push({ type: "scatter", mode: "markers", uid: "pc-outcome", x: drawn.map(() => names.length), y: drawn.map(r => out.pos(r[outcome])),
+    showlegend: false, hoverinfo: "skip", marker: { size: 6, color: drawn.map(r => r[outcome]), cmin: lo, cmax: hi, colorscale: "Viridis",
     showscale: true, colorbar: { title: { text: plotText(what) } } } });
   const ann = [], shapes = [];
   axes.forEach((ax, j) => {
@@ -810,7 +817,8 @@ function renderPC() {
     });
   }
   const filt = Object.entries(state.pcSel).filter(([a]) => names.includes(a)).map(([a, ls]) => a + " in {" + ls.join(", ") + "}");
-  $("pc-note").textContent = "one line per trial the analysis counts (statuses " + o.statuses.join(", ") + "), coloured by " + what +
+  const sample = stride > 1 ? " (" + drawn.length + " of its " + rows.length + " lines drawn: one trial in " + stride + ")" : "";
+  $("pc-note").textContent = "one line per trial the analysis counts (statuses " + o.statuses.join(", ") + ")" + sample + ", coloured by " + what +
     (outcome === "lockin" ? " (final acc >= " + o.lockin + ")" : outcome === "escape_step" ? " (acc >= " + o.escape_at + "; a trial that never escaped at its last eval)" : "") +
     "; categorical levels spread a little so that coinciding trials show" +
     (filt.length ? "; kept: " + filt.join(" and ") + " (" + nKept + " of " + rows.length + ", the rest grey)" : "; click a level to keep only its trials");
