@@ -88,6 +88,34 @@ def test_importance_refuses_an_unknown_outcome_in_one_line(app):
     assert _json(app, "/api/sweeps/nope/importance")[0] == 404
 
 
+def test_swept_parameters_from_distinct_values_equal_encoding_every_row():
+    """``importance.swept`` encodes each distinct value (type kept apart) once; it names the
+    parameters that encoding every trial's value names, lists, NaN and True/1/1.0 included."""
+    import math
+
+    import pandas as pd
+
+    def reference(trials, params):
+        return [
+            p for p in params if p in trials and len({json.dumps(imp._choice(v), default=str) for v in trials[p]}) > 1
+        ]
+
+    cols = {
+        "same": [1, 1, 1, 1],
+        "int_float": [1, 1.0, 1, 1.0],  # one choice: json "1" and "1.0" differ, so swept
+        "bool_int": [True, 1, True, 1],
+        "nan_none": [math.nan, None, math.nan, None],
+        "lists": [[1, 2], [1, 2], [2, 1], [1, 2]],
+        "same_list": [[1], [1], [1], [1]],
+        "strs": ["a", "a", "a", "b"],
+    }
+    trials = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in cols.items()})  # values as stored
+    names = [*cols, "absent"]
+    assert imp.swept(trials, names) == reference(trials, names)
+    assert set(imp.swept(trials, names)) >= {"int_float", "bool_int", "lists", "strs"}
+    assert not {"same", "same_list", "absent"} & set(imp.swept(trials, names))
+
+
 def test_outcomes_rows_and_csv(app):
     code, o = _json(app, f"/api/sweeps/{QUICK}/outcomes?where=seed%20%3C%203")
     assert code == 200 and set(o["axes"]) == {"arm", "lr", "seed"} and len(o["rows"]) == 12

@@ -20,6 +20,8 @@ import pandas as pd
 
 from orchestrator.errors import UserError
 
+from .groups import distinct_rows
+
 SEED = 0
 METHOD = f"fANOVA (optuna.importance, seed {SEED})"
 # Past FANOVA_MAX_TRIALS trials, optuna's fANOVA (its tree walk is Python: 15 s for 1,000
@@ -96,7 +98,8 @@ def swept(trials: pd.DataFrame, params: list[str]) -> list[str]:
     """The parameters of ``params`` that take more than one value among ``trials``."""
     out = []
     for p in params:
-        if p in trials and len({json.dumps(_choice(v), default=str) for v in trials[p]}) > 1:
+        # Each distinct value (type kept apart) encoded once: 100,000 trials share a few.
+        if p in trials and len({json.dumps(_choice(v), default=str) for v in distinct_rows(trials[[p]])[p]}) > 1:
             out.append(p)
     return out
 

@@ -780,19 +780,29 @@ def outcomes(engine: Engine, name: str, where: str | None = None) -> dict[str, A
     prep = _grid_prepared(engine, name, where)
     t = prep.trials
     axes = swept(t, list(prep.data.params))
-    rows = []
-    for r in t.to_dict("records"):
-        rows.append(
-            {
-                "trial_id": int(r["trial_id"]),
-                "key": r["key"],
-                "params": {p: r[p] for p in axes},
-                "final_acc": r["final_acc"],
-                "lockin": int(bool(r["locked"])),
-                "escape_step": r["time"],
-                "escaped": bool(r["event"]),
-            }
+    # Column by column, not t.to_dict("records"): that boxes every cell of every column
+    # (seconds at 100,000 trials), and a row needs seven.
+    params = [dict(zip(axes, vals)) for vals in zip(*(t[p].tolist() for p in axes))] if axes else [{} for _ in range(len(t))]
+    rows = [
+        {
+            "trial_id": int(tid),
+            "key": key,
+            "params": ps,
+            "final_acc": acc,
+            "lockin": int(bool(locked)),
+            "escape_step": when,
+            "escaped": bool(event),
+        }
+        for tid, key, ps, acc, locked, when, event in zip(
+            t["trial_id"].tolist(),
+            t["key"].tolist(),
+            params,
+            t["final_acc"].tolist(),
+            t["locked"].tolist(),
+            t["time"].tolist(),
+            t["event"].tolist(),
         )
+    ]
     return {
         "axes": axes,
         "rows": rows,
