@@ -239,12 +239,14 @@ def test_a_trial_without_its_checkpoint_restarts_clean_never_stitched(tmp_path, 
     keys = ", ".join(f"'{k}'" for k in sorted(lost))
     _wait(
         b,
-        lambda: _count(
-            url,
-            "SELECT COUNT(*) FROM attempts a JOIN trials t ON t.id = a.trial_id "
-            f"WHERE a.attempt = 2 AND t.key IN ({keys})",
-        )
-        >= len(lost),
+        lambda: (
+            _count(
+                url,
+                "SELECT COUNT(*) FROM attempts a JOIN trials t ON t.id = a.trial_id "
+                f"WHERE a.attempt = 2 AND t.key IN ({keys})",
+            )
+            >= len(lost)
+        ),
     )
     _kill(b)
     now = _rows(url)

@@ -311,7 +311,9 @@ def test_identical_trial_tables_in_flight_are_computed_once(big, tmp_path, monke
     writer = make_engine(url)
     try:
         with writer.begin() as conn:
-            conn.execute(sa.text("UPDATE trials SET updated_at = '2099-01-01 00:00:00' WHERE id = (SELECT MIN(id) FROM trials)"))
+            conn.execute(
+                sa.text("UPDATE trials SET updated_at = '2099-01-01 00:00:00' WHERE id = (SELECT MIN(id) FROM trials)")
+            )
         again = q.trials(engine, SWEEP)
     finally:
         writer.dispose()

@@ -220,7 +220,9 @@ def trials(engine: Engine, name: str, where: str | None = None, key: str | None 
     if key is None:
         # Whole tables are kept while the sweep is unchanged: the page, its bands and a
         # reload all ask for the same one, and 100,000 trials take seconds to read and flatten.
-        return TABLES.get(engine, name, (id(engine), name, "table", where or ""), lambda: _coalesced(engine, name, where, None))
+        return TABLES.get(
+            engine, name, (id(engine), name, "table", where or ""), lambda: _coalesced(engine, name, where, None)
+        )
     return _coalesced(engine, name, where, key)
 
 
@@ -782,7 +784,9 @@ def outcomes(engine: Engine, name: str, where: str | None = None) -> dict[str, A
     axes = swept(t, list(prep.data.params))
     # Column by column, not t.to_dict("records"): that boxes every cell of every column
     # (seconds at 100,000 trials), and a row needs seven.
-    params = [dict(zip(axes, vals)) for vals in zip(*(t[p].tolist() for p in axes))] if axes else [{} for _ in range(len(t))]
+    params = (
+        [dict(zip(axes, vals)) for vals in zip(*(t[p].tolist() for p in axes))] if axes else [{} for _ in range(len(t))]
+    )
     rows = [
         {
             "trial_id": int(tid),
