@@ -150,17 +150,6 @@ TRIALS_ARGS = ("where", "page", "size", "sort", "dir", "ids", "keys")
 MAX_IDS = 20_000
 
 
-def _trial_ids(text: str) -> set[int]:
-    """``ids=1,2,3``: a set of trial ids; a UserError for anything else."""
-    parts = text.split(",") if text else []
-    if len(parts) > MAX_IDS:
-        raise UserError(f"ids: {len(parts):,} trial ids, more than the {MAX_IDS:,} one request takes")
-    if not all(p.isascii() and p.isdigit() and len(p) < 19 for p in parts):
-        bad = next(p for p in parts if not (p.isascii() and p.isdigit() and len(p) < 19))
-        raise UserError(f"ids: {bad[:20]!r} is not a trial id; expected ids=1,2,3")
-    return {int(p) for p in parts}
-
-
 async def read_body(request: Request, limit: int) -> bytes | None:
     """The request's body, or None once it is past ``limit`` bytes (read as it streams in:
     the rest is never read, and a Content-Length past it is refused before any)."""
@@ -343,7 +332,7 @@ def create_app(
             ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
         if args.get("ids") is not None:
             # The trials a big sweep's page draws one line each for (a grid cell, the overlay).
-            picked = _trial_ids(args["ids"] or "")
+            picked = set(pages.comma_ids(args["ids"] or "", MAX_IDS))
             ids = picked if ids is None else ids & picked
         mp = args.get("max_points") or "0"
         if not (mp.isascii() and mp.isdigit() and len(mp) < 10):

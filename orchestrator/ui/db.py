@@ -182,8 +182,9 @@ class TrialTable:
 
 class _Coalesce:
     """Concurrent identical calls share one computation; nothing is kept once it ends, so an
-    answer is never older than a call already running when the request came. A big sweep's
-    page asks for its trial table and its quantile bands (which need the table) at once."""
+    answer is never older than a call already running when the request came. Used for one
+    trial's row (``trials(..., key=)``); whole tables go through :data:`TABLES`, which builds
+    each once at a time too."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -218,15 +219,12 @@ def trials(engine: Engine, name: str, where: str | None = None, key: str | None 
     :class:`TrialTable` of an identical call in flight, or of the same sweep state
     (:data:`TABLES`), and must not change it."""
     if key is None:
-        # Whole tables are kept while the sweep is unchanged: the page, its bands and a
-        # reload all ask for the same one, and 100,000 trials take seconds to read and flatten.
+        # Whole tables are kept while the sweep is unchanged (the page, its bands and a
+        # reload all ask for the same one, and 100,000 trials take seconds to read and
+        # flatten), and the cache builds each once at a time.
         return TABLES.get(
-            engine, name, (id(engine), name, "table", where or ""), lambda: _coalesced(engine, name, where, None)
+            engine, name, (id(engine), name, "table", where or ""), lambda: _trials(engine, name, where, None)
         )
-    return _coalesced(engine, name, where, key)
-
-
-def _coalesced(engine: Engine, name: str, where: str | None, key: str | None) -> TrialTable:
     return _TRIALS.run((id(engine), name, where, key), lambda: _trials(engine, name, where, key))
 
 

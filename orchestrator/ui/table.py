@@ -187,21 +187,31 @@ def page(
     }
 
 
+def comma_ids(text: str, cap: int) -> list[int]:
+    """``ids=1,2,3``: the trial ids, at most ``cap`` of them; a UserError for anything else."""
+    parts = text.split(",") if text else []
+    if len(parts) > cap:
+        raise UserError(f"ids: {len(parts):,} trial ids, more than the {cap:,} one request takes")
+    bad = next((p for p in parts if not (p.isascii() and p.isdigit() and len(p) < 19)), None)
+    if bad is not None:
+        raise UserError(f"ids: {bad[:20]!r} is not a trial id; expected ids=1,2,3")
+    return [int(p) for p in parts]
+
+
 def ids_arg(value: Any) -> list[int] | None:
-    """``ids``: comma-separated trial ids, or a JSON list of them (a string, or a list in a
-    POST body); None when absent."""
+    """``ids``: comma-separated trial ids (:func:`comma_ids`), or a JSON list of them (a
+    string, or a list in a POST body); None when absent."""
     if value is None:
         return None
     items: Any = value
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("["):
-            try:
-                items = json.loads(text)
-            except (ValueError, RecursionError):
-                raise UserError("ids: not a JSON list; expected ids=1,2,3 or a JSON list of trial ids") from None
-        else:
-            items = [p.strip() for p in text.split(",")] if text else []
+        if not text.startswith("["):
+            return comma_ids(text, MAX_PICKED)
+        try:
+            items = json.loads(text)
+        except (ValueError, RecursionError):
+            raise UserError("ids: not a JSON list; expected ids=1,2,3 or a JSON list of trial ids") from None
     if not isinstance(items, list):
         raise UserError("ids: expected ids=1,2,3 or a JSON list of trial ids")
     _cap("ids", len(items))
