@@ -216,8 +216,20 @@ def test_a_cut_off_driver_keeps_nothing_alive_of_a_trial_taken_over(db_url):
         conn.execute(sa.text("UPDATE trials SET status = 'running', heartbeat_at = NULL"))
         conn.execute(sa.text("UPDATE trials SET claimed_by = 'B' WHERE id = :t"), {"t": elsewhere})
         conn.execute(sa.text("UPDATE trials SET claimed_by = NULL, status = 'completed' WHERE id = :t"), {"t": ended})
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
     with engine.begin() as conn:
+        got = claims.renew(conn, "A", ttl=600, running=[mine])
+        assert (got.alive, got.cancel, got.lost) == (True, False, ())
+        # Every running trial held: three statements (the driver, its claims, the heartbeat).
+        assert len(statements) == 3, statements
         got = claims.renew(conn, "A", ttl=600, running=[mine, elsewhere, ended])
+        assert len(statements) == 3 + 4, statements[3:]  # and one read of those not held
+        sa.event.remove(engine, "before_cursor_execute", count)
         assert got.lost == (elsewhere,)
         assert claims.taken_from(conn, "A", [mine, elsewhere, ended]) == {elsewhere, ended}
     with engine.connect() as conn:
