@@ -48,8 +48,8 @@ def _submit(spec: Path, url: str, ck: Path, *extra: str, env: dict[str, str] | N
     return _driver("submit", str(spec), "--db", url, "--quiet", "--checkpoint-dir", str(ck), *extra, env=env)
 
 
-def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300, last: int = 200) -> None:
-    """Until a trial is running with its last eval between step 40 and ``last`` (of 240)."""
+def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300, last: int = 200, first: int = 40) -> None:
+    """Until a trial is running with its last eval between step ``first`` and ``last`` (of 240)."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -57,7 +57,7 @@ def _wait_mid(url: str, proc: subprocess.Popen, timeout: float = 300, last: int 
                 url,
                 "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
                 "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) "
-                f"BETWEEN 40 AND {int(last)}",
+                f"BETWEEN {int(first)} AND {int(last)}",
             )[0][0]:
                 return
         except Exception:
@@ -83,15 +83,19 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
     try:
         spec = tmp_path / "spec.yaml"
         spec.write_text(SPEC)
-        for i, how in enumerate(hows):
-            if i == 0:
+        stops = list(hows)
+        tries = 0
+        while stops:
+            how = stops[0]
+            if tries == 0:
                 proc = _submit(spec, url, tmp_path / "ck")
             else:
                 proc = _driver("resume", "life", "--db", url, "--quiet", "--checkpoint-dir", str(tmp_path / "ck"))
-            # A cancel is read by the driver's renewal (every TTL/4 = 1 s): caught earlier, and
+            tries += 1
+            # A cancel is read by the driver's renewal (every TTL/4 = 1 s): caught early, and
             # asked in-process, where a CLI process spends seconds importing while a 240-step
-            # trial (about 100 steps a second) runs out (a CI run's cancel found none running).
-            _wait_mid(url, proc, last=100 if how == "cancel" else 200)
+            # trial (about 100 steps a second) runs out.
+            _wait_mid(url, proc, first=20 if how == "cancel" else 40, last=80 if how == "cancel" else 200)
             t0 = time.time()
             if how == "cancel":
                 capsys.readouterr()
@@ -108,8 +112,15 @@ def test_stop_marks_interrupted_exits_130_and_resume_equals_uninterrupted(
             last = [ln for ln in err.splitlines() if ln.strip()][-1]
             assert "stopped" in last and f"orchestrator resume life --db {shlex.quote(url)}`" in last  # pasteable
             by_status = dict(query(url, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
-            assert "running" not in by_status and by_status.get("interrupted", 0) >= 1, (how, by_status)
+            assert "running" not in by_status, (how, by_status)
+            if how == "cancel" and not by_status.get("interrupted") and by_status.get("pending") and tries < 3:
+                # The cancel was read as the running pair ended (a loaded machine): nothing was
+                # running to interrupt, nothing started after it; the next pair is another try.
+                assert by_status.get("completed", 0) == 2 * tries, by_status
+                continue
+            assert by_status.get("interrupted", 0) >= 1, (how, by_status)
             assert query(url, "SELECT COUNT(*) FROM sweeps WHERE lease_owner IS NOT NULL")[0][0] == 0
+            stops.pop(0)
         # The stops are the real CLI processes' (signals, exit code); the resume that must equal
         # the uninterrupted run is not about Ray's start-up: in-process, on the session's Ray.
         capsys.readouterr()
