@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import POSTGRES_URL, TINY_FIXED, make_pg_schema_url
-from ui_support import ROOT, chromium, get_json, ui_server, wait_for as _wait
+from ui_support import ROOT, chromium, get_json, texts, ui_server, wait_for as _wait
 
 pytestmark = [
     pytest.mark.slow,
@@ -92,9 +92,9 @@ def _watch(db_url: str, tmp_path: Path, address: str) -> None:
         with ui_server(db_url) as base:
             driver = chromium()
             driver.get(base + "/")
-            _wait(lambda: driver.find_elements("css selector", "a.sweep-link"), 20, "sweep list")
+            # The index re-renders its list on every poll: the names are read in one script.
+            names = _wait(lambda: texts(driver, "a.sweep-link"), 20, "sweep list")
             driver.save_screenshot(str(SHOT.with_name("orchestrator-ui-index.png")))
-            names = [a.text for a in driver.find_elements("css selector", "a.sweep-link")]
             assert names == ["watched"]
 
             driver.get(base + "/sweeps/watched")

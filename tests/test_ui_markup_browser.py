@@ -24,6 +24,7 @@ from ui_support import (
     SVG,
     chromium,
     make_markup_db,
+    texts,
     ui_server,
     wait_for,
 )
@@ -52,12 +53,6 @@ def _safe(driver, what: str) -> None:
 def _headers(url: str) -> dict[str, str]:
     with urllib.request.urlopen(url, timeout=30) as r:
         return {k.lower(): v for k, v in r.headers.items()}
-
-
-def _texts(driver, css: str) -> list[str]:
-    return driver.execute_script(
-        "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent)", css
-    )
 
 
 def test_stored_markup_is_text_in_the_browser(tmp_path):
@@ -89,6 +84,16 @@ def test_stored_markup_is_text_in_the_browser(tmp_path):
             )
             row = driver.find_element("css selector", f"#sweeps tr[data-sweep='{SPECCED}']")
             assert row.find_elements("css selector", "td")[1].get_attribute("textContent") == SVG + " " + IMG
+            # An unchanged list is not rebuilt: two more polls keep the same rows (a rebuild
+            # would drop a reader's selection).
+            driver.execute_script(
+                "window.__polls = 0; const f = window.fetch;"
+                "window.fetch = (u, ...a) => { if (String(u).startsWith('/api/sweeps')) window.__polls++;"
+                " return f(u, ...a); };"
+                "document.querySelector('#sweeps tbody tr').__kept = true"
+            )
+            wait_for(lambda: driver.execute_script("return window.__polls") >= 2, 20, "two more polls")
+            assert driver.execute_script("return document.querySelector('#sweeps tbody tr').__kept") is True
             _safe(driver, "index")
 
             # The imported sweep: markup in a parameter's name and its values, and a tag label.
@@ -96,14 +101,14 @@ def test_stored_markup_is_text_in_the_browser(tmp_path):
             wait_for(lambda: len(driver.find_elements("css selector", "#trials tbody tr")) == 3, 30, "the trial rows")
             heads = [th.text for th in driver.find_elements("css selector", "#trials thead th")]
             assert IMG in heads and "tag." + SVG in heads, heads
-            cells = _texts(driver, "#trials tbody td")
+            cells = texts(driver, "#trials tbody td")
             assert {SCRIPT, SVG, PLOT, "ValueError: " + IMG + " " + SCRIPT} <= set(cells), cells
             # Colour and facet by the markup-named parameter: its name and values in the legend,
             # the facet titles, the escape-time legend and the hover text, as stored.
             Select(driver.find_element("id", "group")).select_by_value(IMG)
             Select(driver.find_element("id", "facet")).select_by_value(IMG)
             wait_for(lambda: len(driver.find_elements("css selector", "#plots .facet")) == 3, 20, "three facets")
-            wait_for(lambda: SCRIPT + " (n 1, escapes 0)" in _texts(driver, "#km .legendtext"), 20, "the KM legend")
+            wait_for(lambda: SCRIPT + " (n 1, escapes 0)" in texts(driver, "#km .legendtext"), 20, "the KM legend")
             legend = driver.execute_script(LEGEND_JS, "#plots")
             assert {IMG, SCRIPT, SVG, PLOT} <= set(legend), legend
             assert {f"{IMG} = {v}" for v in (SCRIPT, SVG, PLOT)} <= set(legend), legend
@@ -111,7 +116,7 @@ def test_stored_markup_is_text_in_the_browser(tmp_path):
             driver.execute_script(
                 "Plotly.Fx.hover(document.getElementById('facet-0'), [{curveNumber: 0, pointNumber: 1}])"
             )
-            hover = wait_for(lambda: "".join(_texts(driver, "#facet-0 .hoverlayer text")), 10, "the hover label")
+            hover = wait_for(lambda: "".join(texts(driver, "#facet-0 .hoverlayer text")), 10, "the hover label")
             assert f" {IMG}=" in hover and "step 20" in hover, hover
             _safe(driver, "imported sweep")
             driver.save_screenshot(str(SHOT))
@@ -129,8 +134,8 @@ def test_stored_markup_is_text_in_the_browser(tmp_path):
             # The spec's sweep: a tag label with markup in its name and its values.
             driver.get(base + pages["specced"])
             wait_for(lambda: len(driver.find_elements("css selector", "#trials tbody tr")) == 2, 30, "the trial rows")
-            assert "tag." + IMG in _texts(driver, "#trials thead th")
-            assert {SCRIPT, PLOT} <= set(_texts(driver, "#trials tbody td"))
+            assert "tag." + IMG in texts(driver, "#trials thead th")
+            assert {SCRIPT, PLOT} <= set(texts(driver, "#trials tbody td"))
             Select(driver.find_element("id", "group")).select_by_value("tag." + IMG)
             wait_for(lambda: {SCRIPT, PLOT} <= set(driver.execute_script(LEGEND_JS, "#plots")), 20, "the tag legend")
             _safe(driver, "spec sweep")
@@ -152,7 +157,7 @@ def test_stored_markup_is_text_in_the_browser(tmp_path):
                 assert row[0].find_element("css selector", "th").get_attribute("textContent") == name
                 assert row[0].find_element("css selector", "td").get_attribute("textContent") == value
                 if metric:
-                    assert metric in _texts(driver, "#trace .legendtext")
+                    assert metric in texts(driver, "#trace .legendtext")
                 _safe(driver, what)
             assert not [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 

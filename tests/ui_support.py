@@ -263,6 +263,14 @@ def wait_for(fn, timeout: float, what: str, every: float = 0.25):
         time.sleep(every)
 
 
+def texts(driver, css: str) -> list[str]:
+    """The text of every element matching ``css``, read in one script: a page that re-renders
+    on its poll (the index, a running sweep) can replace elements between a find and a read."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent)", css
+    )
+
+
 def open_page(driver, url: str, selector: str, what: str, timeout: float = 60) -> list:
     """Load ``url`` in ``driver`` and :func:`wait_for` the elements that the CSS ``selector``
     matches there: the elements."""

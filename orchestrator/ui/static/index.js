@@ -24,9 +24,15 @@ function row(s) {
   tr.append(...cells);
   return tr;
 }
+// Rows are rebuilt only when the list changed: a rebuild drops the reader's text selection
+// and any element a script holds.
+let shown = null;
 async function refresh() {
   try {
     const data = await getJSON("/api/sweeps");
+    const text = JSON.stringify(data.sweeps);
+    if (text === shown) return;
+    shown = text;
     document.querySelector("#sweeps tbody").replaceChildren(...data.sweeps.map(row));
   } catch (e) { /* keep the last table; the next poll tries again */ }
 }
