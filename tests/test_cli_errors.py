@@ -50,6 +50,24 @@ def test_usage_error_through_the_installed_entry_point(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_the_main_module_imported_again_runs_nothing(tmp_path):
+    # What a forkserver's preload of "__main__" or a spawned child does with `python -m
+    # orchestrator.cli`: import the module under another name. It must not run the command
+    # (a second dashboard, a second driver) nor exit.
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import runpy; runpy.run_module('orchestrator.cli', run_name='__mp_main__'); print('ok')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert (r.returncode, r.stdout, r.stderr) == (0, "ok\n", "")
+
+
 @pytest.fixture
 def boom():
     @app.command("boom-test", hidden=True)

@@ -45,3 +45,29 @@ def test_distinct_rows_keep_the_first_of_each_and_its_type():
     df = pd.DataFrame({"a": [1, True, 1.0, 1, True, None, np.nan, None]}, dtype=object)
     got = groups.distinct_rows(df)["a"].tolist()
     assert [type(v) for v in got] == [int, bool, float, type(None), float]
+
+
+def test_labels_per_row_equal_formatting_every_row_for_typed_and_object_columns():
+    """``groups.labels`` formats each distinct value once (a typed column through its codes,
+    an object column through a cache by value and type); every row's label equals
+    ``format_value`` of that row, for the dtypes a trials frame holds."""
+    pool = [True, False, 1, 0, 1.0, 0.0, 2.5, None, np.nan, "x", "1", np.int64(3), 3, 1e-3, [1, 2], {"k": 1}]
+    rng = random.Random(1)
+    for _ in range(200):
+        n = rng.randint(0, 40)
+        df = pd.DataFrame(
+            {
+                "obj": pd.Series([rng.choice(pool) for _ in range(n)], dtype=object),
+                "f": pd.Series([rng.choice([0.1, 1.0, 3000.0, 1e-5, np.nan, 2.5e20]) for _ in range(n)], dtype=float),
+                "i": pd.Series([rng.choice([0, 7, -3, 2**40]) for _ in range(n)], dtype=np.int64),
+                "b": pd.Series([rng.choice([True, False]) for _ in range(n)], dtype=bool),
+                "I": pd.Series([rng.choice([1, None, 5]) for _ in range(n)], dtype="Int64"),
+            }
+        )
+        for by in (["obj"], ["f"], ["i"], ["b"], ["I"], ["f", "obj", "b"]):
+            # Each row's value through format_value, as Series.map hands it over (a nullable
+            # integer's missing value arrives as NaN: "NA").
+            cols = [df[b].map(groups.format_value).tolist() for b in by]
+            want = ["/".join(parts) for parts in zip(*cols)]
+            got = groups.labels(df, by)
+            assert list(got) == want and got.index.equals(df.index), (df.to_dict("list"), by)

@@ -163,6 +163,8 @@ def test_concurrent_requests_build_a_prepared_view_once(engine):
 def test_the_sweep_shell_carries_the_trial_count(app):
     code, _h, body = asgi_call(app, f"/sweeps/{SWEEP}")
     assert code == 200 and f'data-trials="{N_TRIALS}"'.encode() in body
+    # None running: the page asks for the escape-time curves with the grid (one preparation).
+    assert b'data-running="0"' in body
 
 
 # ---- in headless Chromium ----------------------------------------------------------------------
@@ -389,3 +391,50 @@ def test_stored_times_read_as_iso_alike_on_the_text_path_and_the_datetime_path()
     ):
         assert q._iso(t) == slow(t), t
     assert q._iso("2026-12-05 22:57:47") == "2026-12-05T22:57:47+00:00"
+
+
+def test_grid_and_curves_of_a_finished_sweep_share_one_preparation_and_a_running_trial_splits_them(
+    big, tmp_path, monkeypatch
+):
+    """The grid prepares completed and diverged trials, the escape-time curves running ones
+    too (``q._prepared``). With no trial running the two read the same trials, so one
+    preparation serves both, each answer naming its own statuses, and the curves equal a
+    preparation of their own. Once a trial runs they are prepared apart, and the curves
+    count the running trial the grid leaves out."""
+    from orchestrator.analysis import pipeline
+
+    calls = []
+    real = pipeline.prepare
+    monkeypatch.setattr(pipeline, "prepare", lambda *a, **k: calls.append(a[2].statuses) or real(*a, **k))
+    url = f"sqlite:///{tmp_path / 'copy.db'}"
+    shutil.copy(big.removeprefix("sqlite:///"), tmp_path / "copy.db")
+    engine, _ = open_reader_engine(url)
+    writer = make_engine(url)
+    try:
+        for cache in (q.EVALS, q.PREPARED):
+            monkeypatch.setattr(cache, "items", {})
+        grid = q.grid(engine, SWEEP, "lr", "model.read")
+        km = q.escape_times(engine, SWEEP, "model.read", None)
+        outcomes = q.outcomes(engine, SWEEP)
+        assert len(calls) == 1
+        assert grid["statuses"] == outcomes["statuses"] == ["completed", "diverged"]
+        assert q._grid_prepared(engine, SWEEP, None).cfg.statuses != q.ESCAPE_STATUSES
+        # The shared preparation gives the curves a preparation of their own would give.
+        monkeypatch.setattr(q.PREPARED, "items", {})
+        alone = q.escape_times(engine, SWEEP, "model.read", None)
+        assert len(calls) == 2 and alone == km
+        total = sum(c["n"] for p in grid["panels"] for c in p["cells"])
+        assert total == N_TRIALS
+        with writer.begin() as conn:
+            conn.execute(sa.text("UPDATE trials SET status = 'running' WHERE id = (SELECT MIN(id) FROM trials)"))
+        # The page is told, and asks for the curves after the grid again (two passes).
+        code, _h, body = asgi_call(create_app(engine, url), f"/sweeps/{SWEEP}")
+        assert code == 200 and b'data-running="1"' in body
+        grid2 = q.grid(engine, SWEEP, "lr", "model.read")
+        km2 = q.escape_times(engine, SWEEP, "model.read", None)
+        assert len(calls) == 4 and list(calls[2]) != list(calls[3])
+        assert sum(c["n"] for p in grid2["panels"] for c in p["cells"]) == N_TRIALS - 1
+        assert sum(g["n"] for g in km2["groups"].values()) == N_TRIALS == sum(g["n"] for g in km["groups"].values())
+    finally:
+        writer.dispose()
+        engine.dispose()

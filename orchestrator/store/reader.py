@@ -221,11 +221,34 @@ def eval_points(conn: Connection, sid: int, statuses: Sequence[str] | None) -> l
     return _fetch_raw(conn, _eval_points(sid, statuses).order_by(Eval.trial_id, Eval.step))
 
 
-def eval_point_chunks(conn: Connection, sid: int, size: int) -> Iterator[list[tuple]]:
+def eval_point_chunks(
+    conn: Connection, sid: int, size: int, trial_ids: tuple[int, int | None] | None = None
+) -> Iterator[list[tuple]]:
     """Every eval point of the sweep (all statuses), ``size`` rows a chunk, in no order: an
     ORDER BY over millions of rows costs the database a sort the caller does faster on
-    arrays (:func:`orchestrator.analysis.data.read_evals`)."""
-    return _fetch_chunks(conn, _eval_points(sid, None), size)
+    arrays (:func:`orchestrator.analysis.data.read_evals`). ``trial_ids``: only the trials
+    with ``lo <= id < hi`` (no upper bound when ``hi`` is None): a range of the evals' key,
+    so parts can be read side by side."""
+    stmt = _eval_points(sid, None)
+    if trial_ids is not None:
+        lo, hi = trial_ids
+        stmt = stmt.where(Eval.trial_id >= lo)
+        if hi is not None:
+            stmt = stmt.where(Eval.trial_id < hi)
+    return _fetch_chunks(conn, stmt, size)
+
+
+def trial_id_bounds(conn: Connection, sid: int, parts: int) -> list[tuple[int, int | None]]:
+    """The sweep's trial ids cut into at most ``parts`` consecutive ranges ``[lo, hi)`` of
+    about equal numbers of trials, in order; the last has no upper bound (None), so a trial
+    added since is read too. Empty for a sweep without trials."""
+    n = conn.execute(sa.select(sa.func.count()).where(Trial.sweep_id == sid)).scalar_one()
+    if not n:
+        return []
+    parts = max(1, min(parts, n))
+    ids = sa.select(Trial.id).where(Trial.sweep_id == sid).order_by(Trial.id)
+    cuts = [conn.execute(ids.offset(n * i // parts).limit(1)).scalar_one() for i in range(parts)]
+    return list(zip(cuts, [*cuts[1:], None]))
 
 
 def stops(conn: Connection, sid: int) -> dict[int, int]:

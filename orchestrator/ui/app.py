@@ -31,11 +31,13 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from orchestrator.errors import UserError
+from orchestrator.status import Status
 from orchestrator.store import deadline, reader
 from orchestrator.store.dialect import describe
 from orchestrator.store.reader import NotFound
 
 from . import db as q
+from . import offload
 from . import table as pages
 from .guard import Exposure, Guard, exposure_for
 
@@ -190,6 +192,9 @@ def create_app(
     import orchestrator.analysis.pipeline
     import orchestrator.analysis.survival  # noqa: F401
 
+    # The grid's intervals (scipy.stats, another second, which lifelines does not load).
+    import scipy.stats  # noqa: F401
+
     templates = Jinja2Templates(env=templates_env())
     plotly_path = plotly_js()
     shown_url = describe(url)
@@ -263,8 +268,14 @@ def create_app(
             reader.sweep_id(conn, name)
         # How many trials: the page asks for quantile bands rather than every trace of a big
         # sweep at once, in parallel with the trial table (a page of it past PAGED_TRIALS).
-        n = sum(c for _s, c, _t in reader.write_stamp(engine, name))
-        return page(request, "sweep.html", sweep=name, n_trials=n, paged_trials=pages.PAGED_TRIALS)
+        stamp = reader.write_stamp(engine, name)
+        n = sum(c for _s, c, _t in stamp)
+        # With no trial running the grid and the escape-time curves share one preparation of
+        # the sweep (db._prepared): the page asks for both at once.
+        running = sum(c for s, c, _t in stamp if s == Status.running.value)
+        if n > offload.OFFLOAD_TRIALS:
+            offload.warm()  # the page's first requests read the evals in a child process
+        return page(request, "sweep.html", sweep=name, n_trials=n, n_running=running, paged_trials=pages.PAGED_TRIALS)
 
     @guarded
     def trial_page(request: Request) -> Response:

@@ -16,14 +16,16 @@ one-second clock.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import functools
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from sqlalchemy.engine import Engine
@@ -34,6 +36,10 @@ from orchestrator.status import Status
 from orchestrator.store import reader
 from orchestrator.store.reader import NotFound, aware
 from orchestrator.yaml_load import load_capped
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.config import AnalysisConfig
+    from orchestrator.analysis.pipeline import Prepared
 
 MARGIN_S = 120.0
 TRACE_COLUMNS = ("trial_id", "step", "acc", "loss")
@@ -524,8 +530,12 @@ class _PrepCache:
             return True, hit[1]
         return False, None
 
-    def get(self, engine: Engine, name: str, key: tuple, build):
+    def get(self, engine: Engine, name: str, key: tuple | Callable[[tuple], tuple], build):
+        """The value under ``key`` (or ``key(stamp)``: a key that depends on the sweep's
+        state) while the stamp is unchanged, else ``build()`` kept under it."""
         stamp = reader.write_stamp(engine, name)
+        if callable(key):
+            key = key(stamp)
         with self.lock:
             found, value = self._hit(key, stamp)
             if found:
@@ -561,16 +571,31 @@ def sweep_evals(engine: Engine, name: str):
     """Every eval point of the sweep (:func:`orchestrator.analysis.data.read_evals`), read
     once per sweep state: the grid and the escape-time curves prepare the sweep with
     different statuses and the bands group the same rows, and at 100,000 trials each read
-    of the 5 million rows took seconds."""
+    of the 5 million rows took seconds. A sweep of more than ``offload.OFFLOAD_TRIALS``
+    trials is read by child processes (:mod:`orchestrator.ui.offload`: a part of the trials
+    each, side by side), so the server's other requests are not held up by the read's
+    Python work."""
     from orchestrator.analysis.data import read_evals
+    from orchestrator.ui import offload
 
-    return EVALS.get(engine, name, (id(engine), name, "evals"), lambda: read_evals(engine, name))
+    def build():
+        n = sum(c for _s, c, _t in reader.write_stamp(engine, name))
+        if n > offload.OFFLOAD_TRIALS:
+            with engine.connect() as conn:
+                bounds = reader.trial_id_bounds(conn, reader.sweep_id(conn, name), offload.PARTS)
+            try:
+                return offload.read_evals(engine.url.render_as_string(hide_password=False), name, bounds)
+            except offload.Unavailable:
+                pass  # read here, as a smaller sweep is
+        return read_evals(engine, name)
+
+    return EVALS.get(engine, name, (id(engine), name, "evals"), build)
 
 
 def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -> dict[str, Any]:
     """Kaplan-Meier curves per group and the log-rank p, from the analysis layer. Running
     trials count, censored at their last eval so far."""
-    from orchestrator.analysis import pipeline, survival
+    from orchestrator.analysis import survival
     from orchestrator.analysis.config import parse_config
     from orchestrator.analysis.groups import check_params
 
@@ -586,8 +611,7 @@ def escape_times(engine: Engine, name: str, by: str | None, where: str | None) -
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(
         where=where or None, statuses=ESCAPE_STATUSES
     )
-    key = (id(engine), name, cfg.model_dump_json())
-    prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=sweep_evals(engine, name)))
+    prep = _prepared(engine, name, cfg)
     if by:
         check_params(prep.trials, [by], prep.data.params, "by")
         _few_values(prep.trials, "by", by, MAX_GROUPS, "curves the escape-time view draws")
@@ -630,15 +654,31 @@ def _grid_prepared(engine: Engine, name: str, where: str | None):
     """The sweep prepared as ``orchestrator analyze NAME`` prepares it (the stored spec's
     thresholds and statuses, its horizon), with the page's ``where`` instead of the spec's
     groups and filter."""
-    from orchestrator.analysis import pipeline
     from orchestrator.analysis.config import parse_config
 
     with engine.connect() as conn:
         reader.sweep_id(conn, name)
         block = {k: v for k, v in spec_analysis(conn, name).items() if k not in GRID_DROPS}
     cfg = parse_config(block, source=f"sweep {name}: analysis").with_overrides(where=where or None)
-    key = (id(engine), name, "grid", cfg.model_dump_json())
-    return PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=sweep_evals(engine, name)))
+    return _prepared(engine, name, cfg)
+
+
+def _prepared(engine: Engine, name: str, cfg: AnalysisConfig) -> Prepared:
+    """``pipeline.prepare`` of the sweep under ``cfg``, kept per sweep state (:data:`PREPARED`).
+    Two configs that differ only in statuses the sweep has no trial of share one preparation:
+    the grid (completed, diverged) and the escape-time curves (running too) of a finished
+    sweep read and prepare the same trials, and at 100,000 trials each pass took seconds.
+    The shared one is handed back with the caller's own ``cfg``."""
+    from orchestrator.analysis import pipeline
+
+    rest = cfg.model_dump_json(exclude={"statuses"})
+
+    def key(stamp: tuple) -> tuple:
+        present = {row[0] for row in stamp}
+        return (id(engine), name, "prepared", rest, tuple(sorted(s for s in cfg.statuses if s in present)))
+
+    prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=sweep_evals(engine, name)))
+    return prep if prep.cfg == cfg else dataclasses.replace(prep, cfg=cfg)
 
 
 def _cell(row: dict[str, Any]) -> dict[str, Any]:
@@ -1007,6 +1047,9 @@ def bands(
 
 
 def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: str | None) -> dict[str, Any]:
+    # The evals first: the page asks for the table beside the bands, and a big sweep's evals
+    # are read in a child process (sweep_evals) while the other request builds the table.
+    evals = sweep_evals(engine, name)
     t = trials(engine, name, where=where)
     by = by or t.default_by
     for flag, p in (("by", by), ("facet", facet)):
@@ -1029,7 +1072,7 @@ def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: 
             f"by={by!r}: {ngroups:,} values, more than the {MAX_GROUPS} groups the quantile bands draw; "
             "colour by a parameter with fewer values, or narrow with where="
         )
-    q = band_quantiles(band_frame(sweep_evals(engine, name), group_of))
+    q = band_quantiles(band_frame(evals, group_of))
     drawn = set(q.index.droplevel("step"))
     panels: dict[str, dict[str, Any]] = {}
     for (fk, gk), n in sorted(count.items()):

@@ -894,13 +894,16 @@ async function reload() {
     showError("");
   } catch (e) { showError(e.message); return; }
   // One view at a time, the grid first: each costs the server an analysis pass of the sweep
-  // (the parallel coordinates reuse the grid's, the escape-time curves make their own,
-  // fANOVA is the costliest), and on a big sweep they would all share its CPU.
-  // The grid's request goes before the table and traces are drawn: the server computes it
-  // while the browser draws.
-  const grid = drawGrid();
+  // (the parallel coordinates reuse the grid's, fANOVA is the costliest), and on a big sweep
+  // they would all share its CPU. The escape-time curves make their own pass only while a
+  // trial runs; with none running they share the grid's (ui.db._prepared, built once for
+  // both requests), so they are asked for with it. The grid's request goes before the table
+  // and traces are drawn: the server computes it while the browser draws.
+  // A paged view counts from the shell (its count at load); a whole table from its rows.
+  const running = state.paged ? Number(PAGE.running) || 0 : state.trials.filter(t => t.status === "running").length;
+  const grid = drawGrid(), km = running ? null : drawKM();
   drawTable(); drawTraces(); drawOverlay(); saveURL();
-  grid.finally(() => { drawPC(); drawKM().finally(drawImportance); });
+  grid.finally(() => { drawPC(); (km || drawKM()).finally(drawImportance); });
 }
 
 // A big sweep's page: new bands (and trials) once the sweep's write stamp moves, looked at

@@ -1,0 +1,179 @@
+"""A big sweep's eval read, run in a child process, off the dashboard server's GIL.
+
+At 100,000 trials the read of 5 million eval rows is seconds of Python (a tuple a row, then
+arrays), and the server's threads share one interpreter lock: while it runs, the trial table,
+the bands and the analyses wait. A child process reads the same rows
+(:func:`orchestrator.analysis.data.read_evals`) through its own reader engine (the same URL
+reopened by :func:`~orchestrator.store.reader.open_reader_engine`: a reader's rights, never
+more) and sends back the columns as arrays, while the server builds the table on its own core.
+With several cores, several children read a range of the trials each, side by side.
+
+Children come from a forkserver that has the analysis layer imported already (started by
+:func:`warm` when a big sweep's page is asked for), so a read does not pay the imports. Each
+read is a process of its own that ends with it: the memory of its Python rows goes back to the
+system, not into the server. The request's deadline and the server's stop reach the child as a
+kill, and the request ends as a cut-short read does in the server.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.store import deadline
+
+# Sweeps with more trials than this read their evals in a child (50 evals a trial: half a
+# million rows, about half a second in-process, where a child's start and the transfer
+# would cost about as much as they save).
+OFFLOAD_TRIALS = 10_000
+# Children that read one sweep's evals side by side, a range of its trials each: at 100,000
+# trials one reader's Python tuples were the page's longest wait (about 6 s on 2 cores).
+PARTS = max(1, min(4, os.cpu_count() or 1))
+# Imported once in the forkserver, so a child starts with them: the main module too (a
+# child would otherwise import the `orchestrator` script again, and with it the whole CLI).
+_PRELOAD = ["__main__", "orchestrator.ui.offload", "orchestrator.analysis.data"]
+_LOCK = threading.Lock()
+_CTX: Any = None
+POLL_S = 0.05
+JOIN_S = 5.0
+
+
+class ChildFailed(RuntimeError):
+    """The child process died without an answer (killed from outside, out of memory)."""
+
+
+class Unavailable(RuntimeError):
+    """No child process could be started here (the caller reads in-process instead)."""
+
+
+def _context() -> Any:
+    global _CTX
+    with _LOCK:
+        if _CTX is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(_PRELOAD)
+            _CTX = ctx
+        return _CTX
+
+
+def warm() -> None:
+    """Start the forkserver (importing the analysis layer there) in the background, so the
+    first read does not wait for it."""
+
+    def start() -> None:
+        from multiprocessing import forkserver
+
+        try:
+            _context()
+            forkserver.ensure_running()
+        except Exception:  # noqa: S110 - the first read starts it, or reads in-process
+            pass
+
+    threading.Thread(target=start, name="offload-warm", daemon=True).start()
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` as it can cross to the server: itself when it pickles back, else an error of
+    the nearest kind the server answers alike (a 404 for an unknown sweep) with its text."""
+    from orchestrator.errors import UserError
+    from orchestrator.store.reader import NotFound
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        for kind in (NotFound, UserError):
+            if isinstance(exc, kind):
+                return kind(str(exc))
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _child(
+    out: Connection, url: str, sweep: str, seconds: float | None, trial_ids: tuple[int, int | None] | None
+) -> None:
+    from orchestrator.analysis.data import read_evals
+    from orchestrator.store.reader import open_reader_engine
+
+    try:
+        try:
+            engine, _ = open_reader_engine(url, pool_size=1)
+            try:
+                with deadline.within(seconds):
+                    frame = read_evals(engine, sweep, trial_ids)
+            finally:
+                engine.dispose()
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the request
+            out.send(("error", _portable(exc)))
+            return
+        columns = [(c, frame[c].dtype.str, len(frame)) for c in frame.columns]
+        out.send(("ok", columns))
+        for c in frame.columns:  # each column's bytes as they are: no pickling of 100s of MB
+            out.send_bytes(np.ascontiguousarray(frame[c].to_numpy()).tobytes())
+    finally:
+        out.close()
+
+
+def _answer(proc: Any, recv: Connection) -> dict[str, np.ndarray]:
+    """One child's columns, waited for within the calling thread's deadline."""
+    while not recv.poll(POLL_S):
+        if deadline.passed():
+            raise TimeoutError("the eval read ran past the request's deadline")
+        if not proc.is_alive() and not recv.poll(0):
+            raise ChildFailed(f"the eval read's process ended with exit code {proc.exitcode} and no answer")
+    try:
+        kind, payload = recv.recv()
+        if kind == "error":
+            raise payload
+        arrays = {name: np.frombuffer(recv.recv_bytes(), dtype=np.dtype(code)) for name, code, _n in payload}
+    except EOFError:
+        raise ChildFailed(f"the eval read's process ended with exit code {proc.exitcode} and no answer") from None
+    if any(len(arrays[name]) != n for name, _c, n in payload):
+        raise ChildFailed("the eval read's process sent columns of the wrong length")
+    return arrays
+
+
+def read_evals(url: str, sweep: str, bounds: list[tuple[int, int | None]] | None = None) -> pd.DataFrame:
+    """:func:`orchestrator.analysis.data.read_evals` of ``sweep`` at ``url`` (a reader's
+    URL), read by child processes, one per trial-id range of ``bounds``
+    (:func:`orchestrator.store.reader.trial_id_bounds`, in order; one child for the whole
+    sweep when None) side by side; the frame is equal to the in-process one. Past the
+    calling thread's deadline (or once the server stops) the children are killed and
+    :class:`TimeoutError` raised; an error of the read (a missing sweep) is raised here as
+    it was there."""
+    ctx = _context()
+    left = deadline.remaining()
+    ranges: list[tuple[int, int | None] | None] = list(bounds) if bounds else [None]
+    started: list[tuple[Any, Connection]] = []
+    parts: list[dict[str, np.ndarray]] = []
+    try:
+        for r in ranges:
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, url, sweep, left, r), name="orchestrator-evals", daemon=True)
+            try:
+                proc.start()
+            except (OSError, RuntimeError) as exc:  # no processes here (limits, an embedding main module)
+                recv.close()
+                raise Unavailable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+            finally:
+                send.close()
+            started.append((proc, recv))
+        for proc, recv in started:
+            parts.append(_answer(proc, recv))
+            proc.join(JOIN_S)  # a child that answered ends by itself
+    finally:
+        for proc, recv in started:
+            recv.close()
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if len(parts) == 1:
+        return pd.DataFrame(parts[0])
+    # Consecutive ranges, each sorted by trial and step: joined, the whole read's order.
+    return pd.DataFrame({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
