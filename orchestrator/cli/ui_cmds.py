@@ -7,8 +7,8 @@ from typing import Optional
 import typer
 
 from orchestrator.cli.app import app
-from orchestrator.ui.app import DEFAULT_PORT, REQUEST_TIMEOUT_S
 from orchestrator.ui.guard import TOKEN_ENV
+from orchestrator.ui.settings import DEFAULT_PORT, REQUEST_TIMEOUT_S
 
 DB_HELP = "database URL or SQLite path (default: $ORCH_DB, else runs/orchestrator.db)"
 

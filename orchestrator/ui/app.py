@@ -40,8 +40,8 @@ from . import db as q
 from . import offload
 from . import table as pages
 from .guard import Exposure, Guard, exposure_for
+from .settings import REQUEST_TIMEOUT_S
 
-DEFAULT_PORT = 8270  # next to Ray's dashboard (8265), not on it
 POLL_MS = 2000
 # A traces POST carries the cursor: a few bytes per trial still being written.
 MAX_BODY = 8 * 1024 * 1024
@@ -49,8 +49,6 @@ MAX_BODY = 8 * 1024 * 1024
 WORKERS = 8
 # Requests computing an analysis (escape times, grid, compare, CSV) at once; past it a 429.
 MAX_EXPENSIVE = 4
-# A request's database work is cancelled once it has run this long (a 503).
-REQUEST_TIMEOUT_S = 30.0
 # Open connections uvicorn serves at once (past it a 503), and seconds a SIGTERM waits for
 # the requests in flight (their database work is cancelled as it starts).
 MAX_CONNECTIONS = 256
