@@ -43,10 +43,12 @@ def test_a_tiny_overhead_run_reports_both_paths(tmp_path):
     assert r["overhead"] == pytest.approx(r["wall_s"] / r["ideal_s"] - 1)
     assert r["vs_tune"] == pytest.approx(r["wall_s"] / r["tune_wall_s"] - 1)
     assert r["driver_peak_rss_mb"] > 50 and r["tune_driver_peak_rss_mb"] > 50
-    # The RSS curve: one point per tenth of the trials ended, each at most the peak.
+    # The RSS curve: one point per tenth of the trials ended, each a whole driver's memory.
+    # (The peak is the largest of VmHWM and these points by definition, so no bound between
+    # the two is asserted: it could not fail.)
     curve = r["driver_rss_by_tenth_mb"]
     assert len(curve) == 10 and any(m is not None for m in curve)
-    assert all(50 < m <= r["driver_peak_rss_mb"] for m in curve if m is not None)
+    assert all(m > 50 for m in curve if m is not None)
 
 
 def test_a_run_of_trials_with_no_training_time_prints_no_overhead(capsys):
