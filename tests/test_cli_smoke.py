@@ -253,6 +253,7 @@ def test_command_runs_on_a_tiny_input(command, args, says, smoke_dir, tmp_path, 
         got = json.loads(cap.out)
         assert got["n_trials"] == 30 and any("/traces" in path for path in got["requests"])
         assert all(r["server_s"] > 0 and r["bytes"] > 0 for r in got["requests"].values())
+        assert got["eval_read"]["columnar_s"] > 0 and got["eval_read"]["tuples_s"] > 0
     if command == "delete":
         assert main(["ls", "--db", f"sqlite:///{tmp_path / 'copy.db'}"]) == 0
         assert "8/8" not in capsys.readouterr().out

@@ -41,7 +41,7 @@ def _url(engine) -> str:
 
 
 def _no_children_left() -> bool:
-    return not [p for p in multiprocessing.active_children() if p.name == "orchestrator-evals"]
+    return not [p for p in multiprocessing.active_children() if p.name == offload.CHILD_NAME]
 
 
 def test_the_child_read_equals_the_in_process_read_and_leaves_no_process(engine):

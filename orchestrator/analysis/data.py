@@ -153,17 +153,25 @@ def by_trial_and_step(evals: pd.DataFrame) -> pd.DataFrame:
     return evals.take(order).reset_index(drop=True)
 
 
-def read_evals(db: str | Engine | None, sweep: str, trial_ids: tuple[int, int | None] | None = None) -> pd.DataFrame:
+def read_evals(
+    db: str | Engine | None, sweep: str, trial_ids: tuple[int, int | None] | None = None, *, columnar: bool = False
+) -> pd.DataFrame:
     """Every eval point of ``sweep`` (trials of any status) as the evals frame of
     :class:`SweepData`, sorted by trial and step: one read that several analyses of one
     sweep share (``load_sweep(..., evals=)``; the dashboard's grid, escape-time curves and
     quantile bands). Read in chunks without an ORDER BY and sorted here on arrays: 5
     million rows cost the database's sort seconds and their Python tuples gigabytes.
     ``trial_ids``: only the trials with ``lo <= id < hi`` (:func:`reader.trial_id_bounds`);
-    the frames of consecutive ranges, concatenated, are the whole read."""
+    the frames of consecutive ranges, concatenated, are the whole read. ``columnar``: read
+    through the backend's columnar driver where it has one (:func:`reader.eval_point_arrays`:
+    under half the CPU, and no deadline reaches it, so ``ui.offload``'s children use it); the
+    frame is the same."""
     engine = reader.open_engine(db)
     with engine.connect() as conn:
         sid = reader.sweep_id(conn, sweep)
+        arrays = reader.eval_point_arrays(conn, sid, EVAL_DTYPES, trial_ids) if columnar else None
+        if arrays is not None:
+            return by_trial_and_step(pd.DataFrame(arrays, copy=False))  # not copied into 2-D blocks
         chunks = reader.eval_point_chunks(conn, sid, EVAL_CHUNK, trial_ids)
         parts = [tuples_frame(c, EVAL_DTYPES) for c in chunks]
     if not parts:

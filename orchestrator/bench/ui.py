@@ -207,6 +207,7 @@ def run(
     (before the first load, after it, after the last) are the server's."""
     import uvicorn
 
+    from orchestrator.analysis.data import read_evals
     from orchestrator.store.reader import open_reader_engine
     from orchestrator.ui.app import create_app
     from orchestrator.ui.db import BAND_TRIALS
@@ -257,6 +258,14 @@ def run(
                 if i == 0:
                     rss["after_first_mb"] = rss_mb()
             rss["after_last_mb"] = rss_mb()
+            # The eval read two ways, side by side, after the loads (the memory figures are
+            # the server's): Arrow's driver, as the page's child processes read, and the
+            # reference tuple read through the sqlite3 module.
+            eval_read = {}
+            for how, columnar in (("columnar_s", True), ("tuples_s", False)):
+                t0 = time.perf_counter()
+                read_evals(engine, SWEEP, columnar=columnar)
+                eval_read[how] = time.perf_counter() - t0
         finally:
             server.should_exit = True
             thread.join(timeout=30)
@@ -279,4 +288,5 @@ def run(
         "browser": page,
         "traces_view": "bands" if big else "traces",
         "server_rss": rss,
+        "eval_read": eval_read,
     }

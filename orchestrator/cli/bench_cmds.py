@@ -166,6 +166,11 @@ def _print_ui(r: dict, repeats: int) -> None:
         f"  server RSS: {m['before_mb']:.0f} MB before the loads, {m['after_first_mb']:.0f} MB after the first, "
         f"{m['after_last_mb']:.0f} MB after {repeats}; traces drawn as {r['traces_view']}"
     )
+    e = r["eval_read"]
+    print(
+        f"  the sweep's evals read in-process: {e['columnar_s']:.2f} s through Arrow's driver (as the "
+        f"page's child processes read), {e['tuples_s']:.2f} s as tuples (the reference)"
+    )
 
 
 @bench_app.command("overhead")

@@ -14,7 +14,7 @@ import math
 import re
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -271,6 +271,14 @@ class Dialect:
         deadline passes."""
         raise NotImplementedError
 
+    def fetch_arrays(self, url: str, sql: str, dtypes: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The rows of ``sql`` (our own SELECT, its columns labelled with ``dtypes``' names, in
+        that order) as one numpy array a column of those dtypes, read as columns by the
+        backend's Arrow driver with a reader's rights (a NULL in a float column is NaN); None
+        where this backend has no such driver here, and the caller reads tuples. No deadline
+        reaches the read: callers run it where a kill ends it (``ui.offload``'s children)."""
+        return None
+
     def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
         """Run ``body`` exactly as given, read-only by the connection itself and with a
         reader's rights, cancelled after ``timeout_s`` seconds; rows past ``limits`` are not
@@ -509,6 +517,43 @@ class SQLite(Dialect):
             max_overflow=pool_size,
             pool_timeout=30,
         )
+
+    def fetch_arrays(self, url: str, sql: str, dtypes: Mapping[str, Any]) -> dict[str, Any] | None:
+        # Arrow's SQLite driver (ADBC) builds the columns in C, where sqlite3 builds a Python
+        # tuple a row: 5 million eval rows in 2.5-2.9 s of CPU instead of 5.8. It types each column
+        # from the first rows it reads, and a column whose first rows are all NULL would be
+        # typed INT64 and then fail at its first REAL: so a first row of the right types
+        # (flagged, and dropped here) leads, and CASTs keep every other row to those types.
+        try:
+            from adbc_driver_sqlite import dbapi as adbc
+        except ImportError:
+            return None
+        import numpy as np
+
+        path = self._existing(url)
+        names = list(dtypes)
+        kinds = {n: "REAL" if np.dtype(dtypes[n]).kind == "f" else "INTEGER" for n in names}
+        first = ", ".join(f"CAST(0 AS {kinds[n]})" for n in names)
+        rest = ", ".join(f'CAST(q."{n}" AS {kinds[n]})' for n in names)
+        query = f"SELECT 0, {first} UNION ALL SELECT 1, {rest} FROM ({sql}) AS q"
+        conn = adbc.connect(f"file:{quote(str(path), safe='/')}?mode=ro")  # never created or written
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute(query)
+                table = cur.fetch_arrow_table()
+            finally:
+                cur.close()
+        finally:
+            conn.close()
+        real = table.column(0).to_numpy() == 1
+        out: dict[str, Any] = {}
+        for i, n in enumerate(names):
+            col, want = table.column(i + 1), np.dtype(dtypes[n])
+            if want.kind != "f" and col.null_count:
+                raise ValueError(f"column {n!r} holds NULL where {want} was asked for")
+            out[n] = col.to_numpy()[real].astype(want, copy=False)
+        return out
 
     def readonly_query(self, url: str, body: str, *, timeout_s: float, limits: Limits) -> Fetched:
         # mode=ro plus an authorizer that denies writes, ATTACH and assigning PRAGMAs; a

@@ -209,7 +209,7 @@ def _eval_points(sid: int, statuses: Sequence[str] | None) -> Any:
     """(trial_id, step, acc, loss, nonfinite flag) of the sweep's evals (of trials with one
     of ``statuses``; every trial's when None)."""
     stmt = (
-        sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.nonfinite.is_not(None))
+        sa.select(Eval.trial_id, Eval.step, Eval.acc, Eval.loss, Eval.nonfinite.is_not(None).label("nonfinite"))
         .join(Trial, Trial.id == Eval.trial_id)
         .where(Trial.sweep_id == sid)
     )
@@ -221,6 +221,18 @@ def eval_points(conn: Connection, sid: int, statuses: Sequence[str] | None) -> l
     return _fetch_raw(conn, _eval_points(sid, statuses).order_by(Eval.trial_id, Eval.step))
 
 
+def _eval_range(sid: int, trial_ids: tuple[int, int | None] | None) -> Any:
+    """Every eval point of the sweep (all statuses), of the trials with ``lo <= id < hi``
+    when ``trial_ids`` is given (no upper bound when ``hi`` is None)."""
+    stmt = _eval_points(sid, None)
+    if trial_ids is not None:
+        lo, hi = trial_ids
+        stmt = stmt.where(Eval.trial_id >= lo)
+        if hi is not None:
+            stmt = stmt.where(Eval.trial_id < hi)
+    return stmt
+
+
 def eval_point_chunks(
     conn: Connection, sid: int, size: int, trial_ids: tuple[int, int | None] | None = None
 ) -> Iterator[list[tuple]]:
@@ -229,13 +241,20 @@ def eval_point_chunks(
     arrays (:func:`orchestrator.analysis.data.read_evals`). ``trial_ids``: only the trials
     with ``lo <= id < hi`` (no upper bound when ``hi`` is None): a range of the evals' key,
     so parts can be read side by side."""
-    stmt = _eval_points(sid, None)
-    if trial_ids is not None:
-        lo, hi = trial_ids
-        stmt = stmt.where(Eval.trial_id >= lo)
-        if hi is not None:
-            stmt = stmt.where(Eval.trial_id < hi)
-    return _fetch_chunks(conn, stmt, size)
+    return _fetch_chunks(conn, _eval_range(sid, trial_ids), size)
+
+
+def eval_point_arrays(
+    conn: Connection, sid: int, dtypes: Mapping[str, Any], trial_ids: tuple[int, int | None] | None = None
+) -> dict[str, Any] | None:
+    """:func:`eval_point_chunks`' rows (in no order) as one array a column (``dtypes``: the
+    columns trial_id, step, acc, loss, nonfinite and their numpy dtypes), read through the
+    backend's columnar driver (:meth:`~orchestrator.store.dialect.Dialect.fetch_arrays`) on
+    ``conn``'s database with a reader's rights; None where the backend has none. A separate
+    connection reads them: the caller runs it where a kill is its deadline."""
+    stmt = _eval_range(sid, trial_ids)
+    url = conn.engine.url.render_as_string(hide_password=False)
+    return dialect.for_url(url).fetch_arrays(url, _literal_sql(conn, stmt), dtypes)
 
 
 def trial_id_bounds(conn: Connection, sid: int, parts: int) -> list[tuple[int, int | None]]:
