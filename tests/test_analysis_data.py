@@ -161,6 +161,25 @@ def test_one_shared_eval_read_loads_every_status_set_and_where_alike(store):
     pd.testing.assert_frame_equal(shared, before)  # the shared frame is never changed
 
 
+def test_the_shared_read_may_come_as_a_function_called_once_after_the_trials(store, monkeypatch):
+    """``evals=`` a function (the dashboard's read, still under way in child processes): it
+    is called once, after the trials are read, and the frames are those of the frame."""
+    import pandas as pd
+
+    from orchestrator.analysis import data
+    from orchestrator.store import reader
+
+    shared = data.read_evals(store, "grid")
+    order: list[str] = []
+    real = reader.analysis_rows
+    monkeypatch.setattr(reader, "analysis_rows", lambda *a, **k: order.append("trials") or real(*a, **k))
+    got = oa.load_sweep(store, "grid", statuses=["completed"], evals=lambda: order.append("evals") or shared)
+    assert order == ["trials", "evals"]
+    own = oa.load_sweep(store, "grid", statuses=["completed"], evals=shared)
+    pd.testing.assert_frame_equal(got.trials, own.trials)
+    pd.testing.assert_frame_equal(got.evals, own.evals)
+
+
 def test_read_evals_in_small_chunks_equals_one_chunk(store, monkeypatch):
     import pandas as pd
 

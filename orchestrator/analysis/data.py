@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from dataclasses import dataclass, field
 
@@ -186,11 +186,13 @@ def load_sweep(
     where: str | None = None,
     statuses: Sequence[str] = DEFAULT_STATUSES,
     *,
-    evals: pd.DataFrame | None = None,
+    evals: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
 ) -> SweepData:
     """Read one sweep's trials (with the given statuses, then ``where``) and their evals.
     ``evals``: the sweep's :func:`read_evals` frame, read already (then only the trials are
-    read, and the frame is cut to them; it is not changed)."""
+    read, and the frame is cut to them; it is not changed), or a function that gives it,
+    called once the trials are read (the dashboard's shared read, still under way in other
+    processes while this one reads the trials)."""
     statuses = list(statuses)
     bad = [x for x in statuses if x not in ALL_STATUSES]
     if bad:
@@ -206,23 +208,25 @@ def load_sweep(
     # ``--by code_version`` (``device`` here is where it ran, not the ``device:`` setting).
     for i, col in enumerate(reader.PROVENANCE_COLUMNS):
         trials[col] = [stored.provenance[t][i] if t in stored.provenance else None for t in trials["trial_id"]]
+    frame: pd.DataFrame
     if evals is None:
-        evals = tuples_frame(stored.evals, EVAL_DTYPES)
+        frame = tuples_frame(stored.evals, EVAL_DTYPES)
     else:
+        frame = evals() if callable(evals) else evals
         # The shared frame holds every status's trials: keep this read's (a trial that
         # changed status between the two reads is counted as the trials read say). When it
         # keeps them all the frame is shared as it is, not copied (it is never changed here).
-        mine = evals["trial_id"].isin(trials["trial_id"].to_numpy()).to_numpy()
-        if not (mine.all() and evals.index.equals(pd.RangeIndex(len(evals)))):
-            evals = evals[mine].reset_index(drop=True)
+        mine = frame["trial_id"].isin(trials["trial_id"].to_numpy()).to_numpy()
+        if not (mine.all() and frame.index.equals(pd.RangeIndex(len(frame)))):
+            frame = frame[mine].reset_index(drop=True)
     if where and where.strip():
         keep = filter_trial_ids(trials, where)
         trials = trials[trials["trial_id"].isin(keep)].reset_index(drop=True)
-        evals = evals[evals["trial_id"].isin(keep)].reset_index(drop=True)
+        frame = frame[frame["trial_id"].isin(keep)].reset_index(drop=True)
     return SweepData(
         sweep=sweep,
         trials=trials,
-        evals=evals,
+        evals=frame,
         params=params,
         aliases=aliases,
         looks=stored.looks,

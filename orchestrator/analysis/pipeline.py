@@ -16,6 +16,7 @@ overrides of its fields::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,12 +53,18 @@ def config(cfg: AnalysisConfig | None = None, **overrides: Any) -> AnalysisConfi
 
 
 def prepare(
-    db: Db, sweep: str, cfg: AnalysisConfig | None = None, *, evals: pd.DataFrame | None = None, **overrides: Any
+    db: Db,
+    sweep: str,
+    cfg: AnalysisConfig | None = None,
+    *,
+    evals: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
+    **overrides: Any,
 ) -> Prepared:
     """Load a sweep, check the parameters the config names, attach the events (the traces
     cut at ``cfg.horizon``, read under ``cfg.diverged``, ``cfg.stopped_as`` applied).
     ``evals``: the sweep's eval frame read already (:func:`~.data.read_evals`), shared by
-    several preparations of one sweep."""
+    several preparations of one sweep, or a function that gives it once the trials are read
+    (:func:`~.data.load_sweep`)."""
     cfg = config(cfg, **overrides)
     data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses, evals=evals)
     check_params(data.trials, cfg.by, data.params, "--by")

@@ -453,11 +453,18 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str], *, with_e
 
     with engine.connect() as conn:
         sid = sweep_id(conn, sweep)
-        rows = conn.execute(
-            sa.select(Trial.id, Trial.key, Trial.status, Trial.params)
-            .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
-            .order_by(Trial.id)
-        ).all()
+        # Through the DBAPI cursor, the params decoded here: at 100,000 trials SQLAlchemy's
+        # Row objects and its JSON type's processing cost 0.4 s more (1.2-1.5 s of CPU for
+        # this read, now 0.9). The driver of a JSON column may hand it back decoded already.
+        rows = [
+            (i, k, st, json.loads(p) if isinstance(p, (str, bytes)) else p)
+            for i, k, st, p in _fetch_raw(
+                conn,
+                sa.select(Trial.id, Trial.key, Trial.status, sa.type_coerce(Trial.params, sa.Text))
+                .where(Trial.sweep_id == sid, Trial.status.in_(statuses))
+                .order_by(Trial.id),
+            )
+        ]
         eval_rows = eval_points(conn, sid, statuses) if with_evals else []
         looks = [
             dict(r.record)
@@ -475,7 +482,7 @@ def analysis_rows(engine: Engine, sweep: str, statuses: Sequence[str], *, with_e
         stopped = stops(conn, sid)
         provenance = latest_provenance(conn, sid)
     return AnalysisRows(
-        trials=[tuple(r) for r in rows],
+        trials=rows,
         evals=eval_rows,
         looks=looks,
         stops=stopped,

@@ -677,7 +677,11 @@ def _prepared(engine: Engine, name: str, cfg: AnalysisConfig) -> Prepared:
         present = {row[0] for row in stamp}
         return (id(engine), name, "prepared", rest, tuple(sorted(s for s in cfg.statuses if s in present)))
 
-    prep = PREPARED.get(engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=sweep_evals(engine, name)))
+    # The evals are asked for once the trials are read: a big sweep's read runs in child
+    # processes (started by the bands beside this request) while this thread reads the trials.
+    prep = PREPARED.get(
+        engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=lambda: sweep_evals(engine, name))
+    )
     return prep if prep.cfg == cfg else dataclasses.replace(prep, cfg=cfg)
 
 
@@ -1008,7 +1012,8 @@ def band_frame(evals, group_of: dict[int, tuple[str, str]]):
             **{c: evals[c].to_numpy()[keep] for c in TRACE_COLUMNS},
             "facet": pd.Categorical.from_codes(fc[keep], categories=facets or [""]),
             "group": pd.Categorical.from_codes(gcode[ids][keep], categories=groups or [""]),
-        }
+        },
+        copy=False,  # fresh arrays, not copied again into 2-D blocks
     )
 
 
