@@ -102,13 +102,25 @@ def test_a_missing_file_is_a_user_error_and_is_not_created(tmp_path):
     assert not missing.exists()
 
 
-def test_the_read_writes_nothing(sqlite_engine, tmp_path):
-    """The driver opens the file read-only: its bytes are the same after a read."""
-    path = dialect.sqlite_path(sqlite_engine.url.render_as_string(hide_password=False))
-    assert path is not None
-    before = path.read_bytes()
+def test_the_driver_opens_the_file_read_only(sqlite_engine, monkeypatch):
+    """The URI the read opens refuses a write through the same driver."""
+    from adbc_driver_sqlite import dbapi as adbc
+
+    opened: list[str] = []
+    real = adbc.connect
+    monkeypatch.setattr(adbc, "connect", lambda uri, *a, **k: opened.append(uri) or real(uri, *a, **k))
     read_evals(sqlite_engine, "a", columnar=True)
-    assert path.read_bytes() == before
+    assert len(opened) == 1
+    conn = real(opened[0])
+    try:
+        cur = conn.cursor()
+        with pytest.raises(Exception, match="readonly"):
+            cur.execute("UPDATE evals SET acc = 0.5")
+            conn.commit()
+        cur.close()
+    finally:
+        conn.close()
+    assert read_evals(sqlite_engine, "a")["acc"].ne(0.5).any()
 
 
 def test_each_backend_gives_the_reference_frame(db_url):

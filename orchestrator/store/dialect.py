@@ -154,12 +154,16 @@ def sqlite_path(url: str) -> Path | None:
 BUSY_TIMEOUT_S = 30.0  # how long a store connection waits for another's lock
 
 
+def sqlite_uri(path: Path, *, readonly: bool) -> str:
+    """The ``file:`` URI every SQLite connection opens: the path percent-encoded (a bare
+    ``#`` or ``?`` would end the path), ``mode=ro`` for readers (the file is never created or
+    written) and ``rwc`` for the store."""
+    return f"file:{quote(str(path), safe='/')}?mode={'ro' if readonly else 'rwc'}"
+
+
 def sqlite_connect(path: Path, *, readonly: bool = False, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
-    """The one way a SQLite file is opened: a ``file:`` URI with the path percent-encoded
-    (a bare ``#`` or ``?`` would end the path), ``mode=ro`` for readers (the file is never
-    created or written) and ``rwc`` for the store."""
-    uri = f"file:{quote(str(path), safe='/')}?mode={'ro' if readonly else 'rwc'}"
-    return sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
+    """The one way the sqlite3 module opens a SQLite file (:func:`sqlite_uri`)."""
+    return sqlite3.connect(sqlite_uri(path, readonly=readonly), uri=True, timeout=timeout, check_same_thread=False)
 
 
 def set_length_limit(conn: sqlite3.Connection, n: int) -> None:
@@ -536,7 +540,7 @@ class SQLite(Dialect):
         first = ", ".join(f"CAST(0 AS {kinds[n]})" for n in names)
         rest = ", ".join(f'CAST(q."{n}" AS {kinds[n]})' for n in names)
         query = f"SELECT 0, {first} UNION ALL SELECT 1, {rest} FROM ({sql}) AS q"
-        conn = adbc.connect(f"file:{quote(str(path), safe='/')}?mode=ro")  # never created or written
+        conn = adbc.connect(sqlite_uri(path, readonly=True))
         try:
             cur = conn.cursor()
             try:

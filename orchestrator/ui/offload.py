@@ -41,8 +41,8 @@ OFFLOAD_TRIALS = 10_000
 PARTS = max(1, min(4, os.cpu_count() or 1))
 # Imported once in the forkserver, so a child starts with them: the main module too (a
 # child would otherwise import the `orchestrator` script again, and with it the whole CLI),
-# the eval reader, and the columnar SQLite driver with pyarrow (0.4 s a child; where it is missing the
-# forkserver skips it and the children read tuples).
+# the eval reader, and the columnar SQLite driver with pyarrow (0.4 s a child; where it is
+# missing the forkserver skips it and the children read tuples).
 _PRELOAD = [
     "__main__",
     "orchestrator.ui.offload",
