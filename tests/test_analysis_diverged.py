@@ -174,3 +174,43 @@ def test_vectorised_events_match_the_reference_under_each_rule(rule):
         expand_reference(evals, fast).reset_index(drop=True),
         check_dtype=False,
     )
+
+
+@pytest.mark.parametrize("rule", ["at-risk", "censor"])
+@pytest.mark.parametrize("diverging", [True, False])
+def test_analysed_rows_equal_the_reference_and_share_the_input_columns(rule, diverging):
+    """The analysed rows are the input's columns plus two (the reference: pandas' ``assign``
+    and a boolean cut), on any index; when no row is cut they share the input's arrays
+    (5 million rows are not copied) and the input is left as it was."""
+    from orchestrator.events import divergence_steps
+
+    rng = np.random.default_rng(5)
+    if diverging:
+        traces = _random_diverging(rng, 200)
+        raw = pd.DataFrame(
+            [(tid, s, a, b) for tid, tr in traces.items() for s, a, b in tr],
+            columns=["trial_id", "step", "acc", "nonfinite"],
+        )
+    else:
+        n = 40 * 30
+        raw = pd.DataFrame(
+            {
+                "trial_id": np.repeat(np.arange(40), 30),
+                "step": np.tile(np.arange(30) * 100, 40),
+                "acc": rng.random(n),
+                "nonfinite": np.zeros(n, dtype=bool),
+            }
+        )
+    for frame in (raw, raw.set_axis(raw.index * 3 + 7)):  # a RangeIndex, and not
+        before = frame.copy()
+        got = analysed_evals(frame, rule)
+        div = divergence_steps(frame)
+        step = frame["step"].to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            censor = (step == div) if rule == "censor" else np.zeros(len(frame), dtype=bool)
+            keep = np.isfinite(frame["acc"].to_numpy()) if rule == "at-risk" else np.isnan(div) | (step <= div)
+        want = frame.assign(diverge_step=div, censor=censor)[keep].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want)
+        pd.testing.assert_frame_equal(frame, before)
+        if not diverging and frame.index.equals(pd.RangeIndex(len(frame))):
+            assert np.shares_memory(got["acc"].to_numpy(), frame["acc"].to_numpy())
