@@ -16,6 +16,7 @@ import gc
 import json
 import math
 import shutil
+import sqlite3
 import urllib.parse
 
 import pytest
@@ -190,7 +191,7 @@ def test_pages_of_the_big_table_and_the_cached_orders(engines):
     # its own order, never a dead table's.
     rows = q.trials(engines["mixed"][0], MIXED).rows
     for i in range(30):
-        t = q.TrialTable(rows=rows[i % 5 :] if i % 2 else rows[: 40 - i], params=["x"], varying=["x"])
+        t = q.TrialTable.of_rows(rows[i % 5 :] if i % 2 else rows[: 40 - i], params=["x"], varying=["x"])
         assert [r["key"] for r in pages.page(t, 0, 1000, "params.x", 1)["rows"]] == brute(t.rows, "params.x", 1)
         del t
         gc.collect()
@@ -424,3 +425,63 @@ def test_a_5100_trial_page_pages_sorts_and_overlays_through_the_server(big_url):
             assert not severe, severe
         finally:
             driver.quit()
+
+
+def test_a_big_sweeps_final_figures_from_its_eval_rows_equal_the_views(tmp_path, monkeypatch):
+    """Past ``OFFLOAD_TRIALS`` trials the table's final step, accuracy, loss and best
+    accuracy come from the sweep's eval rows (the bands' read) rather than the trial_final
+    view: the same values, row for row, for a last eval with a missing or non-finite
+    accuracy, a NaN loss beside a finite accuracy, every accuracy missing, trials without
+    evals, a failed trial, unsorted traces, and another sweep's trials among the ids."""
+    from orchestrator.ui import offload
+
+    lines, other = [], []
+    for i in range(30):
+        steps = [30, 10, 20] if i % 4 == 0 else [10, 20, 30]
+        trace = [{"step": s, "acc": ((i * 3 + s) % 10) / 10, "loss": s / 7} for s in steps]
+        kind = i % 6
+        if kind == 1:
+            trace[-1]["acc"] = None  # the last eval's accuracy missing: diverged
+        elif kind == 2:
+            trace[-1]["loss"] = float("nan")  # a NaN loss, the accuracy kept
+        elif kind == 3:
+            trace = [{"step": s, "acc": None, "loss": 1.0} for s in (10, 20)]
+        rec = {"params": {"seed": i, "lr": [1e-3, 3e-3][i % 2]}, "trace": trace}
+        if i % 7 == 5:
+            rec.update(status="failed", error="line one\nboom")
+        lines.append(json.dumps(rec))
+        other.append(json.dumps({"params": {"seed": i}, "trace": [{"step": 5, "acc": 0.5, "loss": 1.0}]}))
+    url = f"sqlite:///{tmp_path / 'finals.db'}"
+    for sweep, recs in (("other", other[:10]), ("finals", lines), ("later", other[10:])):
+        src = tmp_path / f"{sweep}.jsonl"
+        src.write_text("\n".join(recs) + "\n")
+        assert main(["import", str(src), "--sweep", sweep, "--db", url]) == 0
+    # Trials without evals (not yet run): an import needs a trace, so theirs go.
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+        db.execute(
+            "DELETE FROM evals WHERE trial_id IN (SELECT t.id FROM trials t JOIN sweeps s ON s.id = t.sweep_id "
+            "WHERE s.name = 'finals' AND t.id % 6 = 4)"
+        )
+    engine, _u = open_reader_engine(url)
+    try:
+        monkeypatch.setattr(offload, "OFFLOAD_TRIALS", 10**9)
+        view = q._trials(engine, "finals", None, None)
+        monkeypatch.setattr(offload, "OFFLOAD_TRIALS", 5)
+        calls = []
+        real = q.sweep_evals
+        monkeypatch.setattr(q, "sweep_evals", lambda *a: calls.append(a) or real(*a))
+        rows = q._trials(engine, "finals", None, None)
+        assert calls  # the figures did come from the eval rows
+        assert len(rows) == 30 and rows.columns == view.columns and rows.rows == view.rows
+        figures = list(zip(*(view.columns[c] for c in ("step", "final_acc", "final_loss", "best_acc"))))
+        assert (None, None, None, None) in figures  # a trial without evals
+        assert any(s == 30 and a is None for s, a, _l, _b in figures)  # a missing last accuracy
+        assert any(b is None and s == 20 for s, _a, _l, b in figures)  # no accuracy at all
+        # where= and one trial's key read alike both ways
+        for where in ("lr > 0.002", "seed < 4"):
+            big = q._trials(engine, "finals", where, None)
+            monkeypatch.setattr(offload, "OFFLOAD_TRIALS", 10**9)
+            assert big.rows == q._trials(engine, "finals", where, None).rows and 0 < len(big) < 30
+            monkeypatch.setattr(offload, "OFFLOAD_TRIALS", 5)
+    finally:
+        engine.dispose()

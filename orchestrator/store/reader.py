@@ -540,28 +540,37 @@ def sweep_list(engine: Engine) -> list[dict[str, Any]]:
         return [dict(r._mapping) for r in conn.execute(q)]
 
 
-def final_rows(conn: Connection, name: str) -> Sequence[Any]:
-    """The sweep's rows of the ``trial_final`` view, by trial id."""
-    return conn.execute(
-        sa.text(
-            "SELECT trial_id, key, status, steps, final_step, final_acc, final_loss, best_acc, "
-            "params FROM trial_final WHERE sweep = :n ORDER BY trial_id"
-        ),
-        {"n": name},
-    ).all()
+# The trial table's columns besides the final figures (:func:`table_rows`, :func:`trial_rows`).
+_TRIAL_COLUMNS = "t.key, t.status, t.steps, t.params, t.error, t.host, t.device, t.started_at, t.updated_at"
 
 
-def trial_placement(conn: Connection, sid: int) -> dict[int, Any]:
-    """trial id -> (id, error, host, device, started_at, finished_at, updated_at)."""
-    return {
-        r.id: r
-        for r in conn.execute(
-            sa.text(
-                "SELECT id, error, host, device, started_at, finished_at, updated_at FROM trials WHERE sweep_id = :s"
-            ),
-            {"s": sid},
-        ).all()
-    }
+def table_rows(conn: Connection, sid: int) -> list[tuple]:
+    """Per trial of the sweep (by id): trial_id, key, status, steps, params, error, host,
+    device, started_at, updated_at, and the ``trial_final`` view's final_step, final_acc,
+    final_loss, best_acc. Through the DBAPI cursor (100,000 trials)."""
+    return _fetch_raw_text(
+        conn,
+        f"SELECT t.id, {_TRIAL_COLUMNS}, f.final_step, f.final_acc, f.final_loss, f.best_acc "
+        f"FROM trials t JOIN trial_final f ON f.trial_id = t.id WHERE t.sweep_id = {int(sid)} ORDER BY t.id",
+    )
+
+
+def trial_rows(conn: Connection, sid: int) -> list[tuple]:
+    """:func:`table_rows` without the final figures (the caller has the eval rows): one
+    pass over the trials, where the view's figures cost a search of every trial's evals."""
+    return _fetch_raw_text(
+        conn, f"SELECT t.id, {_TRIAL_COLUMNS} FROM trials t WHERE t.sweep_id = {int(sid)} ORDER BY t.id"
+    )
+
+
+def _fetch_raw_text(conn: Connection, sql: str) -> list[tuple]:
+    """Rows of a SELECT with no bound values (an id is written in) through the DBAPI cursor."""
+    cur = conn.connection.cursor()
+    try:
+        cur.execute(sql)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
 
 
 def trial_row(conn: Connection, sid: int, key: str) -> Any | None:

@@ -306,7 +306,7 @@ def create_app(
                     "default_by": t.default_by,
                 }
             )
-        if not paging and len(t.rows) <= pages.PAGED_TRIALS:
+        if not paging and len(t) <= pages.PAGED_TRIALS:
             return _JSON(
                 {
                     "trials": _clean(t.rows),
@@ -338,7 +338,7 @@ def create_app(
         where, key = args.get("where"), args.get("key")
         ids = None
         if where or key:
-            ids = {r["trial_id"] for r in q.trials(engine, name, where=where, key=key).rows}
+            ids = set(q.trials(engine, name, where=where, key=key).columns["trial_id"])
         if args.get("ids") is not None:
             # The trials a big sweep's page draws one line each for (a grid cell, the overlay).
             picked = set(pages.comma_ids(args["ids"] or "", MAX_IDS))

@@ -23,7 +23,6 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -170,20 +169,57 @@ def _iso(t: Any) -> str | None:
     return t.isoformat(timespec="seconds") if t else None
 
 
-@dataclass
-class TrialTable:
-    """One sweep's trials (after ``where``): rows for the table, the flattened params and
-    the parameters that vary (what a user groups or facets by)."""
+# A table row's fields, in the order a row (and its JSON) has them.
+ROW_FIELDS = (
+    "trial_id",
+    "key",
+    "status",
+    "steps",
+    "step",
+    "final_acc",
+    "final_loss",
+    "best_acc",
+    "error",
+    "params",
+    "host",
+    "device",
+    "started_at",
+    "updated_at",
+)
 
-    rows: list[dict[str, Any]]
-    params: list[str]
-    varying: list[str]
+
+class TrialTable:
+    """One sweep's trials (after ``where``) as columns, one list per field of
+    :data:`ROW_FIELDS` (``params``: each trial's flattened params), with the parameter names
+    and the parameters that vary (what a user groups or facets by). A row is a dict built
+    when asked for (:meth:`row`, :attr:`rows`): a 100,000-trial page shows 100 of them, and
+    building them all cost 0.8 s of the server's time; its sort and its bands read columns."""
+
+    def __init__(self, columns: dict[str, list[Any]], params: list[str], varying: list[str]) -> None:
+        self.columns = columns
+        self.params = params
+        self.varying = varying
+
+    @classmethod
+    def of_rows(cls, rows: list[dict[str, Any]], params: list[str], varying: list[str]) -> TrialTable:
+        return cls({f: [r[f] for r in rows] for f in ROW_FIELDS}, params, varying)
+
+    def __len__(self) -> int:
+        return len(self.columns["trial_id"])
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {f: self.columns[f][i] for f in ROW_FIELDS}
+
+    @functools.cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row (built once, on first use: a whole table's answer, its CSV)."""
+        return [self.row(i) for i in range(len(self))]
 
     @functools.cached_property
     def default_by(self) -> str | None:
         """The page's default colour (:func:`_default_by`), worked out once per table: the
         table is cached while the sweep is unchanged and shared by the bands and the page."""
-        return _default_by(self.rows, self.varying)
+        return _default_by(self.columns["params"], self.varying)
 
 
 class _Coalesce:
@@ -228,28 +264,38 @@ def trials(engine: Engine, name: str, where: str | None = None, key: str | None 
         # Whole tables are kept while the sweep is unchanged (the page, its bands and a
         # reload all ask for the same one, and 100,000 trials take seconds to read and
         # flatten), and the cache builds each once at a time.
-        return TABLES.get(
-            engine, name, (id(engine), name, "table", where or ""), lambda: _trials(engine, name, where, None)
-        )
+        return TABLES.get(engine, name, _table_key(engine, name, where), lambda: _trials(engine, name, where, None))
     return _TRIALS.run((id(engine), name, where, key), lambda: _trials(engine, name, where, key))
+
+
+def _table_key(engine: Engine, name: str, where: str | None) -> tuple:
+    return (id(engine), name, "table", where or "")
 
 
 def _trials(engine: Engine, name: str, where: str | None, key: str | None) -> TrialTable:
     from orchestrator.analysis.data import params_frame
     from orchestrator.analysis.where import filter_trial_ids
     from orchestrator.params import flatten_params
+    from orchestrator.ui import offload
 
+    # A big sweep's page reads every eval row for its bands (sweep_evals, shared): its
+    # table's final figures come from those rows rather than from the trial_final view,
+    # whose per-trial searches of the evals cost the database a second at 100,000 trials.
+    # The same definitions (final_figures); a smaller sweep, or one trial, reads the view.
+    big = key is None and sum(c for _s, c, _t in reader.write_stamp(engine, name)) > offload.OFFLOAD_TRIALS
     with engine.connect() as conn:
         sid = reader.sweep_id(conn, name)
-        fin = reader.final_rows(conn, name)
-        meta = reader.trial_placement(conn, sid)
+        rows = reader.trial_rows(conn, sid) if big else reader.table_rows(conn, sid)
         stops = reader.stops(conn, sid) if where and where.strip() else {}
         made = reader.latest_provenance(conn, sid) if where and where.strip() else {}
-    params = [_params(r.params) for r in fin]
+    ids = [r[0] for r in rows]
+    if big:
+        finals = final_figures(sweep_evals(engine, name), ids)
+    else:
+        finals = ([r[10] for r in rows], [r[11] for r in rows], [r[12] for r in rows], [r[13] for r in rows])
+    params = [_params(r[4]) for r in rows]
     if where and where.strip():
-        frame, _names, _al = params_frame(
-            [r.trial_id for r in fin], [r.key for r in fin], [r.status for r in fin], params
-        )
+        frame, _names, _al = params_frame(ids, [r[1] for r in rows], [r[2] for r in rows], params)
         # The same columns the analysis filters on (analysis.data.load_sweep), so a --where reads alike.
         frame["stopped_at"] = [float(stops[t]) if t in stops else float("nan") for t in frame["trial_id"]]
         for i, col in enumerate(reader.PROVENANCE_COLUMNS):
@@ -257,40 +303,71 @@ def _trials(engine: Engine, name: str, where: str | None, key: str | None) -> Tr
         keep = set(filter_trial_ids(frame, where))
     else:
         keep = None
-    rows: list[dict[str, Any]] = []
     names: dict[str, None] = {}  # an ordered set
-    flat_all = []
-    for r, p in zip(fin, params):
-        if keep is not None and r.trial_id not in keep:
+    picked: list[int] = []
+    flats = []
+    for i, (r, p) in enumerate(zip(rows, params)):
+        if keep is not None and r[0] not in keep:
             continue
-        if key is not None and r.key != key:
+        if key is not None and r[1] != key:
             continue
         flat = flatten_params(p) if dict in map(type, p.values()) else p
-        flat_all.append(flat)
         for k in flat:
             names.setdefault(k, None)
-        m = meta.get(r.trial_id)
-        err = (m.error or "") if m else ""
-        rows.append(
-            {
-                "trial_id": r.trial_id,
-                "key": r.key,
-                "status": r.status,
-                "steps": r.steps,
-                "step": r.final_step,
-                "final_acc": r.final_acc,
-                "final_loss": r.final_loss,
-                "best_acc": r.best_acc,
-                "error": err.strip().splitlines()[-1] if err.strip() else "",
-                "params": flat,
-                "host": m.host if m else None,
-                "device": m.device if m else None,
-                "started_at": _iso(m.started_at) if m else None,
-                "updated_at": _iso(m.updated_at) if m else None,
-            }
-        )
-    varying = [n for n in names if _varies(f.get(n) for f in flat_all)]
-    return TrialTable(rows=rows, params=list(names), varying=varying)
+        picked.append(i)
+        flats.append(flat)
+    sel = [rows[i] for i in picked]
+    errors = [(r[5] or "").strip() for r in sel]
+    columns: dict[str, list[Any]] = {
+        "trial_id": [r[0] for r in sel],
+        "key": [r[1] for r in sel],
+        "status": [r[2] for r in sel],
+        "steps": [r[3] for r in sel],
+        "step": [finals[0][i] for i in picked],
+        "final_acc": [finals[1][i] for i in picked],
+        "final_loss": [finals[2][i] for i in picked],
+        "best_acc": [finals[3][i] for i in picked],
+        "error": [e.splitlines()[-1] if e else "" for e in errors],
+        "params": flats,
+        "host": [r[6] for r in sel],
+        "device": [r[7] for r in sel],
+        "started_at": [_iso(r[8]) for r in sel],
+        "updated_at": [_iso(r[9]) for r in sel],
+    }
+    varying = [n for n in names if _varies(f.get(n) for f in flats)]
+    return TrialTable(columns, params=list(names), varying=varying)
+
+
+def final_figures(evals, ids: list[int]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """Per trial of ``ids``: its final step, the accuracy and loss there, and its best
+    accuracy, from ``evals`` (the sweep's eval frame, :func:`sweep_evals`, sorted by trial
+    and step), by the ``trial_final`` view's definitions: the eval at the trial's largest
+    step, the largest accuracy (a stored NULL, a non-finite eval's, skipped), None where
+    there is none (a trial without evals)."""
+    import numpy as np
+
+    tid = evals["trial_id"].to_numpy()
+    if not len(tid):
+        none: list[Any] = [None] * len(ids)
+        return none, list(none), list(none), list(none)
+    start = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1]])
+    last = np.r_[start[1:], len(tid)] - 1
+    have = tid[start]
+    acc = evals["acc"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        best = np.fmax.reduceat(acc, start)  # NaN only where every accuracy is missing
+    want = np.asarray(ids, dtype=np.int64)
+    at = np.minimum(np.searchsorted(have, want), len(have) - 1)
+    found = have[at] == want
+
+    def column(values: np.ndarray) -> list[Any]:
+        out = values[at].tolist()
+        ok = found.tolist()
+        return [v if f and v == v else None for v, f in zip(out, ok)]  # v != v: NaN
+
+    step = evals["step"].to_numpy()[last]
+    loss = evals["loss"].to_numpy(dtype=float)[last]
+    return column(step), column(acc[last]), column(loss), column(best)
 
 
 def _varies(values) -> bool:
@@ -905,7 +982,7 @@ def csv_view(engine: Engine, name: str, view: str, args: dict[str, str | None]) 
         return f"{name}-trials.csv", to_csv(cols + ["param." + p for p in t.params], rows)
     if view == "traces":
         t = trials(engine, name, where=where)
-        keys = {r["trial_id"]: r["key"] for r in t.rows}
+        keys = dict(zip(t.columns["trial_id"], t.columns["key"]))
         cols = traces(engine, name, trial_ids=set(keys), full=True)["columns"]
         names = list(TRACE)
         rows = [{c: cols[c][i] for c in names} for i in range(len(cols["trial_id"]))]
@@ -975,13 +1052,14 @@ def _scalar_key(kind: str, v: Any) -> str:
     return _encode_key(v)
 
 
-def _default_by(rows: list[dict[str, Any]], varying: list[str]) -> str | None:
-    """The page's default colour: the varying parameter (not seed) with the fewest values."""
+def _default_by(params: list[dict[str, Any]], varying: list[str]) -> str | None:
+    """The page's default colour: the varying parameter (not seed) with the fewest values
+    (``params``: each trial's flattened params)."""
     best: tuple[int, str] | None = None
     for p in varying:
         if p == "seed":
             continue
-        n = len({_group_key(r["params"].get(p)) for r in rows})
+        n = len({_group_key(f.get(p)) for f in params})
         if best is None or n < best[0]:
             best = (n, p)
     return best[1] if best else None
@@ -1058,18 +1136,18 @@ def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: 
     t = trials(engine, name, where=where)
     by = by or t.default_by
     for flag, p in (("by", by), ("facet", facet)):
-        if p is not None and t.rows and p not in t.params:  # an empty view has no bands, not an error
+        if p is not None and len(t) and p not in t.params:  # an empty view has no bands, not an error
             raise UserError(f"{flag}={p!r}: the sweep has no parameter of that name")
     group_of: dict[int, tuple[str, str]] = {}
     value_of: dict[str, Any] = {}
     count: dict[tuple[str, str], int] = {}
-    for r in t.rows:
-        fv = r["params"].get(facet) if facet else None
-        gv = r["params"].get(by) if by else None
+    for tid, flat in zip(t.columns["trial_id"], t.columns["params"]):
+        fv = flat.get(facet) if facet else None
+        gv = flat.get(by) if by else None
         fk, gk = _group_key(fv), _group_key(gv)
         value_of.setdefault(fk, fv)
         value_of.setdefault(gk, gv)
-        group_of[r["trial_id"]] = (fk, gk)
+        group_of[tid] = (fk, gk)
         count[fk, gk] = count.get((fk, gk), 0) + 1
     ngroups = len({g for _f, g in count})
     if ngroups > MAX_GROUPS:
@@ -1101,7 +1179,7 @@ def _bands(engine: Engine, name: str, by: str | None, facet: str | None, where: 
         "by": by,
         "facet": facet,
         "quantiles": list(BAND_QUANTILES),
-        "n_trials": len(t.rows),
+        "n_trials": len(t),
         "panels": list(panels.values()),
         "stamp": json.dumps(reader.write_stamp(engine, name), default=str),
     }

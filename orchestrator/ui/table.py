@@ -66,9 +66,12 @@ def sort_value(row: dict[str, Any], column: str) -> tuple[int, Any] | None:
     and dicts (as sorted JSON)."""
     if column.startswith(PARAM_PREFIX):
         params = row.get("params") or {}
-        v = params.get(column[len(PARAM_PREFIX) :])
-    else:
-        v = row.get(column)
+        return value_key(params.get(column[len(PARAM_PREFIX) :]))
+    return value_key(row.get(column))
+
+
+def value_key(v: Any) -> tuple[int, Any] | None:
+    """What a value sorts by (:func:`sort_value`)."""
     if v is None:
         return None
     if isinstance(v, (bool, int)):
@@ -98,7 +101,7 @@ class _Orders:
             if hit is not None and hit[0]() is table:
                 self.items.move_to_end(key)
                 return hit[1]
-        order = array("q", _sorted(table.rows, sort, direction))
+        order = array("q", _sorted(table, sort, direction))
         with self.lock:
             for k in [k for k, (ref, _o) in self.items.items() if ref() is None]:
                 del self.items[k]  # a freed table's orders go first
@@ -112,15 +115,25 @@ class _Orders:
 ORDERS = _Orders()
 
 
-def _sorted(rows: list[dict[str, Any]], sort: str, direction: int) -> list[int]:
-    """The indices of ``rows`` in the order of ``sort``, ``direction``."""
-    by_key = sorted(range(len(rows)), key=lambda i: _string(rows[i]["key"]))
+def _values(table: Any, sort: str) -> list[Any]:
+    """The column ``sort`` (a row column or ``params.NAME``) of ``table``, one value a row."""
+    if sort.startswith(PARAM_PREFIX):
+        name = sort[len(PARAM_PREFIX) :]
+        return [(p or {}).get(name) for p in table.columns["params"]]
+    return table.columns[sort]
+
+
+def _sorted(table: Any, sort: str, direction: int) -> list[int]:
+    """The indices of ``table``'s rows in the order of ``sort``, ``direction``."""
+    keys = table.columns["key"]
+    by_key = sorted(range(len(keys)), key=lambda i: _string(keys[i]))
     if sort == "key":
         return by_key if direction > 0 else by_key[::-1]
+    values = _values(table, sort)
     have: list[tuple[tuple[int, Any], int]] = []
     missing: list[int] = []
     for i in by_key:
-        v = sort_value(rows[i], sort)
+        v = value_key(values[i])
         if v is None:
             missing.append(i)
         else:
@@ -148,7 +161,7 @@ def _column(table: Any, sort: str | None) -> str:
         return "key"
     if sort in ROW_COLUMNS:
         return sort
-    if sort.startswith(PARAM_PREFIX) and (sort[len(PARAM_PREFIX) :] in table.params or not table.rows):
+    if sort.startswith(PARAM_PREFIX) and (sort[len(PARAM_PREFIX) :] in table.params or not len(table)):
         return sort
     raise UserError(
         f"sort={sort[:80]!r}: no such column; expected one of {', '.join(ROW_COLUMNS)} or params.NAME of a parameter"
@@ -158,7 +171,7 @@ def _column(table: Any, sort: str | None) -> str:
 def page(
     table: Any, page: int | str | None = 0, size: int | str | None = PAGE_SIZE, sort: str | None = "key", dir: Any = 1
 ) -> dict[str, Any]:
-    """Page ``page`` (from 0; past the last one, the last) of ``table.rows`` sorted by ``sort``
+    """Page ``page`` (from 0; past the last one, the last) of ``table``'s rows sorted by ``sort``
     (a row column or ``params.NAME``), ascending for ``dir`` 1, descending for -1, ``size``
     rows a page (1 to :data:`MAX_PAGE_SIZE`). Arguments may be the query's strings. Bad
     ones are a UserError naming the argument."""
@@ -169,7 +182,7 @@ def page(
         raise UserError(f"dir={d[:20]!r}: expected 1 (ascending) or -1 (descending)")
     direction = int(d)
     column = _column(table, sort)
-    total = len(table.rows)
+    total = len(table)
     last = max(0, -(-total // n_size) - 1)
     n_page = min(n_page, last)
     order = ORDERS.get(table, column, direction)
@@ -180,7 +193,7 @@ def page(
         "size": n_size,
         "sort": column,
         "dir": direction,
-        "rows": [table.rows[i] for i in order[n_page * n_size : (n_page + 1) * n_size]],
+        "rows": [table.row(i) for i in order[n_page * n_size : (n_page + 1) * n_size]],
         "params": table.params,
         "varying": table.varying,
         "default_by": table.default_by,
@@ -253,4 +266,5 @@ def picked(table: Any, ids: list[int] | None = None, keys: list[str] | None = No
     named in all."""
     want_ids, want_keys = set(ids or ()), set(keys or ())
     _cap("ids" if not want_keys else "keys" if not want_ids else "ids and keys", len(want_ids) + len(want_keys))
-    return [r for r in table.rows if r["trial_id"] in want_ids or r["key"] in want_keys]
+    ids, keys = table.columns["trial_id"], table.columns["key"]
+    return [table.row(i) for i in range(len(ids)) if ids[i] in want_ids or keys[i] in want_keys]
