@@ -245,11 +245,63 @@ def test_param_columns_fast_path_equals_flattening_every_row():
         None,
         {"lr": "0.1", "seed": 5.0},
     ]
-    for trial in range(20):
-        params = [rng.choice(pool) for _ in range(rng.randint(0, 40))]
+    # Trials that all have the same parameters (each a column every trial has), of mixed
+    # kinds within a column: ints and floats, bools, None, strings, lists.
+    same = [
+        {"lr": 1e-3, "seed": 0, "flag": True, "extra": None, "tags": ["a"], "name": "x"},
+        {"lr": 1, "seed": 1, "flag": False, "extra": None, "tags": [], "name": "y"},
+        {"seed": 2, "lr": 2.5, "flag": True, "extra": 3, "tags": ["b", 1], "name": None},
+        {"seed": 3, "lr": 7, "flag": 1, "extra": "z", "tags": None, "name": "w"},
+    ]
+    for trial in range(40):
+        source = pool if trial % 2 else same[: 2 + trial % 3]
+        params = [rng.choice(source) for _ in range(rng.randint(0, 40))]
         index = pd.RangeIndex(len(params))
         for skip in ((), ("seed",)):
             got, names = reader.param_columns(params, index, skip)
             want, want_names = reference(params, index, skip)
             assert names == want_names
             pd.testing.assert_frame_equal(got, want)
+
+
+def test_params_decoded_already_prepare_the_same_sweep(store, monkeypatch):
+    """The dashboard hands the analysis the params its trial table decoded (flattened):
+    the prepared sweep equals the one that decodes the stored params itself, for flat,
+    nested and list-valued params, and a trial the mapping lacks is decoded as before."""
+    import pandas as pd
+
+    from orchestrator.analysis import pipeline
+    from orchestrator.store import reader
+    from orchestrator.ui import db as q
+
+    nested = []
+    for i in range(6):
+        r = _rec(i, "baseline" if i % 2 else "ns5", 80 + 8 * (i % 3), 1e-3 * (1 + i % 2))
+        r["params"] = {"model": {"read": ["raw", "ema"][i % 2], "dims": [32, 16 * i]}, "opt": {"lr": r["params"]["lr"]}}
+        nested.append(r)
+    write_records(store, "nested", nested)
+    seen: list[dict] = []
+    real = reader.analysis_rows
+    for sweep, n in (("grid", 17), ("nested", 6)):
+        table = q.trials(store, sweep)
+        known = dict(zip(table.columns["trial_id"], table.columns["params"]))
+        assert len(known) == n
+        if sweep == "nested":
+            assert all("model.read" in p for p in known.values())  # flattened, not as stored
+        want = pipeline.prepare(store, sweep)
+        for mapping in (known, dict(list(known.items())[: n // 2])):
+            got = pipeline.prepare(store, sweep, known_params=mapping)
+            pd.testing.assert_frame_equal(got.trials, want.trials)
+            pd.testing.assert_frame_equal(got.data.trials, want.data.trials)
+        # The mapping is what is read: two trials' params swapped make another frame.
+        a, b = list(known)[0], list(known)[1]
+        swapped = {**known, a: known[b], b: known[a]}
+        assert not pipeline.prepare(store, sweep, known_params=swapped).data.trials.equals(want.data.trials)
+        # The grid view's preparation takes them from the cached table.
+        monkeypatch.setattr(
+            reader, "analysis_rows", lambda *a, **k: seen.append(k.get("known_params")) or real(*a, **k)
+        )
+        prep = q._grid_prepared(store, sweep, None)
+        monkeypatch.setattr(reader, "analysis_rows", real)
+        assert seen[-1] == known
+        pd.testing.assert_frame_equal(prep.trials, want.trials)

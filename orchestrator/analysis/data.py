@@ -187,17 +187,21 @@ def load_sweep(
     statuses: Sequence[str] = DEFAULT_STATUSES,
     *,
     evals: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
+    known_params: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> SweepData:
     """Read one sweep's trials (with the given statuses, then ``where``) and their evals.
     ``evals``: the sweep's :func:`read_evals` frame, read already (then only the trials are
     read, and the frame is cut to them; it is not changed), or a function that gives it,
     called once the trials are read (the dashboard's shared read, still under way in other
-    processes while this one reads the trials)."""
+    processes while this one reads the trials). ``known_params``: trial id -> params decoded
+    already (:func:`orchestrator.store.reader.analysis_rows`)."""
     statuses = list(statuses)
     bad = [x for x in statuses if x not in ALL_STATUSES]
     if bad:
         raise UserError(f"unknown trial status {bad[0]!r}; expected some of {', '.join(ALL_STATUSES)}")
-    stored = reader.analysis_rows(reader.open_engine(db), sweep, statuses, with_evals=evals is None)
+    stored = reader.analysis_rows(
+        reader.open_engine(db), sweep, statuses, with_evals=evals is None, known_params=known_params
+    )
     rows, stops = stored.trials, stored.stops
     trials, params, aliases = params_frame(
         [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]

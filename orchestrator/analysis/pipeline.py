@@ -16,7 +16,7 @@ overrides of its fields::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,15 +58,17 @@ def prepare(
     cfg: AnalysisConfig | None = None,
     *,
     evals: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
+    known_params: Mapping[int, Mapping[str, Any]] | None = None,
     **overrides: Any,
 ) -> Prepared:
     """Load a sweep, check the parameters the config names, attach the events (the traces
     cut at ``cfg.horizon``, read under ``cfg.diverged``, ``cfg.stopped_as`` applied).
     ``evals``: the sweep's eval frame read already (:func:`~.data.read_evals`), shared by
     several preparations of one sweep, or a function that gives it once the trials are read
-    (:func:`~.data.load_sweep`)."""
+    (:func:`~.data.load_sweep`). ``known_params``: trial id -> params decoded already
+    (the dashboard's trial table holds them)."""
     cfg = config(cfg, **overrides)
-    data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses, evals=evals)
+    data = load_sweep(db, sweep, where=cfg.where, statuses=cfg.statuses, evals=evals, known_params=known_params)
     check_params(data.trials, cfg.by, data.params, "--by")
     check_params(data.trials, cfg.strata, data.params, "--strata")
     if cfg.heatmap is not None:

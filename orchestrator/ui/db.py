@@ -607,6 +607,13 @@ class _PrepCache:
             return True, hit[1]
         return False, None
 
+    def peek(self, engine: Engine, name: str, key: tuple) -> Any | None:
+        """The value under ``key`` if one is kept for the sweep's present state, else None
+        (nothing is built)."""
+        stamp = reader.write_stamp(engine, name)
+        with self.lock:
+            return self._hit(key, stamp)[1]
+
     def get(self, engine: Engine, name: str, key: tuple | Callable[[tuple], tuple], build):
         """The value under ``key`` (or ``key(stamp)``: a key that depends on the sweep's
         state) while the stamp is unchanged, else ``build()`` kept under it."""
@@ -754,11 +761,16 @@ def _prepared(engine: Engine, name: str, cfg: AnalysisConfig) -> Prepared:
         present = {row[0] for row in stamp}
         return (id(engine), name, "prepared", rest, tuple(sorted(s for s in cfg.statuses if s in present)))
 
-    # The evals are asked for once the trials are read: a big sweep's read runs in child
-    # processes (started by the bands beside this request) while this thread reads the trials.
-    prep = PREPARED.get(
-        engine, name, key, lambda: pipeline.prepare(engine, name, cfg, evals=lambda: sweep_evals(engine, name))
-    )
+    def build() -> Prepared:
+        # The page's trial table of this sweep state, when it has been built, holds every
+        # trial's params decoded (0.4 s of JSON at 100,000 trials, not done twice).
+        table = TABLES.peek(engine, name, _table_key(engine, name, None))
+        known = dict(zip(table.columns["trial_id"], table.columns["params"])) if table is not None else None
+        # The evals are asked for once the trials are read: a big sweep's read runs in child
+        # processes (started by the bands beside this request) while this thread reads the trials.
+        return pipeline.prepare(engine, name, cfg, evals=lambda: sweep_evals(engine, name), known_params=known)
+
+    prep = PREPARED.get(engine, name, key, build)
     return prep if prep.cfg == cfg else dataclasses.replace(prep, cfg=cfg)
 
 
