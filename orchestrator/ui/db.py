@@ -2,7 +2,10 @@
 that cannot write (:func:`~orchestrator.store.reader.open_reader_engine`: SQLite opened with
 ``mode=ro`` and the authorizer ``orchestrator sql`` uses, PostgreSQL sessions ``READ ONLY``).
 Traces come from the ``trial_trace`` view, final figures from ``trial_final``, so the
-dashboard reads the same stable names a user's SQL does.
+dashboard reads the same stable names a user's SQL does; a sweep past
+``offload.OFFLOAD_TRIALS`` trials, whose eval rows the page reads anyway for its bands, takes its
+table's final figures from those rows by the view's definitions (:func:`final_figures`,
+checked equal to the view's in ``tests/test_ui_table.py``).
 
 The trace cursor: a client that has the traces sends back the ``cursor`` of its last answer
 and gets only the eval rows written since. The cursor carries the database clock at that
@@ -289,10 +292,6 @@ def _trials(engine: Engine, name: str, where: str | None, key: str | None) -> Tr
         stops = reader.stops(conn, sid) if where and where.strip() else {}
         made = reader.latest_provenance(conn, sid) if where and where.strip() else {}
     ids = [r[0] for r in rows]
-    if big:
-        finals = final_figures(sweep_evals(engine, name), ids)
-    else:
-        finals = ([r[10] for r in rows], [r[11] for r in rows], [r[12] for r in rows], [r[13] for r in rows])
     params = [_params(r[4]) for r in rows]
     if where and where.strip():
         frame, _names, _al = params_frame(ids, [r[1] for r in rows], [r[2] for r in rows], params)
@@ -318,6 +317,13 @@ def _trials(engine: Engine, name: str, where: str | None, key: str | None) -> Tr
         flats.append(flat)
     sel = [rows[i] for i in picked]
     errors = [(r[5] or "").strip() for r in sel]
+    varying = [n for n in names if _varies(f.get(n) for f in flats)]
+    # The final figures last: a big sweep's wait for its eval rows (read by child
+    # processes, sweep_evals) overlaps the work above.
+    if big:
+        finals = final_figures(sweep_evals(engine, name), ids)
+    else:
+        finals = ([r[10] for r in rows], [r[11] for r in rows], [r[12] for r in rows], [r[13] for r in rows])
     columns: dict[str, list[Any]] = {
         "trial_id": [r[0] for r in sel],
         "key": [r[1] for r in sel],
@@ -334,7 +340,6 @@ def _trials(engine: Engine, name: str, where: str | None, key: str | None) -> Tr
         "started_at": [_iso(r[8]) for r in sel],
         "updated_at": [_iso(r[9]) for r in sel],
     }
-    varying = [n for n in names if _varies(f.get(n) for f in flats)]
     return TrialTable(columns, params=list(names), varying=varying)
 
 

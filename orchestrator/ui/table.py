@@ -126,7 +126,9 @@ def _values(table: Any, sort: str) -> list[Any]:
 def _sorted(table: Any, sort: str, direction: int) -> list[int]:
     """The indices of ``table``'s rows in the order of ``sort``, ``direction``."""
     keys = table.columns["key"]
-    by_key = sorted(range(len(keys)), key=lambda i: _string(keys[i]))
+    # ASCII keys (the product's are hex) compare alike as code points and as UTF-16 units.
+    ascii_keys = all(k.isascii() for k in keys)
+    by_key = sorted(range(len(keys)), key=keys.__getitem__ if ascii_keys else lambda i: _string(keys[i]))
     if sort == "key":
         return by_key if direction > 0 else by_key[::-1]
     values = _values(table, sort)
