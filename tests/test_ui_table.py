@@ -177,6 +177,20 @@ def test_pages_are_a_brute_force_sort_of_every_column(engines):
     assert accs[0] == max(a for a in accs if a is not None) and accs[-1] is None
 
 
+def test_keys_past_ascii_sort_by_their_utf16_units(engines):
+    """Keys are hex in the product and sort as they are; a table whose keys are not ASCII
+    (one past the BMP, one high in it) sorts them by UTF-16 units as sweep.js does, by key
+    and as the tie-break of another column."""
+    rows = q.trials(engines["mixed"][0], MIXED).rows
+    odd = ["\U0001f600", "\uff21", "b", "a\U0001f600", "a\uff21", "\u00e9", "A", "a"]
+    renamed = [{**r, "key": odd[i % len(odd)] + str(i // len(odd))} for i, r in enumerate(rows)]
+    t = q.TrialTable.of_rows(renamed, params=["x"], varying=["x"])
+    for column, direction in (("key", 1), ("key", -1), ("status", 1), ("params.x", -1)):
+        assert _all_pages(t, column, direction, 9) == brute(t.rows, column, direction), (column, direction)
+    up = [r["key"] for r in pages.page(t, 0, 1000, "key", 1)["rows"]]
+    assert up.index("\uff210") > up.index("\U0001f6000")  # a code-point sort would put it first
+
+
 def test_pages_of_the_big_table_and_the_cached_orders(engines):
     table = q.trials(engines["big"][0], SWEEP)
     for column, direction in (("params.lr", -1), ("final_acc", 1), ("key", -1)):
