@@ -37,6 +37,7 @@ from orchestrator.errors import UserError
 from orchestrator.status import Status
 from orchestrator.store import reader
 from orchestrator.store.reader import NotFound, aware
+from orchestrator.ui.table import ROW_COLUMNS
 from orchestrator.yaml_load import load_capped
 
 if TYPE_CHECKING:
@@ -172,23 +173,8 @@ def _iso(t: Any) -> str | None:
     return t.isoformat(timespec="seconds") if t else None
 
 
-# A table row's fields, in the order a row (and its JSON) has them.
-ROW_FIELDS = (
-    "trial_id",
-    "key",
-    "status",
-    "steps",
-    "step",
-    "final_acc",
-    "final_loss",
-    "best_acc",
-    "error",
-    "params",
-    "host",
-    "device",
-    "started_at",
-    "updated_at",
-)
+# A table row's fields: the columns a page sorts by, and the trial's flattened params.
+ROW_FIELDS = (*ROW_COLUMNS, "params")
 
 
 class TrialTable:
