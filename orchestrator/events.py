@@ -89,9 +89,18 @@ def divergence_steps(evals: pd.DataFrame) -> np.ndarray:
     bad = ~np.isfinite(evals["acc"].to_numpy(dtype=float))
     if "nonfinite" in evals:
         bad |= evals["nonfinite"].to_numpy(dtype=bool)
+    if not bad.any():
+        return np.full(len(tid), np.nan)  # no trial diverged: the common case, no grouping
     step = evals["step"].to_numpy(dtype=float)
-    first = pd.Series(np.where(bad, step, np.nan)).groupby(tid).transform("min")  # min skips NaN
-    return first.to_numpy(dtype=float)
+    marked = np.where(bad, step, np.nan)
+    if len(tid) > 1 and not bool(np.all(tid[1:] >= tid[:-1])):
+        # Out of order (not as documented, but not wrong): pandas groups wherever a trial's rows are.
+        return pd.Series(marked).groupby(tid).transform("min").to_numpy(dtype=float)  # min skips NaN
+    # Each trial's rows in one run: the smallest marked step per run, spread over the run.
+    start = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1]])
+    with np.errstate(invalid="ignore"):
+        first = np.fmin.reduceat(marked, start)  # fmin skips NaN
+    return np.repeat(first, np.diff(np.r_[start, len(tid)]))
 
 
 def analysed_evals(evals: pd.DataFrame, rule: str) -> pd.DataFrame:
@@ -255,7 +264,8 @@ def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
     # The final accuracy is the last one read: before a censoring divergence point.
     prev = np.maximum(gend - 1, gstart)
     final = np.where(censor[gend], np.where(gend > gstart, acc[prev], np.nan), acc[gend])
-    best = pd.Series(acc).groupby(gid).max().to_numpy()  # skips NaN
+    with np.errstate(invalid="ignore"):
+        best = np.fmax.reduceat(acc, gstart)  # skips NaN (NaN where a trace has no accuracy)
     if "diverge_step" in evals:
         div = evals["diverge_step"].to_numpy(dtype=float)[gstart]
         with np.errstate(invalid="ignore"):

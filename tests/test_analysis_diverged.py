@@ -214,3 +214,23 @@ def test_analysed_rows_equal_the_reference_and_share_the_input_columns(rule, div
         pd.testing.assert_frame_equal(frame, before)
         if not diverging and frame.index.equals(pd.RangeIndex(len(frame))):
             assert np.shares_memory(got["acc"].to_numpy(), frame["acc"].to_numpy())
+
+
+def test_divergence_steps_equal_pandas_grouping_in_any_order():
+    """Each row's trial's first non-finite step (NaN: none), against pandas' grouped minimum
+    (the reference), on sorted and shuffled rows, with and without any divergence."""
+    from orchestrator.events import divergence_steps
+
+    rng = np.random.default_rng(11)
+    traces = _random_diverging(rng, 300)
+    raw = pd.DataFrame(
+        [(tid, s, a, b) for tid, tr in traces.items() for s, a, b in tr],
+        columns=["trial_id", "step", "acc", "nonfinite"],
+    )
+    clean = raw.assign(acc=raw["acc"].fillna(0.5), nonfinite=False)
+    for frame in (raw, raw.sample(frac=1, random_state=2), clean, clean.sample(frac=1, random_state=3)):
+        bad = ~np.isfinite(frame["acc"].to_numpy()) | frame["nonfinite"].to_numpy()
+        marked = pd.Series(np.where(bad, frame["step"].to_numpy(dtype=float), np.nan))
+        want = marked.groupby(frame["trial_id"].to_numpy()).transform("min").to_numpy()
+        np.testing.assert_array_equal(divergence_steps(frame), want)
+    assert np.isnan(divergence_steps(clean)).all() and not np.isnan(divergence_steps(raw)).all()
