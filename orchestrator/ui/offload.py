@@ -136,14 +136,19 @@ def _child(out: Connection, fn: Callable[..., Columns], args: tuple, seconds: fl
         out.close()
 
 
-def _head(proc: Any, recv: Connection) -> list[tuple[str, str, int]]:
-    """A child's columns (name, dtype, length), waited for within the calling thread's
-    deadline; the error it raised is raised here."""
+def _wait(proc: Any, recv: Connection) -> None:
+    """Until the child's pipe has bytes to read, within the calling thread's deadline."""
     while not recv.poll(POLL_S):
         if deadline.passed():
             raise TimeoutError("the child's read ran past the request's deadline")
         if not proc.is_alive() and not recv.poll(0):
             raise ChildFailed(f"the child process ended with exit code {proc.exitcode} and no answer")
+
+
+def _head(proc: Any, recv: Connection) -> list[tuple[str, str, int]]:
+    """A child's columns (name, dtype, length), waited for within the calling thread's
+    deadline; the error it raised is raised here."""
+    _wait(proc, recv)
     try:
         kind, payload = recv.recv()
     except EOFError:
@@ -188,6 +193,7 @@ def _run(fn: Callable[..., Columns], calls: list[tuple]) -> Columns:
                     width = joined[name].itemsize
                     view = joined[name].data.cast("B")[at[name] * width : (at[name] + n) * width]
                     while view:
+                        _wait(proc, recv)
                         got = raw.readinto(view)
                         if not got:
                             raise ChildFailed(f"the child process ended with exit code {proc.exitcode} mid-answer")
