@@ -80,6 +80,13 @@ def cut(evals: pd.DataFrame, horizon: int | None) -> pd.DataFrame:
 RULES = ("at-risk", "censor")
 
 
+def trial_runs(tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first and the last row of each trial's run of rows, in a table of trial ids
+    sorted by trial (``tid`` not empty)."""
+    start = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1]])
+    return start, np.r_[start[1:], len(tid)] - 1
+
+
 def divergence_steps(evals: pd.DataFrame) -> np.ndarray:
     """Per row, the step at which the row's trial diverged (NaN: it never did); ``evals``
     sorted by trial then step, with ``acc`` and optionally ``nonfinite``."""
@@ -97,10 +104,10 @@ def divergence_steps(evals: pd.DataFrame) -> np.ndarray:
         # Out of order (not as documented, but not wrong): pandas groups wherever a trial's rows are.
         return pd.Series(marked).groupby(tid).transform("min").to_numpy(dtype=float)  # min skips NaN
     # Each trial's rows in one run: the smallest marked step per run, spread over the run.
-    start = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1]])
+    start, end = trial_runs(tid)
     with np.errstate(invalid="ignore"):
         first = np.fmin.reduceat(marked, start)  # fmin skips NaN
-    return np.repeat(first, np.diff(np.r_[start, len(tid)]))
+    return np.repeat(first, end - start + 1)
 
 
 def analysed_evals(evals: pd.DataFrame, rule: str) -> pd.DataFrame:
@@ -230,10 +237,8 @@ def trial_events(evals: pd.DataFrame, cfg: AnalysisConfig) -> pd.DataFrame:
     censor = evals["censor"].to_numpy(dtype=bool) if "censor" in evals else np.zeros(len(tid), dtype=bool)
     acc = np.where(censor, np.nan, acc)
     # Group boundaries of the sorted trace table.
-    start = np.r_[True, tid[1:] != tid[:-1]]
-    gstart = np.flatnonzero(start)
-    gend = np.r_[gstart[1:], len(tid)] - 1
-    gid = np.cumsum(start) - 1
+    gstart, gend = trial_runs(tid)
+    gid = np.repeat(np.arange(len(gstart)), gend - gstart + 1)
     k = np.arange(len(tid)) - gstart[gid]  # position of each eval within its trace
     ids = tid[gstart]
     ng = len(ids)

@@ -572,29 +572,21 @@ def table_rows(conn: Connection, sid: int) -> list[tuple]:
     """Per trial of the sweep (by id): trial_id, key, status, steps, params, error, host,
     device, started_at, updated_at, and the ``trial_final`` view's final_step, final_acc,
     final_loss, best_acc. Through the DBAPI cursor (100,000 trials)."""
-    return _fetch_raw_text(
+    return _fetch_raw(
         conn,
-        f"SELECT t.id, {_TRIAL_COLUMNS}, f.final_step, f.final_acc, f.final_loss, f.best_acc "
-        f"FROM trials t JOIN trial_final f ON f.trial_id = t.id WHERE t.sweep_id = {int(sid)} ORDER BY t.id",
+        sa.text(
+            f"SELECT t.id, {_TRIAL_COLUMNS}, f.final_step, f.final_acc, f.final_loss, f.best_acc "
+            f"FROM trials t JOIN trial_final f ON f.trial_id = t.id WHERE t.sweep_id = {int(sid)} ORDER BY t.id"
+        ),
     )
 
 
 def trial_rows(conn: Connection, sid: int) -> list[tuple]:
     """:func:`table_rows` without the final figures (the caller has the eval rows): one
     pass over the trials, where the view's figures cost a search of every trial's evals."""
-    return _fetch_raw_text(
-        conn, f"SELECT t.id, {_TRIAL_COLUMNS} FROM trials t WHERE t.sweep_id = {int(sid)} ORDER BY t.id"
+    return _fetch_raw(
+        conn, sa.text(f"SELECT t.id, {_TRIAL_COLUMNS} FROM trials t WHERE t.sweep_id = {int(sid)} ORDER BY t.id")
     )
-
-
-def _fetch_raw_text(conn: Connection, sql: str) -> list[tuple]:
-    """Rows of a SELECT with no bound values (an id is written in) through the DBAPI cursor."""
-    cur = conn.connection.cursor()
-    try:
-        cur.execute(sql)
-        return list(cur.fetchall())
-    finally:
-        cur.close()
 
 
 def trial_row(conn: Connection, sid: int, key: str) -> Any | None:

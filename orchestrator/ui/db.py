@@ -337,12 +337,13 @@ def final_figures(evals, ids: list[int]) -> tuple[list[Any], list[Any], list[Any
     there is none (a trial without evals)."""
     import numpy as np
 
+    from orchestrator.events import trial_runs
+
     tid = evals["trial_id"].to_numpy()
     if not len(tid):
         none: list[Any] = [None] * len(ids)
         return none, list(none), list(none), list(none)
-    start = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1]])
-    last = np.r_[start[1:], len(tid)] - 1
+    start, last = trial_runs(tid)
     have = tid[start]
     acc = evals["acc"].to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
