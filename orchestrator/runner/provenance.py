@@ -84,7 +84,10 @@ def code_fingerprint() -> tuple[str, str]:
     return _fingerprint()
 
 
+@functools.cache
 def _version(dist: str) -> str | None:
+    # Cached: a lookup scans the installed distributions (milliseconds, once per attempt
+    # before), and what this process runs does not change when a package is upgraded under it.
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
