@@ -32,6 +32,7 @@ def test_a_tiny_overhead_run_reports_both_paths(tmp_path):
     assert r["tune_errors"] == 0 and r["drivers"] == 2 and r["joined_exit_codes"] == [0]
     # Every trial ran exactly once, whichever driver claimed it.
     assert sum(r["attempts_per_driver"]) == 4 and 1 <= len(r["attempts_per_driver"]) <= 2
+    assert 1 <= r["tune_trials"] <= 4  # the first driver's (too few trials to chain)
     assert r["ideal_s"] == pytest.approx(4 * 0.2 / slots)
     # Each trial stores its eval points: steps 1, EVAL_EVERY, 2*EVAL_EVERY, ... and the last.
     per_trial = len({1, *range(EVAL_EVERY, STEPS + 1, EVAL_EVERY), STEPS})
@@ -65,6 +66,7 @@ def test_a_run_of_trials_with_no_training_time_prints_no_overhead(capsys):
         "overhead": None,
         "drivers": 1,
         "attempts_per_driver": [3],
+        "tune_trials": 2,
         "driver_peak_rss_mb": 400.0,
         "rows_per_s": 2.0,
         "trial_own_s": 0.01,
@@ -82,3 +84,4 @@ def test_a_run_of_trials_with_no_training_time_prints_no_overhead(capsys):
     out = capsys.readouterr().out
     assert "overhead n/a (no training time)" in out and "+33.3% vs plain Tune" in out
     assert "at each tenth of the trials ended: 350 - 360" in out
+    assert "in 2 Ray Tune trials" in out

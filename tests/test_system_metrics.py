@@ -119,7 +119,10 @@ def test_a_pack_report_carries_one_sample_for_every_member_through_json():
 
 def _trial(tids):
     """What the writer reads of a Tune trial: its unit's members."""
-    return SimpleNamespace(config={"unit": {"members": [{"trial_id": t, "key": f"k{t}"} for t in tids]}})
+    return SimpleNamespace(
+        trial_id="tune" + "_".join(map(str, tids)),
+        config={"unit": {"members": [{"trial_id": t, "key": f"k{t}"} for t in tids]}},
+    )
 
 
 def test_the_writer_stores_samples_with_their_rows_once_and_not_for_a_trial_taken_over(db_url):

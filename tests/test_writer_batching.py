@@ -20,7 +20,9 @@ ENV = {"host": "h1", "device": "cpu", "precision": "fp32", "code_version": "git:
 def _trial(tid: int, final: Status | None = None) -> SimpleNamespace:
     """What the writer reads of a Tune trial: its unit's members and its last report."""
     last = Report(finals=(TrialFinal(tid, final),)).to_wire() if final is not None else None
-    return SimpleNamespace(config={"unit": {"members": [{"trial_id": tid, "key": f"k{tid}"}]}}, last_result=last)
+    return SimpleNamespace(
+        trial_id=f"tune{tid}", config={"unit": {"members": [{"trial_id": tid, "key": f"k{tid}"}]}}, last_result=last
+    )
 
 
 def _point(step: int) -> EvalPoint:

@@ -238,6 +238,7 @@ def product(trials: int, trial_seconds: float, slots: int, db: str | None = None
     return {
         "wall_s": wall,
         "outcomes": summary.outcomes,
+        "tune_trials": summary.tune_trials,
         "eval_rows": int(rows),
         "rows_per_s": rows / wall,
         "trial_own_s": (own or 0.0) / trials,
@@ -330,6 +331,8 @@ def run(
         trial_own_s=p["trial_own_s"],
         outcomes=p["outcomes"],
         attempts_per_driver=p["attempts_per_driver"],
+        # Ray Tune trials the (first) driver started: fewer than its trials once they chain.
+        tune_trials=p["tune_trials"],
         joined_exit_codes=p["joined_exit_codes"],
         # Per-trial costs on the driver and the database (the capacity model's units).
         driver_cpu_s=p["driver_cpu_s"],

@@ -202,7 +202,8 @@ def _print_overhead(r: dict) -> None:
         f"wall {r['wall_s']:.1f} s, overhead {_pct(r['overhead'])} (goal <= 10%)"
     )
     print(
-        f"  {r['drivers']} driver(s), attempts per driver {r['attempts_per_driver']}; "
+        f"  {r['drivers']} driver(s), attempts per driver {r['attempts_per_driver']}, "
+        f"in {r['tune_trials']:,} Ray Tune trials (short trials run in chains); "
         f"driver peak RSS {r['driver_peak_rss_mb']:.0f} MB; {r['rows_per_s']:.1f} eval rows/s stored; "
         f"trials' own mean time {r['trial_own_s']:.3f} s"
     )

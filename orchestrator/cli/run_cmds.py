@@ -81,8 +81,12 @@ class _Progress:
                     f"trials per pack; {info['packs']} pack(s) in {info['units']} unit(s)"
                 )
             return
+        members = self._members(trial)
         if kind == "start":
-            self.counts[Status.running] += 1
+            # The members that began: every member of a unit, or a chain's one at a time.
+            started = set(info.get("trial_ids") or [m.get("trial_id") for m in members])
+            members = [m for m in members if m.get("trial_id") in started]
+            self.counts[Status.running] += len(members)
         elif kind in ENDED:
             self.counts[Status.running] = max(0, self.counts[Status.running] - 1)
             self.counts[kind] += 1
@@ -90,7 +94,6 @@ class _Progress:
             self.counts["retry"] += 1
         if self.bar is None or self.board is None:  # both are set together
             return
-        members = self._members(trial)
         if kind == "start":
             for m in members:
                 self.board.start(m["key"], m.get("params"))

@@ -171,6 +171,16 @@ class Loader:
     def stopping(self) -> bool:
         return self._stopping
 
+    def chain(self, owner: str, members: list[tuple[int, str]]) -> dict[int, Found | None]:
+        """A chain's members (trial id, key) that ``owner`` still holds
+        (store.claims.still_held), each with its checkpoint (:meth:`load`): one round trip
+        for the whole chain at its start, not one per member."""
+        from orchestrator.store import claims
+
+        held = self.store.read(lambda conn: claims.still_held(conn, owner, [t for t, _ in members]), budget_s=None)
+        keys = dict(members)
+        return {t: self.load(t, keys[t]) for t in held}
+
     def load(self, trial_id: int, key: str) -> Found | None:
         from orchestrator.store import attempts
 
@@ -235,13 +245,17 @@ def request_stop(handle: Any) -> None:
 
 class StopPoll:
     """In a unit: whether the driver asked its units to stop, asked of the run's loader at
-    most every ``every`` seconds (a few milliseconds a time), so an eval loop may call it
-    at every eval point."""
+    most every ``every`` seconds, so an eval loop may call it at every eval point. Each ask
+    waits for the loader's answer (a few milliseconds, more on a loaded machine), except in
+    a chain (``wait=False``): there the question goes out and its answer is read at a later
+    call once it has come, so a chain of short trials never waits on it (its evals come
+    often, so the stop is seen an eval later at most)."""
 
-    def __init__(self, loader: str | None, every: float = 0.25) -> None:
-        self.loader, self.every = loader, every
+    def __init__(self, loader: str | None, every: float = 0.25, *, wait: bool = True) -> None:
+        self.loader, self.every, self.wait = loader, every, wait
         self._next = 0.0
         self._actor: Any = None
+        self._pending: Any = None  # an ask whose answer has not been read (wait=False)
         self.asked = False
 
     def __call__(self) -> bool:
@@ -249,17 +263,31 @@ class StopPoll:
 
         if self.asked:
             return True
-        if self.loader is None or time.monotonic() < self._next:
+        if self.loader is None:
             return False
-        self._next = time.monotonic() + self.every
         import ray
 
         try:
+            if self._pending is not None:
+                ready, _ = ray.wait([self._pending], timeout=0)
+                if not ready:
+                    return False
+                answer, self._pending = self._pending, None
+                self.asked = bool(ray.get(answer))
+                if self.asked:
+                    return True
+            if time.monotonic() < self._next:
+                return False
+            self._next = time.monotonic() + self.every
             if self._actor is None:
                 self._actor = ray.get_actor(self.loader)
-            self.asked = bool(ray.get(self._actor.stopping.remote(), timeout=10))
+            ref = self._actor.stopping.remote()
+            if self.wait:
+                self.asked = bool(ray.get(ref, timeout=10))
+            else:
+                self._pending = ref
         except Exception:  # the loader is restarting, or gone with the driver: go on
-            self._actor = None
+            self._actor = self._pending = None
         return self.asked
 
 
@@ -272,10 +300,14 @@ def stop_loader(handle: Any) -> None:
         pass
 
 
-def fetch(loader: str | None, trial_id: int, key: str) -> Found | None:
-    """A unit's member's checkpoint (in a Ray worker), or None (start from nothing)."""
-    if loader is None:
-        return None
+# The run's loader by name, in this worker: a unit of a chain asks it once per member, and a
+# name lookup is a round trip to Ray's control store each time.
+_actors: dict[str, Any] = {}
+
+
+def _ask(loader: str, method: str, *args: Any) -> Any:
+    """``loader.method(*args)`` from a Ray worker, riding out the loader's restart (its node
+    died: Ray starts it again elsewhere)."""
     import time
 
     import ray
@@ -283,9 +315,28 @@ def fetch(loader: str | None, trial_id: int, key: str) -> Found | None:
 
     for wait in (1, 2, 4, 8, 0):
         try:
-            return ray.get(ray.get_actor(loader).load.remote(trial_id, key))
+            actor = _actors.get(loader)
+            if actor is None:
+                actor = _actors[loader] = ray.get_actor(loader)
+            return ray.get(getattr(actor, method).remote(*args))
         except (ActorUnavailableError, RayActorError, ValueError):
+            _actors.pop(loader, None)
             if not wait:
                 raise
-            time.sleep(wait)  # the loader is being restarted (its node died)
+            time.sleep(wait)
     return None
+
+
+def fetch(loader: str | None, trial_id: int, key: str) -> Found | None:
+    """A unit's member's checkpoint (in a Ray worker), or None (start from nothing)."""
+    if loader is None:
+        return None
+    return _ask(loader, "load", trial_id, key)
+
+
+def fetch_chain(loader: str | None, owner: str | None, members: list[tuple[int, str]]) -> dict[int, Found | None]:
+    """A chain's members its driver still holds, each with its checkpoint (in a Ray worker;
+    without a loader: every member, from nothing)."""
+    if loader is None or owner is None:
+        return dict.fromkeys(t for t, _ in members)
+    return dict(_ask(loader, "chain", owner, members))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,10 +35,56 @@ TRIALS_PER_TUNE_RUN = 1000
 
 
 def trials_per_tune_run() -> int:
-    """Trials one Tune run of a driver takes before it ends and the next begins
-    ($ORCH_TRIALS_PER_TUNE_RUN, default 1000): what bounds the driver's memory in a long sweep."""
+    """Tune trials (units: a trial, a seed pack, a chain) one Tune run of a driver starts
+    before it ends and the next begins ($ORCH_TRIALS_PER_TUNE_RUN, default 1000): what bounds
+    the driver's memory in a long sweep."""
     raw = os.environ.get("ORCH_TRIALS_PER_TUNE_RUN", "")
     return max(1, int(raw)) if raw.strip().isdigit() else TRIALS_PER_TUNE_RUN
+
+
+# A chain is made to last about this long ($ORCH_CHAIN_S; 0: no chains).
+CHAIN_S = 5.0
+# The most trials in one chain, and how many ended trials' durations the policy looks at.
+MAX_CHAIN = 32
+_DURATIONS = 64
+
+
+def chain_seconds() -> float:
+    """How long a chain of short trials is made to last ($ORCH_CHAIN_S, default 5 s; 0 turns
+    chains off)."""
+    try:
+        return max(0.0, float(os.environ.get("ORCH_CHAIN_S", CHAIN_S)))
+    except ValueError:
+        return CHAIN_S
+
+
+class ChainPolicy:
+    """How many short trials one Tune trial runs one after another (a chain:
+    runner/trainable._run_chain). Ray Tune pays tens of milliseconds to start and end each of
+    its trials (actor reuse, placement, bookkeeping): a tenth of a half-second trial. A
+    chain pays that once for several trials of a few seconds in all.
+
+    The length is ``seconds`` over the median training time of the last trials that ended
+    here (their last row's ``elapsed_s``; none until ``slots`` have ended: the first batch
+    runs alone, and so does every trial of a sweep whose trials are long), at most :data:`MAX_CHAIN`, and at most what keeps
+    four chains a slot of what is left, so the sweep's end is not one long chain on one slot
+    while the others idle."""
+
+    def __init__(self, slots: int, seconds: float | None = None) -> None:
+        self.slots = max(1, slots)
+        self.seconds = chain_seconds() if seconds is None else seconds
+        self.durations: deque[float] = deque(maxlen=_DURATIONS)
+
+    def observe(self, seconds: float) -> None:
+        self.durations.append(seconds)
+
+    def length(self, left: int) -> int:
+        if self.seconds <= 0 or len(self.durations) < self.slots:
+            return 1
+        typical = max(statistics.median(self.durations), 1e-3)
+        by_time = int(self.seconds // typical)
+        by_tail = left // (4 * self.slots)
+        return max(1, min(MAX_CHAIN, by_time, by_tail))
 
 
 class UnitFeed(Searcher):
@@ -52,11 +99,12 @@ class UnitFeed(Searcher):
     other drivers that actor's CPUs or GPU could be what their queued trials wait for. The
     caller waits for work outside Tune and starts another run (:meth:`ClaimSource.wait`).
 
-    After ``max_trials`` trials (:func:`trials_per_tune_run`) the feed claims no more, lets the
-    run's trials end and ends the run the same way: Tune keeps every trial of a run in the
+    After ``max_trials`` Tune trials (:func:`trials_per_tune_run`) the feed claims no more, lets
+    the run's trials end and ends the run the same way: Tune keeps every trial of a run in the
     driver's memory until the run ends (its ``Trial`` objects, their configs and last
     results; ray-project/ray#64231), so a sweep of 20,000 trials in one run grows the driver
-    by each one. A fresh run costs a few seconds once per ``max_trials``."""
+    by each one. A fresh run costs a few seconds (a drain of the slots and Tune's start) once
+    per ``max_trials``; chains of short trials make it rarer per trial."""
 
     def __init__(
         self,
@@ -73,13 +121,14 @@ class UnitFeed(Searcher):
         self._queue: deque[dict[str, Any]] = deque()
         self._live: set[str] = set()  # Tune trials suggested and not yet complete
         self.taken: list[int] = []  # every trial id handed to this run, in order
+        self.units = 0  # Tune trials suggested
         self.idle = False  # ended with nothing to run now, more possibly later
 
     def suggest(self, trial_id: str) -> dict | None:
         if self._stopped():
             return _FINISHED
         if not self._queue:
-            if self.max_trials is not None and len(self.taken) >= self.max_trials:
+            if self.max_trials is not None and self.units >= self.max_trials:
                 if not self._live:  # this run's share has ended: the caller starts the next
                     self.idle = True
                     return _FINISHED
@@ -95,6 +144,7 @@ class UnitFeed(Searcher):
             self.taken += [tid for tid, _, _ in batch]
             self._queue.extend(self._units_of(batch))
         self._live.add(trial_id)
+        self.units += 1
         return {"unit": Unit(self._queue.popleft())}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
@@ -116,7 +166,8 @@ class ClaimSource:
     """``next_batch`` through claims: the next batch of free trials, claimed for this driver.
 
     An unpacked sweep claims ``slots`` trials at a time (what the driver runs at once), so it
-    holds little that another driver could run. A sweep that packs seeds claims half of what it
+    holds little that another driver could run; once its trials prove short, ``slots`` chains
+    of them (:class:`ChainPolicy`). A sweep that packs seeds claims half of what it
     believes is left (never less than twice its slots), so packs form across seeds as they
     would in one driver's run. With nothing free it asks again every ``poll_s`` while another
     live driver holds unfinished trials (they come free if it dies), and ends when none does.
@@ -124,13 +175,23 @@ class ClaimSource:
     current look's trials, and the feed lasts until every look is decided."""
 
     def __init__(
-        self, session: DriverSession, *, pending: int, slots: int, packs: bool, gate: LookGate | None = None
+        self,
+        session: DriverSession,
+        *,
+        pending: int,
+        slots: int,
+        packs: bool,
+        gate: LookGate | None = None,
+        chains: bool = False,
     ) -> None:
         self.session = session
         self.left = pending
         self.slots = max(1, slots)
         self.packs = packs
         self.gate = gate
+        # Chains of short trials: lone trials claimed freely (no packs, no looks).
+        self.chains = ChainPolicy(self.slots) if chains and not packs and gate is None else None
+        self.chain = 1  # the length the last claim was sized for (``units_of`` groups by it)
         self.poll_s = min(2.0, session.ttl / 4)
         self._quiet_until = 0.0
         self._ready: Trials | None = None  # a batch claimed by :meth:`wait`, for the next run
@@ -138,7 +199,8 @@ class ClaimSource:
     def size(self) -> int:
         if self.packs:
             return max(2 * self.slots, math.ceil(self.left / 2))
-        return self.slots
+        self.chain = self.chains.length(self.left) if self.chains is not None else 1
+        return self.slots * self.chain
 
     def wait(self) -> bool:
         """Between Tune runs: wait until a batch is claimed (True; the next run starts with

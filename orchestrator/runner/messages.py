@@ -213,6 +213,20 @@ class Report:
             system=SystemSample(int(system[0]), *system[1:]) if system is not None else None,
         )
 
+    @staticmethod
+    def batch_to_wire(reports: Sequence[Report]) -> dict[str, Any]:
+        """Several reports in one ``tune.report`` (a chain of short trials sends what it
+        gathered every so often: runner/trainable.py), in the order they were made."""
+        return {"batch": [r.to_wire() for r in reports]}
+
+    @classmethod
+    def all_from_wire(cls, result: Mapping[str, Any] | None) -> list[Report]:
+        """The reports in a Tune result: those of a batch, in order, or its one report."""
+        batch = (result or {}).get("batch")
+        if batch is not None:
+            return [cls.from_wire(w) for w in batch]
+        return [cls.from_wire(result)]
+
     def system_rows(self) -> list[dict[str, Any]]:
         """The ``system_metrics`` rows of this report (``store.repo.upsert_system_metrics``):
         its sample for each trial with an eval row at the sample's step."""

@@ -35,6 +35,7 @@ from orchestrator.store.outage import DatabaseGone, DatabaseUnavailable
 
 if TYPE_CHECKING:  # Ray Tune is imported only when a run starts
     from orchestrator.runner.tune_runner import FeedRun
+    from orchestrator.runner.feed import ClaimSource
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class RunSummary:
     # Ray Tune runs this driver went through: one, plus one each time the feed went idle
     # (waiting for other drivers) or had taken its share of trials (feed.trials_per_tune_run).
     tune_runs: int = 0
+    # Ray Tune trials those runs started: one per trial, seed pack, or chain of short trials
+    # (runner/feed.ChainPolicy), its retries included.
+    tune_trials: int = 0
 
     @property
     def failed(self) -> int:
@@ -499,13 +503,20 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
         _started(ctx, total, todo)
     seq = sweep.sequential
     gate = LookGate(seq, sweep.axes, sweep.analysis, ctx.sweep_id) if seq is not None else None
+    res = ctx.spec.resources
     source = ClaimSource(
-        session, pending=pending, slots=batch_size(ctx) // 2, packs=ctx.spec.pack_seeds != 1, gate=gate
+        session,
+        pending=pending,
+        slots=batch_size(ctx) // 2,
+        packs=ctx.spec.pack_seeds != 1,
+        gate=gate,
+        # Not where each trial's GPU is sized and placed by itself (runner/fleet.py).
+        chains=res.gpu != "auto" and not res.accelerator,
     )
     outcomes: Counter[str] = Counter()
     taken: list[int] = []
     late: list[int] = []
-    runs = 0
+    runs = units = 0
     while True:
         run = _run_batch(ctx, source)
         # The run's objects (Tune's trials, their results, its controller) hold each other
@@ -513,6 +524,7 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
         # garbage would stay resident and grow the driver with history.
         gc.collect()
         runs += 1
+        units += run.units
         outcomes.update(run.outcomes.values())
         taken += run.taken
         late += run.late
@@ -524,12 +536,21 @@ def _run_claimed(ctx: RunContext, sweep: Sweep, pending: int, total: int) -> Run
     if session.stop_reason is not None:
         tally, resume_from = _stopped_tally(ctx, taken)
         return _summary(
-            ctx, total, pending, tally, ran=len(taken), resume_from=resume_from, late=len(late), tune_runs=runs, **looks
+            ctx,
+            total,
+            pending,
+            tally,
+            ran=len(taken),
+            resume_from=resume_from,
+            late=len(late),
+            tune_runs=runs,
+            tune_trials=units,
+            **looks,
         )
-    return _summary(ctx, total, pending, dict(outcomes), ran=len(taken), tune_runs=runs, **looks)
+    return _summary(ctx, total, pending, dict(outcomes), ran=len(taken), tune_runs=runs, tune_trials=units, **looks)
 
 
-def _run_batch(ctx: RunContext, source: Callable[[], Any]) -> FeedRun:
+def _run_batch(ctx: RunContext, source: ClaimSource) -> FeedRun:
     """Run trials on Ray Tune under the driver session, as the claim source gives them
     (runner/feed.py). A database outage that outlasted the writer's retries stops the
     session and surfaces as DatabaseUnavailable, a database that is gone (file deleted or

@@ -1,5 +1,6 @@
-"""The Ray Tune function trainable: one unit of work in one worker, either a lone trial or a
-seed pack (several trials trained as one vectorized model).
+"""The Ray Tune function trainable: one unit of work in one worker: a lone trial, a seed pack
+(several trials trained as one vectorized model), or a chain (short lone trials one after
+another, their reports sent in batches: :func:`_run_chain`).
 
 A unit asks the run's checkpoint loader (runner/checkpoints.py, beside the driver) for each
 member's checkpoint and resumes from it when there is one. Its first report says where it
@@ -43,6 +44,40 @@ from orchestrator.train.sysmetrics import Sampler
 # The running unit's console capture (runner/console.py); None outside run_unit.
 _capture: console.Capture | None = None
 
+# How long a chain's reports gather before they go to the driver together (seconds).
+CHAIN_REPORT_S = 2.0
+
+
+class _Outbox:
+    """A chain's reports, sent together (``Report.batch_to_wire``) once the oldest has waited
+    ``every`` seconds, and whenever the chain ends, stops or raises. Each ``tune.report``
+    holds the unit until the driver has taken it (a round trip through Tune's loop): a
+    half-second trial made five of them, as much as Tune's own start of a trial costs. A
+    report lost in the outbox with its worker is one a driver's crash could lose too: the
+    rows past the last stored checkpoint are trained again, and a member whose end was not
+    stored runs again (runner/writer.py)."""
+
+    def __init__(self, every: float = CHAIN_REPORT_S) -> None:
+        self.every = every
+        self.pending: list[Report] = []
+        self.since = 0.0
+
+    def add(self, report: Report) -> None:
+        if not self.pending:
+            self.since = time.monotonic()
+        self.pending.append(report)
+        if time.monotonic() - self.since >= self.every:
+            self.send()
+
+    def send(self) -> None:
+        if self.pending:
+            batch, self.pending = self.pending, []
+            tune.report(Report.batch_to_wire(batch))
+
+
+# The running chain's outbox; None outside a chain (each report goes at once).
+_outbox: _Outbox | None = None
+
 
 def _report(report: Report) -> None:
     # A changed console tail rides along now and then, never with the finals (Tune keeps a
@@ -51,7 +86,10 @@ def _report(report: Report) -> None:
         log = _capture.due()
         if log is not None:
             report = replace(report, log=log)
-    tune.report(report.to_wire())
+    if _outbox is not None:
+        _outbox.add(report)
+    else:
+        tune.report(report.to_wire())
 
 
 def _send_log() -> None:
@@ -60,7 +98,7 @@ def _send_log() -> None:
     if _capture is not None:
         log = _capture.now()
         if log is not None:
-            tune.report(Report(log=log).to_wire())
+            _report(Report(log=log))
 
 
 def _placement(device: torch.device, bf16: bool) -> Placement:
@@ -111,29 +149,40 @@ def run_unit(config: dict[str, Any]) -> None:
     torch.set_num_threads(int(unit.get("threads") or 1))
     members = unit["members"]
     loader = unit.get("loader")
-    global _capture
+    global _capture, _outbox
     with console.captured() as cap:
         _capture = cap
+        _outbox = _Outbox() if unit.get("chain") else None
         try:
-            if len(members) == 1:
+            if unit.get("chain"):
+                _run_chain(members, loader, unit.get("owner"))
+            elif len(members) == 1:
                 _run_lone(members[0], loader)
             else:
                 _run_pack(members, loader)
+            if _outbox is not None:
+                _outbox.send()
         except ConfigError as exc:
             _report_config_error([m["trial_id"] for m in members], exc)
+            if _outbox is not None:
+                _outbox.send()
         except Exception:
             # Tune records the traceback (trial_errors); the console up to it goes first, if
-            # the session still takes a report. The traceback joins the stored console only
-            # (printed, Ray would forward it to the driver's terminal as noise). The unit's
-            # own exception is what propagates.
+            # the session still takes a report (with what a chain gathered: the ends of its
+            # members before this one are stored, and a retry skips them). The traceback
+            # joins the stored console only (printed, Ray would forward it to the driver's
+            # terminal as noise). The unit's own exception is what propagates.
             cap.tail.write(traceback.format_exc())
             try:
                 _send_log()
+                if _outbox is not None:
+                    _outbox.send()
             except BaseException:  # noqa: S110 - a stopped session refuses reports
                 pass
             raise
         finally:
             _capture = None
+            _outbox = None
 
 
 def _checkpoint(tid: int, state: dict[str, Any]) -> Checkpoint:
@@ -147,12 +196,45 @@ def _backfill(tid: int, found: checkpoints.Found | None, trace: list) -> tuple[E
     return tuple(EvalRow(tid, e) for e in trace)
 
 
-def _run_lone(member: dict[str, Any], loader: str | None) -> None:
+def _run_chain(members: list[dict[str, Any]], loader: str | None, owner: str | None) -> None:
+    """A chain: short lone trials run one after another in this one Tune trial (the feed
+    makes them when trials take less than a few seconds: runner/feed.ChainPolicy), so Tune's
+    start of a trial is paid once per chain. Each member is a lone trial with its own
+    attempt, checkpoint and end. Only the members the driver still holds run: a chain that
+    Tune retries after its worker died skips those whose end was stored. A member that
+    cannot be set up fails alone; a stop ends the chain at the running member's checkpoint
+    (the rest were never started: the driver lets them go)."""
+    # One round trip to the loader for the chain, not one per member (it cost a tenth of a
+    # half-second trial's overhead on a loaded machine).
+    held = checkpoints.fetch_chain(loader, owner, [(m["trial_id"], m["key"]) for m in members])
+    stopping = checkpoints.StopPoll(loader, wait=False)
+    for member in members:
+        if member["trial_id"] not in held:
+            continue
+        if stopping():
+            return
+        try:
+            if _run_lone(member, loader, stopping, held[member["trial_id"]]):
+                return
+        except ConfigError as exc:
+            _report_config_error([member["trial_id"]], exc)
+
+
+_ASK = object()  # _run_lone: ask the loader for the member's checkpoint
+
+
+def _run_lone(
+    member: dict[str, Any], loader: str | None, stopping: checkpoints.StopPoll | None = None, found: Any = _ASK
+) -> bool:
+    """One trial from its checkpoint (``found``: already fetched, a chain's) to its end;
+    True when it stopped early because the driver is stopping (checkpointed where it was,
+    no final)."""
     tid = member["trial_id"]
+    given = found
 
     def build() -> tuple[Trainer, checkpoints.Found | None]:
         trainer = Trainer(member["params"], stop=member.get("stop"))
-        found = checkpoints.fetch(loader, tid, member["key"])
+        found = checkpoints.fetch(loader, tid, member["key"]) if given is _ASK else given
         if found is not None:
             trainer.load_state_dict(checkpoints.deserialize(found.state), found.trace)
         return trainer, found
@@ -169,25 +251,31 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
     )
     every = trainer.p.checkpoint_every_s
     last_save = time.monotonic()
-    stopping = checkpoints.StopPoll(loader)
+    stopping = stopping or checkpoints.StopPoll(loader)
     sampler = Sampler(trainer.device, found.step if found else 0)
+    last: Report = Report()
     for point in trainer.run():
-        ckpt: tuple[Checkpoint, ...] = ()
-        stop_here = point.step < trainer.p.steps and stopping()
-        if point.step == trainer.p.steps or time.monotonic() - last_save >= every or stop_here:
-            ckpt = (_checkpoint(tid, trainer.checkpoint()),)
+        row = Report(evals=(EvalRow(tid, point),), system=sampler.sample(point.step))
+        if point.step == trainer.p.steps:
+            last = row  # the budget's last eval: it goes with the final checkpoint below
+            continue
+        stop_here = stopping()
+        if time.monotonic() - last_save >= every or stop_here:
+            row = replace(row, checkpoints=(_checkpoint(tid, trainer.checkpoint()),))
             last_save = time.monotonic()
-        _report(Report(evals=(EvalRow(tid, point),), checkpoints=ckpt, system=sampler.sample(point.step)))
+        _report(row)
         if stop_here:
             # The driver is stopping: this step's checkpoint is stored with its rows, and the
             # unit ends without a final (the writer marks the trial interrupted).
             _send_log()
-            return
+            return True
     # The final state (completed or diverged) is checkpointed too, so a driver that dies
-    # before recording the outcome does not make the trial train again. A failed one keeps
-    # its last good checkpoint: resume tries it again from there.
-    if trainer.status != Status.failed:
-        _report(Report(checkpoints=(_checkpoint(tid, trainer.checkpoint()),)))
+    # before recording the outcome does not make the trial train again; the budget's last
+    # eval row travels with it (the rows it covers, in one report). A failed one keeps its
+    # last good checkpoint: resume tries it again from there.
+    final = (_checkpoint(tid, trainer.checkpoint()),) if trainer.status != Status.failed else ()
+    if final or last.evals:
+        _report(replace(last, checkpoints=final))
     stop = (
         StopRecord(trainer.stopped_at, trainer.p.steps, trainer.stop_reason or "")
         if trainer.stopped_at is not None
@@ -195,6 +283,7 @@ def _run_lone(member: dict[str, Any], loader: str | None) -> None:
     )
     _send_log()
     _report(Report(finals=(_final(tid, trainer, stop),)))
+    return False
 
 
 def _run_pack(members: list[dict[str, Any]], loader: str | None) -> None:

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
@@ -219,10 +219,13 @@ def make_units(
     max_gpu: float,
     slots: int = 0,
     stop: dict[str, Any] | None = None,
+    chain: int = 1,
 ) -> list[dict[str, Any]]:
-    """Group trials into units of work: lone trials, or seed packs of trials that differ
-    only in seed. A pack asks for its members' combined resources, capped at what the
-    largest node has (a pack of ten 1-CPU trials on a 2-CPU machine takes both CPUs)."""
+    """Group trials into units of work: lone trials, seed packs of trials that differ
+    only in seed, or (``chain`` > 1, no packing) chains of up to ``chain`` lone trials run
+    one after another. A pack asks for its members' combined resources, capped at what the
+    largest node has (a pack of ten 1-CPU trials on a 2-CPU machine takes both CPUs); a
+    chain asks for one trial's."""
     from orchestrator.train.pack import can_pack, pack_signature
 
     def member(tid: int, key: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +233,21 @@ def make_units(
         if stop is not None:
             m["stop"] = stop  # the spec's stop rule (lone trials only; see spec.load)
         return m
+
+    if chain > 1 and pack_seeds == 1:
+        # As many chains as slots (or trials), the trials dealt out evenly in claim order.
+        n = max(math.ceil(len(trials) / chain), min(len(trials), max(1, slots)))
+        runs = [list(trials[i::n]) for i in range(n)]
+        return [
+            {
+                "members": [member(tid, key, params) for tid, key, params in run],
+                "cpu": cpu,
+                "gpu": gpu,
+                "threads": max(1, int(run[0][2].get("threads") or cpu)),
+                **({"chain": True} if len(run) > 1 else {}),
+            }
+            for run in runs
+        ]
 
     groups: dict[str, list[dict[str, Any]]] = {}
     order: list[str] = []
@@ -312,12 +330,13 @@ class FeedRun:
     taken: list[int]  # every trial id the run was handed
     idle: bool = False  # it ended with nothing to run now; more may come (runner/feed.py)
     late: list[int] = field(default_factory=list)  # stopping: units still running past the grace
+    units: int = 0  # Tune trials started (their retries included)
 
 
-def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> FeedRun:
-    """One Ray Tune run for the driver: units of the trials ``next_batch`` gives (a fixed
-    list, or claims: runner/feed.py), started as Tune has room, until it gives no more and
-    every unit has ended."""
+def run_feed(ctx: RunContext, next_batch: feed.ClaimSource) -> FeedRun:
+    """One Ray Tune run for the driver: units of the trials ``next_batch`` gives (claims:
+    runner/feed.py), started as Tune has room, until it gives no more and every unit has
+    ended. Short trials are chained (feed.ChainPolicy), sized by the trials that ended."""
     from ray import tune
 
     spec = ctx.spec
@@ -343,11 +362,14 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
             max_gpu=max_gpu,
             slots=slots,
             stop=ctx.stop_rule(),
+            chain=next_batch.chain if next_batch.chains is not None else 1,
         )
         if spec.resources.gpu == "auto" or gpu or spec.resources.accelerator:
             units = fleet.place(units, spec.resources)
         for unit in units:
             unit["loader"] = loader
+            if unit.get("chain"):
+                unit["owner"] = session.owner  # a retried chain runs only what is still held
         if ctx.on_event is not None and pack_seeds != 1 and not packing_told:
             packing_told = True
             packs = sum(len(u["members"]) > 1 for u in units)
@@ -361,6 +383,7 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
         checkpoint_folder=ctx.checkpoint_folder,
         sweep=ctx.name,
         keep_checkpoints=ctx.spec.keep_checkpoints,
+        on_duration=next_batch.chains.observe if next_batch.chains is not None else None,
     )
 
     def claim_next() -> feed.Trials | None:
@@ -413,7 +436,9 @@ def run_feed(ctx: RunContext, next_batch: Callable[[], feed.Trials | None]) -> F
         shutil.rmtree(storage, ignore_errors=True)
         checkpoints.stop_loader(loader_handle)
         _forget_encoder_keys()
-    return FeedRun(writer.outcomes, source.taken, source.idle, late=sorted(stopper.late))
+    # A chain's members that never began were let go: not run here.
+    taken = [t for t in source.taken if t not in writer.released]
+    return FeedRun(writer.outcomes, taken, source.idle, late=sorted(stopper.late), units=writer.units_started)
 
 
 # The prefix of the keys Tune's JSON encoder adds to Ray's process-wide "log once" set.

@@ -22,6 +22,11 @@ that resumes the trial deletes the rows past its checkpoint and trains them agai
 trace is stitched from two attempts. With the spec's ``keep_checkpoints: none`` a finished
 trial's checkpoint is deleted in the transaction that stores its end.
 
+A chain (runner/trainable._run_chain) sends its members' reports in batches
+(``Report.all_from_wire``); each member is marked running when its attempt begins and ended
+when its final comes, and the members a stopped or failed chain never began are let go (their
+claims released in the next flush) for a later claim.
+
 Each unit's first report starts one attempt per member (``store.attempts``: where and with
 which code it runs, from which step); how the trial ends closes it. Every write goes through the driver session's one write path
 (``DriverSession.write``), which rides out a database outage (store.outage): pending rows stay in the buffer until they land. A database that is gone (file deleted or replaced,
@@ -43,7 +48,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TYPE_CHECKING, TypeVar
 
@@ -104,6 +109,27 @@ class _Start:
 
 
 @dataclass
+class _Unit:
+    """What the writer follows of one running Tune trial: its members, whether it is a chain
+    (members run one after another: runner/trainable._run_chain), the members whose attempt
+    began and those whose end is queued or stored."""
+
+    tids: list[int]
+    chain: bool
+    begun: set[int] = field(default_factory=set)
+    ended: set[int] = field(default_factory=set)
+    # Each member's training time so far (its newest row's ``elapsed_s``): what its trial
+    # took, timed where it ran (a chain's reports reach the driver in batches).
+    elapsed: dict[int, float] = field(default_factory=dict)
+
+    def live(self) -> list[int]:
+        """The members running now: a chain's begun and not ended, a unit's not ended."""
+        if self.chain:
+            return [t for t in self.tids if t in self.begun and t not in self.ended]
+        return [t for t in self.tids if t not in self.ended]
+
+
+@dataclass
 class _End:
     """A queued end of a Tune trial: each member's final, and the checkpoints it drops."""
 
@@ -123,6 +149,7 @@ class StoreWriter(tune.Callback):
         checkpoint_folder: Path | None = None,
         sweep: str = "",
         keep_checkpoints: str = "final",
+        on_duration: Callable[[float], None] | None = None,
     ):
         self.session = session  # the one write path, and the set of running trials it heartbeats
         self.flush_rows = flush_rows
@@ -143,12 +170,20 @@ class StoreWriter(tune.Callback):
         self._touched: set[int] = set()
         self._starts: list[_Start] = []  # trials' starts, stored first in the next flush
         self._ends: list[_End] = []  # trials' ends, stored last in the next flush
+        self._released: list[int] = []  # claims to give back in the next flush (_let_go)
         self._last_flush = time.monotonic()
         # The attempt number of each running trial this writer began (its rows and checkpoints
         # are tagged with it without reading it back); dropped with the trial's end.
         self._attempts: dict[int, int] = {}
         self.rows_written = 0
         self.outcomes: dict[int, str] = {}
+        self._units: dict[str, _Unit] = {}  # Tune trial id -> what runs in it, while it runs
+        self.units_started = 0  # Tune trials started (retries included): what the run cost Tune
+        # Trials a chain was handed and never began (it stopped or failed first): let go here
+        # for the next claim; not counted as run.
+        self.released: set[int] = set()
+        # Each ended member's training seconds (the feed's chains: feed.ChainPolicy).
+        self.on_duration = on_duration or (lambda seconds: None)
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its run config (callbacks included) for its own experiment restore,
@@ -164,15 +199,26 @@ class StoreWriter(tune.Callback):
             _logs={},
             _starts=[],
             _ends=[],
+            _released=[],
             _attempts={},
+            _units={},
+            on_duration=None,
         )
         return state
 
     def _tids(self, trial) -> list[int]:
-        """Our trial ids behind one Tune trial (a lone trial, or every member of a pack)."""
+        """Our trial ids behind one Tune trial (a lone trial, or every member of a pack or a
+        chain)."""
         members = trial.config["unit"]["members"]
         self._keys.update((int(m["trial_id"]), m["key"]) for m in members)
         return [int(m["trial_id"]) for m in members]
+
+    def _unit(self, trial) -> _Unit:
+        """The writer's record of ``trial`` (made at its first sight; a Tune retry keeps it)."""
+        unit = self._units.get(trial.trial_id)
+        if unit is None:
+            unit = self._units[trial.trial_id] = _Unit(self._tids(trial), bool(trial.config["unit"].get("chain")))
+        return unit
 
     def _running(self, tids: list[int], alive: bool) -> None:
         (self.session.running.update if alive else self.session.running.difference_update)(tids)
@@ -186,7 +232,14 @@ class StoreWriter(tune.Callback):
 
     def _pending(self) -> bool:
         return bool(
-            self._rows or self._touched or self._ckpts or self._logs or self._system or self._starts or self._ends
+            self._rows
+            or self._touched
+            or self._ckpts
+            or self._logs
+            or self._system
+            or self._starts
+            or self._ends
+            or self._released
         )
 
     def flush(self, then: Callable[[Any], T] | None = None) -> T | None:
@@ -196,7 +249,7 @@ class StoreWriter(tune.Callback):
         if not self._pending():
             return self.session.write_if(then)
         rows, touched, ckpts, logs = list(self._rows), set(self._touched), dict(self._ckpts), dict(self._logs)
-        system, starts, ends = list(self._system), list(self._starts), list(self._ends)
+        system, starts, ends, released = list(self._system), list(self._starts), list(self._ends), list(self._released)
         to_db = self.checkpoint_folder is None
 
         def write(conn) -> tuple[int, set[int], dict[int, int], T | None]:
@@ -233,6 +286,7 @@ class StoreWriter(tune.Callback):
                 )
             attempts.save_logs(conn, {t: text for t, text in logs.items() if t not in gone})
             self._store_ends(conn, ends, gone)
+            claims.release(conn, self.driver, released)
             return n, gone, begun, then(conn) if then is not None else None
 
         # The buffer is cleared only once the rows are in: an outage keeps them pending.
@@ -252,6 +306,7 @@ class StoreWriter(tune.Callback):
         del self._system[: len(system)]
         del self._starts[: len(starts)]
         del self._ends[: len(ends)]
+        del self._released[: len(released)]
         self._touched -= touched
         for tid, c in ckpts.items():
             if self._ckpts.get(tid) is c:
@@ -347,20 +402,35 @@ class StoreWriter(tune.Callback):
             self.flush()
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        tids = self._tids(trial)
-        self._start(_Start(tids, running=True))
-        self._running(tids, True)
-        self.on_event("start", trial)
+        self.units_started += 1
+        unit = self._unit(trial)
+        if not unit.chain:  # a chain's members are marked running one by one, as each begins
+            self._start(_Start(unit.tids, running=True))
+            self._running(unit.tids, True)
+            self.on_event("start", trial, trial_ids=unit.tids)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        report = Report.from_wire(result)
+        for report in Report.all_from_wire(result):
+            self._take(trial, report)
+        if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def _take(self, trial, report: Report) -> None:
+        """One report of ``trial``'s unit (a chain sends several in one Tune result)."""
+        unit = self._unit(trial)
         start, placement = report.attempt, report.placement
         if start is not None or placement is not None:
-            tids = self._tids(trial)
-            unit = trial.config["unit"]
+            config = trial.config["unit"]
+            tids = [t for t, _ in start.from_steps] if start is not None else unit.tids
+            if unit.chain:  # this member begins now: marked running with its attempt's start
+                self._start(_Start(tids, running=True))
+                self._running(tids, True)
+                self.on_event("start", trial, trial_ids=tids)
+            unit.begun.update(tids)
             # What the unit asked of its GPU, shared by its members (runner/fleet.py).
-            share = float(unit["gpu"]) / len(tids) if unit.get("gpu") else None
-            accelerator = unit.get("accelerator")
+            # A chain asks for one member's share: they run one at a time.
+            share = float(config["gpu"]) / (1 if unit.chain else len(unit.tids)) if config.get("gpu") else None
+            accelerator = config.get("accelerator")
             where = (
                 repo.placement_values(placement.host, placement.node_id, placement.device, share, accelerator)
                 if placement is not None
@@ -368,31 +438,60 @@ class StoreWriter(tune.Callback):
             )
             self._start(_Start(tids, attempt=start, placement=where))
         self._rows.extend(report.evals)
+        for r in report.evals:
+            if r.point.elapsed_s is not None:
+                unit.elapsed[r.trial_id] = r.point.elapsed_s
         self._system.extend(report.system_rows())
         for c in report.checkpoints:
             self._ckpts[c.trial_id] = c
+        live = unit.live()
         if report.log is not None:
-            for tid in self._tids(trial):  # a pack's members share their unit's console
+            for tid in live:  # a pack's members share their unit's console
                 self._logs[tid] = report.log
-        self._touched.update(self._tids(trial))
-        if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
-            self.flush()
+        self._touched.update(live)
         if report.evals:
             self.on_event("result", trial, step=report.evals[-1].point.step, evals=list(report.evals))
+        if report.finals:
+            # Queued as they come: a chain's members end one by one within its Tune trial.
+            self._end(trial, unit, {f.trial_id: f for f in report.finals if f.trial_id not in unit.ended})
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        reported = Report.from_wire(trial.last_result).final_of()
-        # No final report: Tune stopped the trial (a cancel) before it ended.
-        ends = {tid: reported.get(tid) or TrialFinal(tid, Status.interrupted) for tid in self._tids(trial)}
+    def _end(self, trial, unit: _Unit, ends: dict[int, TrialFinal]) -> None:
+        """Queue the ends of ``unit``'s members in ``ends``; stored with the next flush (the
+        feed's next claim, the timer, or the run's end)."""
+        if not ends:
+            return
+        for tid, e in ends.items():
+            if e.status != Status.interrupted and tid in unit.elapsed:
+                self.on_duration(unit.elapsed[tid])
+        unit.ended.update(ends)
         # Kept none: a finished trial's checkpoint would only be deleted again by its end. A
         # failed or interrupted one keeps it (a resume continues from there).
         dropped = [] if self.keep_final else [t for t, e in ends.items() if e.status in FINISHED]
         for tid in dropped:
             self._ckpts.pop(tid, None)
-        # Stored with the next flush: the feed's next claim, the timer, or the run's end. Not
-        # running from now on (a stopping driver's grace waits for what still runs).
         self._ends.append(_End(trial, ends, dropped))
+        # Not running from now on (a stopping driver's grace waits for what still runs).
         self._running(list(ends), False)
+
+    def _let_go(self, unit: _Unit) -> list[int]:
+        """A chain's members that never began (it stopped or failed first): let go now,
+        stored with the next flush, for a later claim here or by another driver."""
+        if not unit.chain:
+            return []
+        never = [t for t in unit.tids if t not in unit.begun and t not in unit.ended]
+        unit.ended.update(never)
+        self.released.update(never)
+        self._released += never
+        return never
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        unit = self._units.pop(trial.trial_id, None) or _Unit(self._tids(trial), False)
+        self._let_go(unit)
+        # A final that only reached Tune's last result (not seen as a result here), or none:
+        # Tune stopped the trial (a cancel) before it ended.
+        reported = {f.trial_id: f for r in Report.all_from_wire(trial.last_result) for f in r.finals}
+        rest = [t for t in unit.tids if t not in unit.ended]
+        self._end(trial, unit, {tid: reported.get(tid) or TrialFinal(tid, Status.interrupted) for tid in rest})
 
     def _store_ends(self, conn, ends: list[_End], gone: set[int]) -> None:
         """The queued ends of the trials still held: their attempts closed (one statement a
@@ -447,7 +546,10 @@ class StoreWriter(tune.Callback):
         self.flush()
         text = _error_text(trial)
         line = one_line(text)
-        tids = self._tids(trial)
+        unit = self._unit(trial)
+        # The members it ran: a chain's running one (or, failed between two, its next), never
+        # those whose end is stored and let go.
+        tids = unit.live() or [t for t in unit.tids if t not in unit.ended][:1]
 
         def write(conn) -> None:
             held = self._held(conn, tids)
@@ -470,6 +572,10 @@ class StoreWriter(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         tids, line = self._attempt_failed(trial, final=True)
+        unit = self._units.pop(trial.trial_id, None)
+        if unit is not None:
+            unit.ended.update(tids)
+            self._let_go(unit)
         self._running(tids, False)
         for tid in tids:
             self._attempts.pop(tid, None)

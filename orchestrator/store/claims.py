@@ -301,6 +301,18 @@ def taken_from(conn: Connection, owner: str, trial_ids: Collection[int], *, hear
     return {r.id for r in rows if r.claimed_by != owner}
 
 
+def still_held(conn: Connection, owner: str, trial_ids: Collection[int]) -> list[int]:
+    """Of ``trial_ids``, those ``owner`` still holds, in the order given (a plain read: what a
+    chain of trials asks before each of its attempts, runner/trainable.py). A trial whose end
+    was stored has been let go, so a chain retried after its worker died skips the members
+    that ended before it died."""
+    ids = list(trial_ids)
+    if not ids:
+        return []
+    mine = set(conn.execute(sa.select(Trial.id).where(Trial.id.in_(ids), Trial.claimed_by == owner)).scalars())
+    return [t for t in ids if t in mine]
+
+
 @dataclass(frozen=True)
 class Held:
     """What :func:`hold` found: the trials this driver no longer holds, and what the
