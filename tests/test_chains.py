@@ -11,6 +11,7 @@ of a chain nor a killed driver loses or duplicates a row."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -229,11 +230,19 @@ def unchained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_chained_sweep_stores_what_the_unchained_sweep_stores_row_for_row(tmp_path, monkeypatch, unchained):
+def test_a_chained_sweep_stores_what_the_unchained_sweep_stores_row_for_row(tmp_path, monkeypatch, capsys, unchained):
+    from orchestrator.cli import main
+
     db = f"sqlite:///{tmp_path / 'c.db'}"
-    run = _submit(db, monkeypatch, "1000")
-    assert run.outcomes == {"completed": 24} and run.ran == 24
-    assert run.tune_trials < 24  # chains ran
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    monkeypatch.setenv("ORCH_CHAIN_S", "1000")
+    capsys.readouterr()
+    assert main(["submit", str(spec), "--db", db]) == 0
+    err = capsys.readouterr().err
+    # The run says how many Ray Tune trials its trials took: chains ran.
+    said = re.search(r"24 trials ran in (\d+) Ray Tune trials", err)
+    assert said is not None and int(said.group(1)) < 24, err[-2000:]
     assert sweep_evals(db) == unchained
     # Each trial one attempt, on one worker, its own trace: nothing re-run, nothing stitched.
     assert query(db, "SELECT MIN(attempts), MAX(attempts) FROM trials")[0] == (1, 1)

@@ -241,6 +241,9 @@ def _finish(summary, quiet: bool) -> int:
         soft_wrap=True,
     )
     if not quiet:
+        units = getattr(summary, "tune_trials", 0)
+        if 0 < units < summary.ran:  # seed packs, or chains of short trials (runner/feed.py)
+            err.print(f"{summary.ran} trials ran in {units} Ray Tune trials")
         for rec in getattr(summary, "looks", []):  # a sequential sweep: each look decided now
             st = ",".join(f"{k}={v}" for k, v in rec.stratum.items())
             err.print(
