@@ -162,6 +162,9 @@ def run_unit(config: dict[str, Any]) -> None:
                 _run_pack(members, loader)
             if _outbox is not None:
                 _outbox.send()
+                # Last, a report with nothing in it: Tune keeps each trial's last result until
+                # its run ends, and a chain's last batch holds its members' checkpoints.
+                tune.report(Report().to_wire())
         except ConfigError as exc:
             _report_config_error([m["trial_id"] for m in members], exc)
             if _outbox is not None:
