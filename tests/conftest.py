@@ -474,3 +474,19 @@ def pytest_sessionfinish(session, exitstatus) -> None:
             ray.shutdown()
     for d in _shared_ray_dir:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def ray_trial_workers(session: int) -> list[int]:
+    """Pids of Ray worker processes of the driver's session running a trainable."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                cmd = fh.read().decode(errors="replace")
+            if "ImplicitFunc" in cmd and os.getsid(int(d)) == session:
+                pids.append(int(d))
+        except (OSError, ProcessLookupError):
+            continue
+    return pids

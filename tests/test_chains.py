@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import sqlalchemy as sa
 
-from conftest import TINY_FIXED, claimed_writer, ensure_shared_ray, query, sweep_evals
+from conftest import TINY_FIXED, claimed_writer, ensure_shared_ray, query, ray_trial_workers, sweep_evals
 from orchestrator.runner.feed import MAX_CHAIN, ChainPolicy, chain_seconds
 from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Placement, Report, TrialFinal
 from orchestrator.runner.tune_runner import make_units
@@ -273,19 +273,6 @@ def _driver(args: list[str], url: str, tmp_path) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _chain_workers(session: int) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace")
-                if "ImplicitFunc" in cmd and os.getsid(int(d)) == session:
-                    pids.append(int(d))
-            except (OSError, ProcessLookupError):
-                continue
-    return pids
-
-
 @pytest.mark.slow
 def test_a_ray_worker_killed_mid_chain_loses_and_duplicates_nothing(tmp_path, unchained):
     """The chain's worker dies with some members ended and one running: Tune retries the
@@ -299,7 +286,7 @@ def test_a_ray_worker_killed_mid_chain_loses_and_duplicates_nothing(tmp_path, un
         # Chains form once two trials ended: strike a worker once several have.
         done = _q(url, "SELECT COUNT(*) FROM trials WHERE status = 'completed'")
         if done and done[0][0] >= 6:
-            workers = _chain_workers(p.pid)
+            workers = ray_trial_workers(p.pid)
             if workers:
                 killed = workers[0]
                 os.kill(killed, signal.SIGKILL)

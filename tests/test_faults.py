@@ -32,7 +32,7 @@ from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
 import pg_server
-from conftest import backend_url, shared_env, sweep_evals, two_arm_spec
+from conftest import backend_url, ray_trial_workers, shared_env, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -141,22 +141,6 @@ def test_sigkills_of_the_driver_then_resume_equal_uninterrupted(tmp_path, capsys
         drop()
 
 
-def _ray_trial_workers(session: int) -> list[int]:
-    """Pids of Ray worker processes of the driver's session running a trainable."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as fh:
-                cmd = fh.read().decode(errors="replace")
-            if "ImplicitFunc" in cmd and os.getsid(int(d)) == session:
-                pids.append(int(d))
-        except (OSError, ProcessLookupError):
-            continue
-    return pids
-
-
 def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path, reference):
     url = f"sqlite:///{tmp_path / 'w.db'}"
     spec = tmp_path / "spec.yaml"
@@ -171,7 +155,7 @@ def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path
             "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) BETWEEN 60 AND 180",
             default=[(0,)],
         )[0][0]
-        workers = _ray_trial_workers(p.pid) if mid else []
+        workers = ray_trial_workers(p.pid) if mid else []
         if workers:
             killed = workers[0]
             os.kill(killed, signal.SIGKILL)

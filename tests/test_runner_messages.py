@@ -84,7 +84,7 @@ def test_a_report_round_trips_with_int_trial_ids():
     assert set(wire) == {"evals", "placement", "finals"}
     back = Report.from_wire(_json(wire))
     assert back == report
-    finals = back.final_of()
+    finals = {f.trial_id: f for f in back.finals}
     assert list(finals) == [11, 12] and all(type(k) is int for k in finals)
     assert finals[12].status is Status.failed and finals[12].failure == StepFailure("runtime", "tb")
 
@@ -96,4 +96,4 @@ def test_a_report_in_a_tune_result_and_the_empty_report():
     assert Report.from_wire({**report.to_wire(), **tune_keys}) == report
     assert Report().to_wire() == {"evals": []}
     assert Report.from_wire(tune_keys) == Report() == Report.from_wire(None)
-    assert Report.from_wire(None).final_of() == {}
+    assert Report.from_wire(None).finals == ()

@@ -235,7 +235,3 @@ class Report:
         values = {f: getattr(self.system, f) for f in SAMPLE_FIELDS}
         tids = dict.fromkeys(e.trial_id for e in self.evals if e.point.step == self.system.step)
         return [{"trial_id": t, "step": self.system.step, **values} for t in tids]
-
-    def final_of(self) -> dict[int, TrialFinal]:
-        """Each reported member's end, by trial id."""
-        return {f.trial_id: f for f in self.finals}
