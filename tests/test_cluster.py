@@ -32,9 +32,11 @@ ORCH = [sys.executable, "-m", "orchestrator.cli"]
 # Trials of a few seconds: a trial that ends before the second node's worker has started
 # would hand its warm actor to the next trial (reuse_actors), and one node would run all four.
 # Trials long enough (seconds each on a loaded machine) that the second node's first worker
-# is up before the first node's reused actor could have run all four.
+# is up before the first node's reused actor could have run all four. The bench_sleep cell's
+# steps sleep (8 s a trial): the trials wait instead of spinning cores the suite shares.
 SPEC = """name: two_nodes
-fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: gated_deltanet}
+plugins: [orchestrator.bench.fixed_duration]
+fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: bench_sleep, model.step_ms: 10}
 axes: {seed: [0, 1, 2, 3]}
 budget: {steps: 800, eval_every: 100}
 resources: {cpu: 1}
@@ -165,8 +167,11 @@ def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# Sleeping steps again (8 s a trial): long enough to be caught mid-way on the second node.
 KILL_SPEC = """name: node_lost
-fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: gated_deltanet, checkpoint_every_s: 0}
+plugins: [orchestrator.bench.fixed_duration]
+fixed: {task: mqar, task.K: 4, d_model: 16, batch_size: 8, arm: bench_sleep, model.step_ms: 20,
+        checkpoint_every_s: 0}
 axes: {seed: [0, 1]}
 budget: {steps: 400, eval_every: 20}
 resources: {cpu: 1}

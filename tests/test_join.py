@@ -161,8 +161,14 @@ def test_a_killed_drivers_trials_are_taken_over_and_equal_an_uninterrupted_run(t
 def test_cancel_stops_every_driver_and_status_lists_them(tmp_path):
     url, drop = backend_url(tmp_path, "postgresql")
     try:
-        # Trials far too long to end before the cancel lands, however loaded the machine.
-        record_sweep(url, two_arm_spec("halt").replace("steps: 240, eval_every: 20", "steps: 4000, eval_every: 100"))
+        # Trials far too long to end before the cancel lands, however loaded the machine (a
+        # minute each), of the bench_sleep cell: they wait rather than spin the shared cores.
+        record_sweep(
+            url,
+            "\nname: halt\nplugins: [orchestrator.bench.fixed_duration]\n" + TINY_FIXED + "  arm: bench_sleep\n"
+            "  model.step_ms: 300\naxes:\n  seed: 0..5\nbudget: {steps: 200, eval_every: 5}\n"
+            "resources: {cpu: 1}\nmax_concurrent: 2\n",
+        )
         a = _driver(["join", "halt", "--max-concurrent", "1"], url, tmp_path / "a")
         b = _driver(["join", "halt", "--max-concurrent", "1"], url, tmp_path / "b")
         _until(

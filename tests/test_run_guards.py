@@ -47,10 +47,15 @@ def _env(*paths: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _spec(name: str, *, steps: int, every: int, seeds: str = "[0, 1]") -> str:
+def _spec(name: str, *, steps: int, every: int, seeds: str = "[0, 1]", step_ms: float | None = None) -> str:
+    """A two-trial sweep; with ``step_ms``, of the ``bench_sleep`` cell, whose steps sleep that
+    long: a trial that only has to be running while the ground moves waits instead of
+    spinning two cores the tests beside it need."""
+    arm = "arm: gated_deltanet" if step_ms is None else f"arm: bench_sleep\n  model.step_ms: {step_ms}"
     return (
         f"name: {name}\n"
-        "fixed:\n  arm: gated_deltanet\n  task: mqar\n  task.K: 8\n  task.eval_size: 64\n  d_model: 16\n"
+        + ("" if step_ms is None else "plugins: [orchestrator.bench.fixed_duration]\n")
+        + f"fixed:\n  {arm}\n  task: mqar\n  task.K: 8\n  task.eval_size: 64\n  d_model: 16\n"
         "  n_layers: 1\n  batch_size: 16\n  checkpoint_every_s: 0\n"
         f"axes:\n  seed: {seeds}\n"
         f"budget: {{steps: {steps}, eval_every: {every}}}\nresources: {{cpu: 1}}\nmax_concurrent: 2\n"
@@ -95,11 +100,14 @@ def _sqlite_count(db: Path, q: str) -> int:
         return 0
 
 
+GONE_STEPS = 200  # a minute of training a trial: 300 ms a step, slept
+
+
 def _gone_run(tmp_path: Path, url: str, every: int, ready, act) -> tuple[subprocess.CompletedProcess, float]:
-    """Run a 2-trial sweep of 4000 steps (a minute of training each), ``act`` once ``ready``;
-    returns the driver's outcome and the seconds it took to exit after ``act``."""
+    """Run a 2-trial sweep of GONE_STEPS steps (a minute of training each), ``act`` once
+    ``ready``; returns the driver's outcome and the seconds it took to exit after ``act``."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(_spec("gone", steps=4000, every=every))
+    spec.write_text(_spec("gone", steps=GONE_STEPS, every=every, step_ms=300))
     cmd = CLI + ["submit", str(spec), "--db", url, "-q", "--checkpoint-dir", str(tmp_path / "ck")]
     p = subprocess.Popen(
         cmd,
@@ -141,7 +149,7 @@ def _stopped_line(res: subprocess.CompletedProcess, took: float, what: str) -> s
 
 @pytest.mark.slow
 def test_sqlite_file_deleted_mid_sweep_stops_the_driver(tmp_path):
-    """Deleted while the trials train between evals (an eval every 2000 steps): no write is
+    """Deleted while the trials train between evals (an eval every 100 steps, 30 s): no write is
     due, so the lease thread's check finds it, and the trials stop short of their budget."""
     db = tmp_path / "sweep.db"
 
@@ -152,15 +160,15 @@ def test_sqlite_file_deleted_mid_sweep_stops_the_driver(tmp_path):
         time.sleep(1.0)
         db.unlink()
 
-    line = _stopped_line(*_gone_run(tmp_path, str(db), 2000, ready, act), "delete")
+    line = _stopped_line(*_gone_run(tmp_path, str(db), 100, ready, act), "delete")
     assert line == (
         f"error: database file {db} was deleted while the sweep ran; the sweep stopped and wrote nothing "
         "more (trial checkpoints are kept)"
     )
     assert not db.exists()  # the driver did not create an empty file in its place
-    # Stopped short of the 4000-step budget (on a quiet machine a trial may reach its step-2000
+    # Stopped short of the 200-step budget (on a quiet machine a trial may reach its step-100
     # eval within the seconds the lease thread takes to notice; nothing is written past it).
-    assert all(s < 4000 for s in _checkpoint_steps(tmp_path / "ck"))
+    assert all(s < GONE_STEPS for s in _checkpoint_steps(tmp_path / "ck"))
 
 
 @pytest.mark.slow
@@ -180,12 +188,12 @@ def test_sqlite_file_replaced_mid_sweep_stops_the_driver_and_the_new_file_is_unt
         for suffix in ("-wal", "-shm"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
 
-    line = _stopped_line(*_gone_run(tmp_path, str(db), 20, ready, act), "replace")
+    line = _stopped_line(*_gone_run(tmp_path, str(db), 1, ready, act), "replace")
     assert line == (
         f"error: database file {db} was replaced by another file while the sweep ran; the sweep stopped "
         "and wrote nothing more (trial checkpoints are kept)"
     )
-    assert max(_checkpoint_steps(tmp_path / "ck")) < 4000
+    assert max(_checkpoint_steps(tmp_path / "ck")) < GONE_STEPS
     eng = make_engine(f"sqlite:///{db}")
     try:
         with eng.connect() as conn:
@@ -218,7 +226,7 @@ def test_postgres_schema_dropped_mid_sweep_stops_the_driver(tmp_path):
         dropped.append(True)
 
     try:
-        res, took = _gone_run(tmp_path, url, 20, ready, act)
+        res, took = _gone_run(tmp_path, url, 1, ready, act)
     finally:
         if not dropped:  # a second drop fails: its reader role is gone
             drop()
@@ -230,7 +238,7 @@ def test_postgres_schema_dropped_mid_sweep_stops_the_driver(tmp_path):
         r"\"(evals|sweeps|trials|drivers|attempts|checkpoints|system_metrics)\" does not exist[^)]*\); the sweep stopped and wrote nothing more",
         line,
     ), line
-    assert max(_checkpoint_steps(tmp_path / "ck")) < 4000
+    assert max(_checkpoint_steps(tmp_path / "ck")) < GONE_STEPS
     admin = sa.create_engine(url.split("?")[0])
     try:
         with admin.connect() as conn:  # the driver did not recreate the schema's tables
