@@ -490,9 +490,10 @@ HEAVIEST_FIRST = (
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Longest first: the heaviest slow tests, the other slow ones, then the fast tests (each
-    group in collection order). pytest-xdist hands out the first quarter round-robin and the
-    rest as workers free up, so the many short tests at the end even out the two workers'
-    finishing times, instead of one worker running a two-minute test alone at the end."""
+    group in collection order). Under pytest-xdist's worksteal scheduling (pyproject's
+    addopts) a worker that runs out takes the back half of the other's queue, so what is
+    left to share at the end is short tests, and the two workers finish together instead of
+    one running a two-minute test alone at the end."""
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
 
     def key(item) -> tuple[int, int]:
