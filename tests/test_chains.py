@@ -26,6 +26,7 @@ from orchestrator.runner.feed import MAX_CHAIN, ChainPolicy, chain_seconds
 from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Placement, Report, TrialFinal
 from orchestrator.runner.tune_runner import make_units
 from orchestrator.status import Status
+from orchestrator.store import claims
 from orchestrator.train.loop import EvalPoint
 
 ENV = {"host": "h1", "device": "cpu", "precision": "fp32", "code_version": "git:abc"}
@@ -183,6 +184,37 @@ def test_a_chain_that_fails_for_good_fails_only_its_running_member(db_url):
         assert writer.outcomes == {a: "completed", b: "failed"}
         errors = query(db_url, "SELECT trial_id, kind FROM trial_errors ORDER BY id")
         assert [tuple(e) for e in errors] == [(b, "runtime"), (b, "runtime")]
+
+
+def test_a_chain_that_fails_for_good_between_members_fails_none_the_first_time(db_url):
+    """Tune gives up on a chain whose running member has ended and whose next has not begun
+    (seen in CI: a worker killed while Tune held it for reuse, the chain's retries all failing
+    on that one dead actor at once). The next member never ran: it is let go with its error
+    kept, not failed; the next chain that dies before it begins fails it."""
+    with claimed_writer(db_url, 3) as (_, (a, b, c), session, writer):
+        chain = _chain([a, b, c])
+        chain.error_file = None
+        chain.get_pickled_error = lambda: RuntimeError("worker died")
+        writer.on_trial_start(0, [], chain)
+        writer.on_trial_result(0, [], chain, Report.batch_to_wire([_begin(a), *_finish(a)]))
+        writer.on_trial_error(0, [], chain)
+        writer.flush()
+        rows = _trial_rows(db_url)
+        assert rows[a][:2] == ("completed", False)
+        assert rows[b] == ("pending", False, None, 0, 0) and rows[c] == ("pending", False, None, 0, 0)
+        assert writer.outcomes == {a: "completed"} and writer.released == {b, c}
+        assert [tuple(e) for e in query(db_url, "SELECT trial_id, kind FROM trial_errors")] == [(b, "runtime")]
+        # B claimed again, in a chain that dies before B begins: now B fails.
+        again = _chain([b])
+        again.error_file = None
+        again.get_pickled_error = lambda: RuntimeError("worker died")
+        got = session.write(lambda conn: claims.claim_batch(conn, session.sid, session.owner, 1, ttl=60))
+        assert [g[0] for g in got] == [b]
+        writer.on_trial_start(0, [], again)
+        writer.on_trial_error(0, [], again)
+        writer.flush()
+        assert _trial_rows(db_url)[b][:2] == ("failed", False)
+        assert writer.outcomes == {a: "completed", b: "failed"}
 
 
 # ---- real sweeps on a real Ray ------------------------------------------------------------------

@@ -171,6 +171,8 @@ class StoreWriter(tune.Callback):
         self._starts: list[_Start] = []  # trials' starts, stored first in the next flush
         self._ends: list[_End] = []  # trials' ends, stored last in the next flush
         self._released: list[int] = []  # claims to give back in the next flush (_let_go)
+        # Chain members a chain failed for good before they began, let go once (_attempt_failed).
+        self._spared: set[int] = set()
         self._last_flush = time.monotonic()
         # The attempt number of each running trial this writer began (its rows and checkpoints
         # are tagged with it without reading it back); dropped with the trial's end.
@@ -539,43 +541,55 @@ class StoreWriter(tune.Callback):
             raised = e.status == Status.failed or e.failure is not None
             self.on_event(e.status.value, end.trial, trial_id=tid, error=e.error if raised else None)
 
-    def _attempt_failed(self, trial, *, final: bool) -> tuple[list[int], str]:
+    def _attempt_failed(self, trial, *, final: bool) -> tuple[list[int], str, list[int]]:
         """An attempt of ``trial`` raised: its traceback to ``trial_errors``; the trial is
-        failed when Tune gives up on it (``final``), else it is retried. Returns its trial ids
-        and the error line."""
+        failed when Tune gives up on it (``final``), else it is retried. Returns its trial ids,
+        the error line, and those of them spared: a chain's next member that never began,
+        which is not failed the first time (the caller lets it go)."""
         self.flush()
         text = _error_text(trial)
         line = one_line(text)
         unit = self._unit(trial)
         # The members it ran: a chain's running one (or, failed between two, its next), never
         # those whose end is stored and let go.
-        tids = unit.live() or [t for t in unit.tids if t not in unit.ended][:1]
+        tids = unit.live()
+        spared: list[int] = []
+        if not tids:
+            tids = [t for t in unit.tids if t not in unit.ended][:1]
+            if final and unit.chain and tids and tids[0] not in self._spared:
+                # Tune gave up on the chain before this member began: its worker died between
+                # two members, or Tune handed the chain a cached actor that had died (its
+                # retries then fail on that one actor at once). The member never ran: it is
+                # let go for another try, its error kept. A second time it is failed: its own
+                # set-up may be what kills the worker.
+                self._spared.update(tids)
+                spared = list(tids)
 
         def write(conn) -> None:
             held = self._held(conn, tids)
             attempts.close_attempts(conn, held, Status.failed.value, "runtime")
             for tid in held:
                 repo.add_trial_error(conn, tid, "runtime", line, text)
-                if final:
+                if final and tid not in spared:
                     repo.finish_trial(conn, tid, Status.failed.value, line)
                 else:
                     repo.record_error(conn, tid, line)
             if final:
-                claims.release(conn, self.driver, tids)
+                claims.release(conn, self.driver, [t for t in tids if t not in spared])
 
         self.session.write(write)
-        return tids, line
+        return [t for t in tids if t not in spared], line, spared
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._attempt_failed(trial, final=False)
         self.on_event("retry", trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        tids, line = self._attempt_failed(trial, final=True)
+        tids, line, _ = self._attempt_failed(trial, final=True)
         unit = self._units.pop(trial.trial_id, None)
         if unit is not None:
             unit.ended.update(tids)
-            self._let_go(unit)
+            self._let_go(unit)  # the members never begun, a spared one included
         self._running(tids, False)
         for tid in tids:
             self._attempts.pop(tid, None)
