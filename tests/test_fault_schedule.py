@@ -29,7 +29,7 @@ the writer of every row by its connection). The test prints a summary: faults by
 takeovers, fault-to-running-again times, rows lost or twice.
 
 Scale: ``ORCH_FAULT_SEED`` (default 20), ``ORCH_FAULT_COUNT`` faults (default 10: each kind at
-least once) over ``ORCH_FAULT_TRIALS`` trials (default 12; even). The issue's count of faults
+least once) over ``ORCH_FAULT_TRIALS`` trials (default 12). The issue's count of faults
 and trials is ``ORCH_FAULT_COUNT=20 ORCH_FAULT_TRIALS=24``; another seed is
 ``ORCH_FAULT_SEED=7``:
 
@@ -345,7 +345,7 @@ def test_a_seeded_fault_schedule_over_three_drivers_and_a_two_node_ray_cluster(t
     why = why_unavailable()
     if why:
         pytest.skip(why)
-    assert N_TRIALS % 2 == 0 and N_TRIALS >= 2
+    assert N_TRIALS >= 2, f"ORCH_FAULT_TRIALS={N_TRIALS}: the schedule needs at least two trials"
     rng = random.Random(SEED)
     faults = schedule(rng, N_FAULTS)
     print(f"\nfault schedule (seed {SEED}): " + ", ".join(f"{f.at:.0%} {f.kind} h{f.host} {f.length}s" for f in faults))

@@ -534,6 +534,7 @@ class StoreWriter(tune.Callback):
             for tid in end.dropped:
                 checkpoints.trial_path(self.checkpoint_folder, self.sweep, self._keys[tid]).unlink(missing_ok=True)
         for tid, e in end.ends.items():
+            self._spared.discard(tid)  # ended: a later death of its chain is not its own
             if tid in gone:  # its end is the other driver's to store and to tell
                 continue
             self.outcomes[tid] = e.status.value
@@ -565,6 +566,8 @@ class StoreWriter(tune.Callback):
                 self._spared.update(tids)
                 spared = list(tids)
 
+        failed = [t for t in tids if t not in spared]
+
         def write(conn) -> None:
             held = self._held(conn, tids)
             attempts.close_attempts(conn, held, Status.failed.value, "runtime")
@@ -575,10 +578,12 @@ class StoreWriter(tune.Callback):
                 else:
                     repo.record_error(conn, tid, line)
             if final:
-                claims.release(conn, self.driver, [t for t in tids if t not in spared])
+                claims.release(conn, self.driver, failed)
 
         self.session.write(write)
-        return [t for t in tids if t not in spared], line, spared
+        if final:
+            self._spared.difference_update(failed)  # failed for good: nothing left to spare
+        return failed, line, spared
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._attempt_failed(trial, final=False)
