@@ -26,9 +26,12 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import quote
 
@@ -531,3 +534,16 @@ def ray_trial_workers(session: int) -> list[int]:
         except (OSError, ProcessLookupError):
             continue
     return pids
+
+
+def kill_a_trial_worker(p: subprocess.Popen, due: Callable[[], bool], what: str, pause: float = 0.05) -> int:
+    """SIGKILL one Ray worker running a trial of driver ``p`` (a session of its own) once
+    ``due()`` holds, within 300 s; the worker's pid. Fails naming ``what`` if none was caught."""
+    deadline = time.time() + 300
+    while p.poll() is None and time.time() < deadline:
+        workers = ray_trial_workers(p.pid) if due() else []
+        if workers:
+            os.kill(workers[0], signal.SIGKILL)
+            return workers[0]
+        time.sleep(pause)
+    raise AssertionError(f"no worker caught {what}")

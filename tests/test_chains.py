@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import sqlalchemy as sa
 
-from conftest import TINY_FIXED, claimed_writer, ensure_shared_ray, query, ray_trial_workers, sweep_evals
+from conftest import TINY_FIXED, claimed_writer, ensure_shared_ray, kill_a_trial_worker, query, sweep_evals
 from orchestrator.runner.feed import MAX_CHAIN, ChainPolicy, chain_seconds
 from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Placement, Report, TrialFinal
 from orchestrator.runner.tune_runner import make_units
@@ -312,18 +312,12 @@ def test_a_ray_worker_killed_mid_chain_loses_and_duplicates_nothing(tmp_path, un
     checkpoint."""
     url = f"sqlite:///{tmp_path / 'w.db'}"
     p = _driver(["submit", "SPEC"], url, tmp_path)
-    killed = None
-    deadline = time.time() + 300
-    while p.poll() is None and time.time() < deadline and killed is None:
-        # Chains form once two trials ended: strike a worker once several have.
+
+    def due() -> bool:  # chains form once two trials ended: strike a worker once several have
         done = _q(url, "SELECT COUNT(*) FROM trials WHERE status = 'completed'")
-        if done and done[0][0] >= 6:
-            workers = ray_trial_workers(p.pid)
-            if workers:
-                killed = workers[0]
-                os.kill(killed, signal.SIGKILL)
-        time.sleep(0.05)
-    assert killed is not None, "no worker caught mid-chain"
+        return bool(done) and done[0][0] >= 6
+
+    killed = kill_a_trial_worker(p, due, "mid-chain")
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err.decode()
     assert sweep_evals(url) == unchained

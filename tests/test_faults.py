@@ -32,7 +32,7 @@ from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
 import pg_server
-from conftest import backend_url, ray_trial_workers, shared_env, sweep_evals, two_arm_spec
+from conftest import backend_url, kill_a_trial_worker, shared_env, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
@@ -146,21 +146,17 @@ def test_sigkill_of_a_ray_worker_mid_trial_loses_and_duplicates_nothing(tmp_path
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     p = _start(["submit", str(spec)], url, tmp_path / "ck")
-    killed = None
-    deadline = time.time() + 300
-    while p.poll() is None and time.time() < deadline and killed is None:
+
+    def due() -> bool:  # a trial running, between its step-60 and step-180 evals
         mid = _q(
             url,
             "SELECT COUNT(*) FROM trials t WHERE status = 'running' AND "
             "(SELECT MAX(step) FROM evals e WHERE e.trial_id = t.id) BETWEEN 60 AND 180",
             default=[(0,)],
         )[0][0]
-        workers = ray_trial_workers(p.pid) if mid else []
-        if workers:
-            killed = workers[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.1)
-    assert killed is not None, "no worker caught mid-trial"
+        return bool(mid)
+
+    kill_a_trial_worker(p, due, "mid-trial", pause=0.1)
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
     assert sweep_evals(url) == reference
