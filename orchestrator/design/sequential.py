@@ -30,13 +30,15 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
-from orchestrator.design.boundaries import Boundaries, spending_boundaries
 from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.design.boundaries import Boundaries
 
 
 class SequentialError(UserError):
@@ -150,6 +152,10 @@ def contrast_alpha(spec: SequentialSpec, n_contrasts: int) -> float:
 
 @lru_cache(maxsize=256)
 def _bounds(fractions: tuple[float, ...], alpha: float, spending: str, sided: int) -> Boundaries:
+    # Imported here: the boundaries need scipy (about a second to import), and every driver
+    # imports this module for the design's types, sequential sweep or not.
+    from orchestrator.design.boundaries import spending_boundaries
+
     return spending_boundaries(fractions, alpha, spending=spending, sided=sided)
 
 
