@@ -34,6 +34,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
 fi
 echo "setup: installing orchestrator with its $EXTRAS extras (ray, sqlalchemy, lifelines, ...: about a minute the first time)"
 "$VPY" -m pip install -q -e ".[$EXTRAS]"
+# The package's own modules compiled once: an editable install leaves them as source, and
+# where PYTHONDONTWRITEBYTECODE is set (some machines set it for everything) each process (every
+# Ray worker, every driver) would compile them again on import. A module edited later is
+# compiled in memory, as Python does for any stale .pyc.
+"$VPY" -m compileall -q -j 0 orchestrator cells tasks kernels >/dev/null
 # The report test renders the HTML report in headless Chromium (Debian's package).
 if ! command -v chromium >/dev/null 2>&1; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
