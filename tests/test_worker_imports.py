@@ -1,6 +1,7 @@
-"""What a Ray worker pays to import before it works: the run's checkpoint Loader starts in a
+"""What a process pays to import before it works: the run's checkpoint Loader starts in a
 fresh worker at every driver's start and only passes stored bytes on, so it must not pay
-for torch (about 1.3 CPU-s) or the analysis stack."""
+for torch (about 1.3 CPU-s) or the analysis stack; and no driver pays for scipy unless its
+sweep has a sequential design."""
 
 from __future__ import annotations
 
@@ -8,33 +9,37 @@ import subprocess
 import sys
 
 
+def _printed(*lines: str) -> list[str]:
+    """The first two lines a fresh interpreter prints running ``lines``."""
+    code = "import sys\n" + "".join(f"{line}\n" for line in lines)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.split("\n")[:2]
+
+
 def test_the_loaders_worker_imports_neither_torch_nor_pandas():
-    code = (
-        "import sys\n"
-        "from orchestrator.runner import checkpoints\n"
-        "from orchestrator.store.sweep_store import SweepStore\n"
-        "from orchestrator.store import attempts\n"
-        "assert checkpoints.Loader and SweepStore and attempts.load_checkpoint\n"
-        "print(sorted(m for m in ('torch', 'pandas', 'numpy', 'ray.tune') if m in sys.modules))\n"
-        "checkpoints.serialize({'step': 3})\n"
-        "print('torch' in sys.modules)\n"
+    printed = _printed(
+        "from orchestrator.runner import checkpoints",
+        "from orchestrator.store.sweep_store import SweepStore",
+        "from orchestrator.store import attempts",
+        "assert checkpoints.Loader and SweepStore and attempts.load_checkpoint",
+        "print(sorted(m for m in ('torch', 'pandas', 'numpy', 'ray.tune') if m in sys.modules))",
+        "checkpoints.serialize({'step': 3})",
+        "print('torch' in sys.modules)",
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     # torch comes in only once a state is serialized, where it is needed.
-    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stdout + out.stderr
+    assert printed == ["[]", "True"]
 
 
 def test_a_driver_imports_scipy_only_for_a_sequential_design():
     """scipy (about a CPU-second to import) serves the group-sequential boundaries alone: a
     driver of any other sweep, and each trial worker, go without it."""
-    code = (
-        "import sys\n"
-        "import orchestrator.cli, orchestrator.runner.sweep, orchestrator.runner.tune_runner\n"
-        "import orchestrator.runner.trainable, orchestrator.runner.sequential\n"
-        "print('scipy' in sys.modules)\n"
-        "from orchestrator.design.sequential import SequentialSpec, design_boundaries\n"
-        "spec = SequentialSpec.model_validate({'compare': {'by': 'arm', 'groups': ['a', 'b']}, 'test': 'fisher', 'looks': [4, 8]})\n"
-        "print(len(design_boundaries(spec).z), 'scipy' in sys.modules)\n"
+    design = "{'compare': {'by': 'arm', 'groups': ['a', 'b']}, 'test': 'fisher', 'looks': [4, 8]}"
+    printed = _printed(
+        "import orchestrator.cli, orchestrator.runner.sweep, orchestrator.runner.tune_runner",
+        "import orchestrator.runner.trainable, orchestrator.runner.sequential",
+        "print('scipy' in sys.modules)",
+        "from orchestrator.design.sequential import SequentialSpec, design_boundaries",
+        f"print(len(design_boundaries(SequentialSpec.model_validate({design})).z), 'scipy' in sys.modules)",
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split("\n")[:2] == ["False", "2 True"], out.stdout + out.stderr
+    assert printed == ["False", "2 True"]
