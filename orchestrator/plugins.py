@@ -6,9 +6,9 @@ Two ways in, both ending in :func:`cells.register_cell` / :func:`tasks.register_
   plugin's ``pyproject.toml``); each names a module (imported: its top level registers) or a
   function (called with no arguments). Loaded in every process that validates or builds.
 - a spec's ``plugins: [my_pkg.cells, ...]``: modules imported on the driver before the spec
-  is validated and on every Ray worker before a trial builds its model (the list travels as
-  ``$ORCH_PLUGINS``, set by the driver and passed to the workers in Ray's runtime_env;
-  ``ORCH_PLUGINS=my_pkg.cells orchestrator cells`` lists them too).
+  is validated and on every Ray worker before a trial builds its model (the list travels in
+  each unit of work's config, :func:`loaded`; ``$ORCH_PLUGINS``, which the driver sets too,
+  makes ``ORCH_PLUGINS=my_pkg.cells orchestrator cells`` list them).
 
 The plugin package must be importable everywhere a trial may run: installed, or on
 ``PYTHONPATH`` of every node.
@@ -62,8 +62,16 @@ def import_modules(modules: Iterable[str], where: str = "plugins") -> None:
             ) from None
         _modules.append(name)
     if _modules:
-        # Ray workers get the list from here (see the runner's init_ray).
+        # What this process and its children (orchestrator cells, a SLURM step) list.
         os.environ[ENV] = ",".join(_modules)
+
+
+def loaded() -> list[str]:
+    """The plugin modules this process imported by name (a spec's, $ORCH_PLUGINS'): what a
+    unit of work carries to its Ray worker. Not through Ray's runtime_env: a job with one
+    cannot use the workers Ray starts ahead (each trial actor would start a fresh process,
+    about a second of its start), and a shared Ray's workers never see a later driver's."""
+    return list(_modules)
 
 
 def ensure(modules: Iterable[str] = (), where: str = "plugins") -> None:
@@ -72,9 +80,10 @@ def ensure(modules: Iterable[str] = (), where: str = "plugins") -> None:
     import_modules(modules, where)
 
 
-def load_installed() -> None:
-    """Entry points and the ``$ORCH_PLUGINS`` modules: what a Ray worker (which gets the
-    driver's list) and ``orchestrator cells`` / ``tasks`` load."""
+def load_installed(modules: Iterable[str] = ()) -> None:
+    """Entry points, the ``$ORCH_PLUGINS`` modules and ``modules`` (a unit's, from its
+    driver): what a Ray worker and ``orchestrator cells`` / ``tasks`` load."""
     load_entry_points()
     names = [m for m in os.environ.get(ENV, "").split(",") if m]
     import_modules(names, f"${ENV}")
+    import_modules(modules, "plugins")

@@ -144,8 +144,8 @@ def _final(tid: int, trainer: Trainer, stop: StopRecord | None = None) -> TrialF
 def run_unit(config: dict[str, Any]) -> None:
     from orchestrator.plugins import load_installed
 
-    load_installed()  # the sweep's plugin cells/tasks, before anything is built
     unit = config["unit"]
+    load_installed(unit.get("plugins", ()))  # the sweep's plugin cells/tasks, before anything is built
     torch.set_num_threads(int(unit.get("threads") or 1))
     members = unit["members"]
     loader = unit.get("loader")

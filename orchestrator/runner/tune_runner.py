@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
 
+from orchestrator import plugins
 from orchestrator.errors import UserError
 from orchestrator.runner import checkpoints, feed, fleet, lost_results
 from orchestrator.runner.writer import StoreWriter
@@ -89,8 +90,6 @@ def init_ray(
     kwargs: dict[str, Any] = dict(
         include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True
     )
-    if os.environ.get("ORCH_PLUGINS"):  # the spec's plugin modules, for every worker
-        kwargs["runtime_env"] = {"env_vars": {"ORCH_PLUGINS": os.environ["ORCH_PLUGINS"]}}
     if address:
         _join_bounded(ray, address, kwargs)
     else:
@@ -349,6 +348,7 @@ def run_feed(ctx: RunContext, next_batch: feed.ClaimSource) -> FeedRun:
     # Units (and Tune's retries of them) ask this for their members' checkpoints.
     loader, loader_handle = checkpoints.start_loader(ctx.url, ctx.name, ctx.checkpoint_reads)
     packing_told = False
+    modules = plugins.loaded()
 
     def units_of(batch: feed.Trials) -> list[dict[str, Any]]:
         nonlocal packing_told
@@ -368,6 +368,8 @@ def run_feed(ctx: RunContext, next_batch: feed.ClaimSource) -> FeedRun:
             units = fleet.place(units, spec.resources)
         for unit in units:
             unit["loader"] = loader
+            if modules:
+                unit["plugins"] = modules  # the spec's plugins, imported in the worker
             if unit.get("chain"):
                 unit["owner"] = session.owner  # a retried chain runs only what is still held
         if ctx.on_event is not None and pack_seeds != 1 and not packing_told:
