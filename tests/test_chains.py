@@ -160,6 +160,38 @@ def test_a_chains_members_start_and_end_one_by_one_and_those_never_begun_are_let
         assert writer.units_started == 1
 
 
+def test_what_tune_keeps_of_a_chains_result_is_its_finals_and_its_end_still_reads_back(db_url):
+    """Tune keeps a trial's last result until its run ends: once the writer took a chain's
+    batch, only the members' finals stay in it (no rows, no checkpoints), and the end of a
+    chain Tune stops after it still reads them from there."""
+    with claimed_writer(db_url, 3) as (_, (a, b, c), session, writer):
+        chain = _chain([a, b, c])
+        writer.on_trial_start(0, [], chain)
+        wire = Report.batch_to_wire([_begin(a), *_finish(a), _begin(b), *_finish(b)])
+        assert len(wire["batch"]) == 6 and sum(bool(w.get("checkpoints")) for w in wire["batch"]) == 2
+        writer.on_trial_result(0, [], chain, wire)
+        assert all(set(w) == {"finals"} for w in wire["batch"])
+        assert [r.finals for r in Report.all_from_wire(wire)] == [
+            (TrialFinal(a, Status.completed),),
+            (TrialFinal(b, Status.completed),),
+        ]
+        chain.last_result = wire  # what Tune keeps, and gives back when the chain ends
+        writer.on_trial_complete(0, [], chain)
+        writer.flush()
+        rows = _trial_rows(db_url)
+        assert rows[a] == ("completed", False, "h1", 2, 1) and rows[b] == ("completed", False, "h1", 2, 1)
+        assert rows[c] == ("pending", False, None, 0, 0)  # never began: let go
+        assert writer.outcomes == {a: "completed", b: "completed"}
+    # A lone unit's result: Tune's own keys and the finals stay, nothing else of ours.
+    lone = Report(evals=(EvalRow(a, _point(20)),), checkpoints=(Checkpoint(a, 20, b"state"),), log="x").to_wire()
+    lone.update(done=False, trial_id="t1")
+    Report.trim_wire(lone)
+    assert lone == {"done": False, "trial_id": "t1"}
+    ended = Report(finals=(TrialFinal(a, Status.diverged, "nan loss"),), log="y").to_wire()
+    Report.trim_wire(ended)
+    assert Report.from_wire(ended) == Report(finals=(TrialFinal(a, Status.diverged, "nan loss"),))
+
+
 def test_a_chain_that_fails_for_good_fails_only_its_running_member(db_url):
     with claimed_writer(db_url, 3) as (_, (a, b, c), session, writer):
         chain = _chain([a, b, c])

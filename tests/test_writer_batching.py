@@ -293,3 +293,27 @@ def test_a_resumed_attempt_read_by_the_flushs_first_statement_closes_the_open_on
         (b, 2, "running"),
         (c, 1, "running"),
     ]
+
+
+def test_results_are_stored_at_the_end_of_tunes_step_not_while_the_unit_waits(db_url):
+    """Tune sends a unit its next train() (which its report waits for) only after the
+    result's callbacks: the writer commits at the step's end instead, once ``flush_s`` has
+    passed since its last flush, and not at all for a step that took no result."""
+    with claimed_writer(db_url, 1) as (engine, (a,), session, writer):
+        writer.flush_s = 0.0
+        commits = _Commits(engine)
+        writer.on_trial_start(0, [], _trial(a))
+        writer.on_trial_result(0, [], _trial(a), _first(a))
+        writer.on_trial_result(0, [], _trial(a), _rows(a, 20))
+        assert commits.n == 0 and query(db_url, "SELECT COUNT(*) FROM evals")[0][0] == 0
+        writer.on_step_end(0, [])
+        assert commits.n == 1 and query(db_url, "SELECT step FROM evals ORDER BY step") == [(10,), (20,)]
+        writer.on_step_end(0, [])  # nothing taken since
+        assert commits.n == 1
+        writer.flush_s = 3600.0
+        writer.on_trial_result(0, [], _trial(a), _rows(a, 30))
+        writer.on_step_end(0, [])  # taken, but its time has not come
+        assert commits.n == 1
+        writer.flush_s = 0.0
+        writer.on_step_end(0, [])  # it has now
+        assert commits.n == 2 and query(db_url, "SELECT MAX(step) FROM evals")[0][0] == 30

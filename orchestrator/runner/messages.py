@@ -219,6 +219,21 @@ class Report:
         gathered every so often: runner/trainable.py), in the order they were made."""
         return {"batch": [r.to_wire() for r in reports]}
 
+    @staticmethod
+    def trim_wire(result: dict[str, Any]) -> None:
+        """Drop from a Tune result, in place, all but its reports' finals, once the writer has
+        taken them. Tune keeps each trial's last result until its run ends (and lets a
+        callback change a result in place before it does): a chain's last batch holds its
+        members' checkpoints, and Tune's trials of a long run would hold them all. The
+        finals stay: a trial's end is read back from its last result when Tune stops it
+        (runner/writer.on_trial_complete)."""
+        batch = result.get("batch")
+        if batch is not None:
+            result["batch"] = [{"finals": w["finals"]} for w in batch if w.get("finals")]
+            return
+        for key in ("evals", "placement", "attempt", "checkpoints", "log", "system"):
+            result.pop(key, None)
+
     @classmethod
     def all_from_wire(cls, result: Mapping[str, Any] | None) -> list[Report]:
         """The reports in a Tune result: those of a batch, in order, or its one report."""

@@ -44,8 +44,9 @@ from orchestrator.train.sysmetrics import Sampler
 # The running unit's console capture (runner/console.py); None outside run_unit.
 _capture: console.Capture | None = None
 
-# How long a chain's reports gather before they go to the driver together (seconds).
-CHAIN_REPORT_S = 2.0
+# How long a chain's reports gather before they go to the driver together (seconds): about
+# a chain's length (runner/feed.CHAIN_S), so a chain sends once, at its end, in the common case.
+CHAIN_REPORT_S = 5.0
 
 
 class _Outbox:
@@ -161,10 +162,9 @@ def run_unit(config: dict[str, Any]) -> None:
             else:
                 _run_pack(members, loader)
             if _outbox is not None:
+                # Tune keeps each trial's last result until its run ends: the writer trims
+                # what it took (the members' rows and checkpoints) from it in place.
                 _outbox.send()
-                # Last, a report with nothing in it: Tune keeps each trial's last result until
-                # its run ends, and a chain's last batch holds its members' checkpoints.
-                tune.report(Report().to_wire())
         except ConfigError as exc:
             _report_config_error([m["trial_id"] for m in members], exc)
             if _outbox is not None:
