@@ -1,6 +1,6 @@
 """`orchestrator bench overhead`: a tiny run of the whole product path beside plain Ray Tune,
-each on a Ray of its own (the command runs in a fresh interpreter: its spec's plugin module
-reaches the workers through the Ray it starts), with two drivers sharing the slots (the
+each on a Ray of its own (the command runs in a fresh interpreter, and its spec's plugin
+module reaches the workers in each unit's config), with two drivers sharing the slots (the
 submit and one `orchestrator join`)."""
 
 from __future__ import annotations
