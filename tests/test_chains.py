@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -183,7 +184,8 @@ def test_what_tune_keeps_of_a_chains_result_is_its_finals_and_its_end_still_read
         assert rows[c] == ("pending", False, None, 0, 0)  # never began: let go
         assert writer.outcomes == {a: "completed", b: "completed"}
     # A lone unit's result: Tune's own keys and the finals stay, nothing else of ours.
-    lone = Report(evals=(EvalRow(a, _point(20)),), checkpoints=(Checkpoint(a, 20, b"state"),), log="x").to_wire()
+    lone = replace(_begin(a), checkpoints=(Checkpoint(a, 20, b"state"),), log="x").to_wire()
+    assert {"evals", "placement", "attempt", "checkpoints", "log"} <= set(lone)
     lone.update(done=False, trial_id="t1")
     Report.trim_wire(lone)
     assert lone == {"done": False, "trial_id": "t1"}

@@ -298,7 +298,7 @@ def test_a_resumed_attempt_read_by_the_flushs_first_statement_closes_the_open_on
 def test_results_are_stored_at_the_end_of_tunes_step_not_while_the_unit_waits(db_url):
     """Tune sends a unit its next train() (which its report waits for) only after the
     result's callbacks: the writer commits at the step's end instead, once ``flush_s`` has
-    passed since its last flush, and not at all for a step that took no result."""
+    passed since its last flush, and not at all when it holds nothing."""
     with claimed_writer(db_url, 1) as (engine, (a,), session, writer):
         writer.flush_s = 0.0
         commits = _Commits(engine)
@@ -317,3 +317,8 @@ def test_results_are_stored_at_the_end_of_tunes_step_not_while_the_unit_waits(db
         writer.flush_s = 0.0
         writer.on_step_end(0, [])  # it has now
         assert commits.n == 2 and query(db_url, "SELECT MAX(step) FROM evals")[0][0] == 30
+        # An end with no result after it (the run's last trial) is stored by a step's end too.
+        writer.on_trial_complete(0, [], _trial(a, Status.completed))
+        assert writer.outcomes.get(a) is None
+        writer.on_step_end(0, [])
+        assert commits.n == 3 and writer.outcomes[a] == "completed"

@@ -231,8 +231,9 @@ class Report:
         if batch is not None:
             result["batch"] = [{"finals": w["finals"]} for w in batch if w.get("finals")]
             return
-        for key in ("evals", "placement", "attempt", "checkpoints", "log", "system"):
-            result.pop(key, None)
+        for f in fields(Report):  # to_wire's keys are the fields' names
+            if f.name != "finals":
+                result.pop(f.name, None)
 
     @classmethod
     def all_from_wire(cls, result: Mapping[str, Any] | None) -> list[Report]:

@@ -174,7 +174,6 @@ class StoreWriter(tune.Callback):
         # Chain members a chain failed for good before they began, let go once (_attempt_failed).
         self._spared: set[int] = set()
         self._last_flush = time.monotonic()
-        self._due = False  # results taken since the step's end last looked (on_step_end)
         # The attempt number of each running trial this writer began (its rows and checkpoints
         # are tagged with it without reading it back); dropped with the trial's end.
         self._attempts: dict[int, int] = {}
@@ -400,9 +399,6 @@ class StoreWriter(tune.Callback):
         # each trial run on to its next report.
         if self.session.fatal is not None:
             raise self.session.fatal
-        # Queued ends and starts wait at most flush_s when no trial reports (the last ones).
-        if (self._starts or self._ends) and time.monotonic() - self._last_flush >= self.flush_s:
-            self.flush()
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.units_started += 1
@@ -416,15 +412,15 @@ class StoreWriter(tune.Callback):
         for report in Report.all_from_wire(result):
             self._take(trial, report)
         Report.trim_wire(result)  # what Tune keeps of it until the run ends
-        self._due = True
 
     def on_step_end(self, iteration, trials, **info):
-        # Results are stored here, at the end of the step that took them, not as each is
-        # taken: Tune sends a unit its next train() only after the result's callbacks, and
-        # the unit's report waits for that call (a commit there held a chain of short trials
-        # a few milliseconds at every report).
-        if self._due and (len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s):
-            self._due = False
+        # What was taken (results, starts, ends) is stored here, at the end of Tune's step, at
+        # most every flush_s, not as each result comes: Tune sends a unit its next train() only
+        # after the result's callbacks, and the unit's report waits for that call (a commit
+        # there held a chain of short trials a few milliseconds at every report).
+        if self._pending() and (
+            len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s
+        ):
             self.flush()
 
     def _take(self, trial, report: Report) -> None:
