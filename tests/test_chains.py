@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 from conftest import TINY_FIXED, claimed_writer, ensure_shared_ray, kill_a_trial_worker, query, sweep_evals
-from orchestrator.runner.feed import MAX_CHAIN, ChainPolicy, chain_seconds
+from orchestrator.runner.feed import CHAIN_S, MAX_CHAIN, ChainPolicy, chain_seconds
 from orchestrator.runner.messages import AttemptStart, Checkpoint, EvalRow, Placement, Report, TrialFinal
 from orchestrator.runner.tune_runner import make_units
 from orchestrator.status import Status
@@ -60,7 +60,7 @@ def test_the_chain_seconds_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("ORCH_CHAIN_S", "12.5")
     assert chain_seconds() == 12.5
     monkeypatch.setenv("ORCH_CHAIN_S", "soon")
-    assert chain_seconds() == 5.0
+    assert chain_seconds() == CHAIN_S == 10.0
 
 
 def _trials(n: int) -> list[tuple[int, str, dict]]:

@@ -42,15 +42,19 @@ def trials_per_tune_run() -> int:
     return max(1, int(raw)) if raw.strip().isdigit() else TRIALS_PER_TUNE_RUN
 
 
-# A chain is made to last about this long ($ORCH_CHAIN_S; 0: no chains).
-CHAIN_S = 5.0
+# A chain is made to last about this long ($ORCH_CHAIN_S; 0: no chains). Each chain costs a
+# Ray Tune trial's end and start (~25 ms on a 2-core machine) and a claim every `slots`
+# chains; at 1,000 one-second trials on two slots, 10 s chains took the overhead from 4.9%
+# and 4.5% (5 s chains) to 4.1% side by side (docs/SCALING.md, N24). Longer ones would hold
+# more claimed trials away from other drivers for little more.
+CHAIN_S = 10.0
 # The most trials in one chain, and how many ended trials' durations the policy looks at.
 MAX_CHAIN = 32
 _DURATIONS = 64
 
 
 def chain_seconds() -> float:
-    """How long a chain of short trials is made to last ($ORCH_CHAIN_S, default 5 s; 0 turns
+    """How long a chain of short trials is made to last ($ORCH_CHAIN_S, default 10 s; 0 turns
     chains off)."""
     try:
         return max(0.0, float(os.environ.get("ORCH_CHAIN_S", CHAIN_S)))
