@@ -413,10 +413,17 @@ def two_arm_spec(name: str, *, retries: int | None = None) -> str:
 
 # ---- one Ray for the session ------------------------------------------------------------------
 
-# A fixed, small cluster: the same two CPUs on every machine, so what fits a slot does not
-# depend on where the suite runs. Its own short temp folder (Ray's socket paths must stay under
-# ~107 characters), so no `ray_current_cluster` file of it is left where other drivers look.
-SHARED_RAY_CPUS = 2
+# A fixed, small cluster: one CPU on every machine, so what fits a slot does not depend on
+# where the suite runs. One, not two: the suite is CPU-bound on its 2 cores (two xdist workers,
+# each with a Ray of its own, plus the drivers with Rays of their own), and every Ray Tune run
+# starts a trial actor per slot it fills, each about 7 CPU-s of imports (torch, Ray Tune, and
+# torch._dynamo, which torch.optim's step imports) before its first step. With one slot a run
+# of several trials starts one actor and reuses it: the 17 modules that use this Ray took
+# 20:45 and 2,421 CPU-s against 25:32 and 3,028 with two (`pytest -n 2`, one run each, in a
+# row). $ORCH_TEST_RAY_CPUS sets it (a machine with cores to spare).
+# Its own short temp folder (Ray's socket paths must stay under ~107 characters), so no
+# `ray_current_cluster` file of it is left where other drivers look.
+SHARED_RAY_CPUS = int(os.environ.get("ORCH_TEST_RAY_CPUS", "1"))
 _shared_ray_dir: list[str] = []
 
 

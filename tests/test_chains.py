@@ -253,8 +253,9 @@ def test_a_chain_that_fails_for_good_between_members_fails_none_the_first_time(d
 
 # ---- real sweeps on a real Ray ------------------------------------------------------------------
 
-# 24 tiny trials on 2 slots: after the first two end, the feed chains the rest (at most four
-# chains a slot of what is left: chains of 2 or more until the last 16).
+# 24 tiny trials: once as many have ended as there are slots (one on the session's Ray; two
+# for a driver with a Ray of its own on 2 cores), the feed chains the rest (at most four
+# chains a slot of what is left: chains of 2 or more until the last 8 a slot).
 SPEC = (
     "\nname: chains\n"
     + TINY_FIXED
