@@ -451,6 +451,18 @@ def ensure_shared_ray() -> str:
     return ray.get_runtime_context().gcs_address
 
 
+# The environment of a subprocess driver that starts a Ray of its own (a machine a kill takes
+# down, another machine, a worker to lose): RAY_ADDRESS=local, never a cluster another test
+# left, and one CPU, whatever the machine has. Ray reads RAY_OVERRIDE_RESOURCES as it sizes a
+# new node, over what the driver asks for. With two slots such a driver starts two trial
+# actors and Ray prestarts two idle workers, for a test that needs one trial running; on one,
+# a submit of six short trials took 22-24 CPU-s against 28-37 (three runs each, this 2-core
+# machine), and test_faults, test_lifecycle, test_join and test_run_guards 10:46 and 1,177 CPU-s
+# against 12:11 and 1,350 (`pytest -n 2`). None of the tests that use it is about two trials at
+# once on one driver (test_run_guards' gone-database runs ask for two CPUs).
+OWN_RAY = {"RAY_ADDRESS": "local", "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": 1})}
+
+
 def shared_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) as a subprocess driver that joins the
     session's Ray (``submit --address``) needs it. Ray 2.60 turns on token authentication for
@@ -459,6 +471,7 @@ def shared_env(base: dict[str, str] | None = None) -> dict[str, str]:
     ensure_shared_ray()
     env = {**(os.environ if base is None else base)}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_OVERRIDE_RESOURCES", None)  # it joins a Ray, it starts none
     for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"):
         if k in os.environ:
             env[k] = os.environ[k]

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import pytest
 
 import pg_server
-from conftest import TINY_FIXED, query, record_sweep, sweep_evals
+from conftest import OWN_RAY, TINY_FIXED, query, record_sweep, sweep_evals
 from hosts import Host, Hosts, hosts, kill_group, leftovers, why_unavailable
 from test_cluster import RAY
 from test_join import _driver
@@ -210,7 +210,7 @@ class Fleet:
             env.update(self.auth)
             argv += ["--address", self.head, "--max-concurrent", "2"]
         else:
-            env["RAY_ADDRESS"] = "local"
+            env.update(OWN_RAY)
             argv += ["--max-concurrent", "1"]
         # The tree may be committed to while the test runs (a shared checkout): a restarted
         # driver would find another code version and refuse, which is not what is tested here.

@@ -32,16 +32,16 @@ from orchestrator.cli import main
 from orchestrator.store.engine import make_engine
 
 import pg_server
-from conftest import backend_url, kill_a_trial_worker, shared_env, sweep_evals, two_arm_spec
+from conftest import OWN_RAY, backend_url, kill_a_trial_worker, shared_env, sweep_evals, two_arm_spec
 
 pytestmark = pytest.mark.slow
 
 SPEC = two_arm_spec("faults", retries=2)
 N_EVALS = 6 * 13
 CLI = [sys.executable, "-m", "orchestrator.cli"]
-# RAY_ADDRESS=local: each driver starts its own Ray, never joins a cluster another test
+# OWN_RAY: each driver starts a Ray of its own, of one CPU, never joins a cluster another test
 # (or engineer) left running on this machine.
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", "ORCH_LEASE_TTL_S": "6"}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", **OWN_RAY, "ORCH_LEASE_TTL_S": "6"}
 COLS = "t.key, e.step, e.acc, e.loss, e.train_loss, e.step_lr, e.metrics"
 
 

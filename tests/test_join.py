@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_FIXED, backend_url, query, record_sweep, shared_env, sweep_evals, two_arm_spec
+from conftest import OWN_RAY, TINY_FIXED, backend_url, query, record_sweep, shared_env, sweep_evals, two_arm_spec
 from orchestrator.cli import main
 
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ def _driver(args: list[str], url: str, cwd: Path, address: str | None = None) ->
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "RAY_ADDRESS": "local",  # a Ray of its own, as on another machine
+        **OWN_RAY,  # a Ray of its own (one CPU), as on another machine
         "ORCH_LEASE_TTL_S": str(TTL),
         "HOME": str(cwd / "home"),
         # Short: Ray puts its sockets there (at most 107 bytes a path).

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.store.reader import open_reader_engine
 from orchestrator.ui.app import create_app
 
-from conftest import query
+from conftest import OWN_RAY, query
 from test_ui_bounds import call
 
 ORCH = [sys.executable, "-m", "orchestrator.cli"]
@@ -80,7 +80,7 @@ def test_a_failing_plugin_cell_is_debuggable_from_logs_status_and_its_page(tmp_p
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plug"), os.environ.get("PYTHONPATH")])),
-        "RAY_ADDRESS": "local",  # its own Ray: the workers inherit PYTHONPATH
+        **OWN_RAY,  # its own Ray: the workers inherit PYTHONPATH
         "PYTHONUNBUFFERED": "1",
     }
     r = subprocess.run(ORCH + ["submit", str(spec), "--db", db, "--quiet"], env=env, capture_output=True, text=True)

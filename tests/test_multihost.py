@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from conftest import POSTGRES_URL, make_pg_schema_url, query, record_sweep, sweep_evals, two_arm_spec
+from conftest import OWN_RAY, POSTGRES_URL, make_pg_schema_url, query, record_sweep, sweep_evals, two_arm_spec
 from test_cluster import RAY
 from test_cluster import SPEC as CLUSTER_SPEC
 from hosts import Hosts, Unavailable, hosts, leftovers, why_unavailable
@@ -209,7 +209,7 @@ def _install_audit(url: str) -> None:
 
 
 def _join(host, url: str, sweep: str, *extra: str) -> subprocess.Popen:
-    env = {"ORCH_LEASE_TTL_S": str(TTL), "RAY_ADDRESS": "local"}
+    env = {"ORCH_LEASE_TTL_S": str(TTL), **OWN_RAY}
     return host.popen([*ORCH, "join", sweep, "--db", host.db_url(url), "--quiet", *extra], env=env)
 
 

@@ -33,14 +33,14 @@ import torch
 from orchestrator.cli import main
 from orchestrator.store.engine import make_engine, open_store_engine
 
-from conftest import POSTGRES_URL, make_pg_schema_url
+from conftest import OWN_RAY, POSTGRES_URL, make_pg_schema_url
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "orchestrator.cli"]
 
 
 def _env(*paths: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local", **extra}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **OWN_RAY, **extra}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *map(str, paths), env.get("PYTHONPATH", "")])
     env.pop("ORCH_DEBUG", None)
     env.pop("ORCH_DB", None)
@@ -111,7 +111,7 @@ def _gone_run(tmp_path: Path, url: str, every: int, ready, act) -> tuple[subproc
     cmd = CLI + ["submit", str(spec), "--db", url, "-q", "--checkpoint-dir", str(tmp_path / "ck")]
     p = subprocess.Popen(
         cmd,
-        env=_env(ORCH_LEASE_TTL_S="4"),
+        env=_env(ORCH_LEASE_TTL_S="4", RAY_OVERRIDE_RESOURCES='{"CPU": 2}'),  # both trials at once
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
