@@ -52,6 +52,23 @@ def _one_torch_thread():
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _no_stray_ray(request):
+    """A test that leaves a Ray running in this process other than the session's (Ray starts
+    one by itself, with a dashboard and every core, when an actor or task is made before
+    ``ray.init``) fails here: every later in-process sweep on this worker would run on it."""
+    yield
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address not in _shared_ray_address:
+        ray.shutdown()
+        pytest.fail(f"{request.node.nodeid} left a Ray of its own running in the test process", pytrace=False)
+
+
 POSTGRES_URL = os.environ.get("ORCH_TEST_POSTGRES_URL")
 BACKENDS = ["sqlite"] + (["postgresql"] if POSTGRES_URL else [])
 
@@ -425,6 +442,7 @@ def two_arm_spec(name: str, *, retries: int | None = None) -> str:
 # `ray_current_cluster` file of it is left where other drivers look.
 SHARED_RAY_CPUS = int(os.environ.get("ORCH_TEST_RAY_CPUS", "1"))
 _shared_ray_dir: list[str] = []
+_shared_ray_address: list[str] = []
 
 
 def ensure_shared_ray() -> str:
@@ -448,6 +466,7 @@ def ensure_shared_ray() -> str:
             object_store_memory=256 * 1024**2,  # sweeps pass small results; the machine is shared
             _temp_dir=_shared_ray_dir[0],
         )
+        _shared_ray_address[:] = [ray.get_runtime_context().gcs_address]
     return ray.get_runtime_context().gcs_address
 
 

@@ -30,9 +30,15 @@ def test_a_lost_result_becomes_the_actors_death_with_its_cause():
     assert as_actor_death(actor_error) is actor_error
 
 
-def test_tunes_actor_manager_gets_the_translation_once():
+def test_tunes_actor_manager_gets_the_translation_once(monkeypatch):
     install()  # a second install changes nothing
-    manager = RayActorManager(FixedResourceManager())
+    # No Ray: asked for its runtime context, cluster or placement group, Ray would start one in
+    # this process just to answer (a dashboard, every core), left running for the tests after
+    # it on this worker. The manager is given its resources, and told it is in no placement
+    # group (as a driver outside Ray is): the translation under test needs no cluster.
+    monkeypatch.setattr("ray._private.auto_init_hook.enable_auto_connect", False)
+    monkeypatch.setattr("ray.util.get_current_placement_group", lambda: None)
+    manager = RayActorManager(FixedResourceManager({"CPU": 1}))
     seen: list[BaseException] = []
     actor = TrackedActor(1)
     task = TrackedActorTask(actor, on_error=lambda _a, e: seen.append(e))
