@@ -122,7 +122,9 @@ sys.path.append(sys.argv[1])  # the suite's tests folder, for ui_support
 from ui_support import asgi_call
 
 spec, out_dir, urls = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+# One CPU: the pack and the lone trial run in turn on one trial actor, not two actors'
+# imports at once on the suite's two cores.
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
          logging_level=logging.ERROR, object_store_memory=256 * 1024**2)
 times["start"] = time.monotonic() - t0
 
