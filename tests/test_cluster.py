@@ -90,18 +90,30 @@ def _wait_for_port(port: int, head: subprocess.Popen, timeout: float = 60) -> No
     raise AssertionError(f"the head's port {port} did not open")
 
 
-def _wait_for_nodes(address: str, env: dict[str, str], n: int, timeout: float = 60) -> None:
+def _wait_for_nodes(address: str, env: dict[str, str], n: int, timeout: float = 120) -> None:
+    """Until the cluster at ``address`` counts ``n`` live nodes. A probe that hangs is one
+    failed try, not the end of the wait: a driver joining a GCS that is still starting keeps
+    retrying inside ``ray.init`` (up to a minute), and on a loaded machine one probe once took
+    the whole wait (CI, test_fleet)."""
     code = (
         "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False, "
         "logging_level='ERROR'); print(sum(x['Alive'] for x in ray.nodes()))"
     )
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = subprocess.run([sys.executable, "-c", code, address], env=env, capture_output=True, text=True, timeout=60)
+    last = ""
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            r = subprocess.run(
+                [sys.executable, "-c", code, address], env=env, capture_output=True, text=True, timeout=min(30, left)
+            )
+        except subprocess.TimeoutExpired as exc:
+            last = f"a probe hung: {(exc.stderr or b'')[-500:]!r}"
+            continue
         if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
             return
+        last = f"the probe said {r.stdout.strip()[-200:]!r} {r.stderr.strip()[-500:]!r}"
         time.sleep(1)
-    raise AssertionError(f"the cluster did not reach {n} nodes")
+    raise AssertionError(f"the cluster did not reach {n} nodes within {timeout:g} s ({last})")
 
 
 def test_sweep_runs_on_both_nodes_of_a_token_auth_cluster():
