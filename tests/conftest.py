@@ -560,7 +560,11 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 
 def ray_trial_workers(session: int) -> list[int]:
-    """Pids of Ray worker processes of the driver's session running a trainable."""
+    """Pids of Ray worker processes of the driver's session running a trial now: titled
+    ``ray::ImplicitFunc.train`` while Tune's call into the trainable runs. An actor Tune keeps
+    for reuse between trials is titled ``ray::ImplicitFunc``; killing that one fails no trial
+    (Tune starts another), and a test that meant to kill one mid-trial would find nothing to
+    check (test_chains' worker kill did so once)."""
     pids = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -568,7 +572,7 @@ def ray_trial_workers(session: int) -> list[int]:
         try:
             with open(f"/proc/{d}/cmdline", "rb") as fh:
                 cmd = fh.read().decode(errors="replace")
-            if "ImplicitFunc" in cmd and os.getsid(int(d)) == session:
+            if "ImplicitFunc.train" in cmd and os.getsid(int(d)) == session:
                 pids.append(int(d))
         except (OSError, ProcessLookupError):
             continue
